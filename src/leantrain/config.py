@@ -1,0 +1,96 @@
+"""Loop configurations and the training report (spec §4). Configuration is data:
+frozen dataclasses, validated when built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .errors import ConfigError
+from .optim import Optimizer, Schedule, sgd
+from .steps import ACCUMULATION_MODES
+
+
+def _count(op: str, name: str, value: object, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{op}: {name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _common(op: str, cfg) -> None:
+    if not isinstance(cfg.optimizer, Optimizer):
+        raise ConfigError(
+            f"{op}: optimizer must be built with leantrain.optim (e.g. optim.adam(1e-3)), "
+            f"got {type(cfg.optimizer).__name__}"
+        )
+    if cfg.scheduler is not None and not isinstance(cfg.scheduler, Schedule):
+        raise ConfigError(
+            f"{op}: scheduler must be a leantrain.optim schedule or None, got "
+            f"{type(cfg.scheduler).__name__}"
+        )
+    _count(op, "log_every", cfg.log_every, 0)
+    if cfg.accumulation not in ACCUMULATION_MODES:
+        raise ConfigError(
+            f"{op}: accumulation must be one of {ACCUMULATION_MODES}, got {cfg.accumulation!r}"
+        )
+
+
+def lr_for(cfg, t: int) -> float:
+    """The scheduled rate at index ``t``, or the optimizer's own rate without a schedule."""
+    return cfg.scheduler.lr_at(t) if cfg.scheduler is not None else cfg.optimizer.lr
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """In-memory training: ``steps`` optimizer updates of ``batch_size`` items each.
+
+    ``batch_size`` items are averaged into one update (it does not multiply the
+    number of updates); the schedule advances per step; a log line is printed when
+    ``step % log_every == 0`` (0 disables logging and every host read).
+    """
+
+    steps: int
+    batch_size: int = 1
+    optimizer: Optimizer = field(default_factory=lambda: sgd(0.01))
+    scheduler: Optional[Schedule] = None
+    log_every: int = 1
+    mem_watch: int = 0
+    accumulation: str = "exact"
+
+    def __post_init__(self) -> None:
+        op = "TrainConfig"
+        _count(op, "steps", self.steps, 0)
+        _count(op, "batch_size", self.batch_size, 1)
+        _count(op, "mem_watch", self.mem_watch, 0)
+        _common(op, self)
+
+
+@dataclass(frozen=True)
+class LoaderTrainConfig:
+    """Loader training: ``epochs`` passes; one update per loader batch; the schedule
+    advances once per epoch; the step counter runs across epochs."""
+
+    epochs: int
+    optimizer: Optimizer = field(default_factory=lambda: sgd(0.01))
+    scheduler: Optional[Schedule] = None
+    log_every: int = 1
+    accumulation: str = "exact"
+
+    def __post_init__(self) -> None:
+        op = "LoaderTrainConfig"
+        _count(op, "epochs", self.epochs, 0)
+        _common(op, self)
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    """Mean training loss before and after, plus what the run did.
+
+    ``losses`` holds the logged ``(step, loss)`` pairs (pre-update losses).
+    """
+
+    before: float
+    after: float
+    steps: int = 0
+    samples_seen: int = 0
+    losses: tuple[tuple[int, float], ...] = ()
+    wall_time: float = 0.0

@@ -1,0 +1,138 @@
+"""In-memory datasets and the deterministic data loader (spec §8).
+
+The shuffle is the upstream LCG, ``s' = (1103515245*s + 12345) mod 2**31``: each
+item in order is paired with the next ``s``, the pairs are sorted by key, and the
+new order *persists*: the next epoch shuffles the already shuffled order with the
+advanced seed. Batch order is therefore identical across runs and resumes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Generic, Iterable, Iterator, Sequence, TypeVar, Union
+
+from .errors import ConfigError, DataError
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+LCG_MULTIPLIER, LCG_INCREMENT, LCG_MODULUS = 1103515245, 12345, 2**31
+
+
+def lcg_next(s: int) -> int:
+    return (LCG_MULTIPLIER * s + LCG_INCREMENT) % LCG_MODULUS
+
+
+class Dataset(Generic[T]):
+    """An immutable, ordered collection of samples."""
+
+    __slots__ = ("samples",)
+
+    def __init__(self, samples: Iterable[T] = ()) -> None:
+        self.samples: tuple = tuple(samples)
+
+    def __repr__(self) -> str:
+        return f"Dataset({len(self.samples)} samples)"
+
+    @classmethod
+    def of_list(cls, samples: Iterable[T]) -> "Dataset[T]":
+        return cls(samples)
+
+    def to_list(self) -> list[T]:
+        return list(self.samples)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self.samples)
+
+    def __getitem__(self, i: int) -> T:
+        return self.samples[i]
+
+    @property
+    def size(self) -> int:
+        return len(self.samples)
+
+    def is_empty(self) -> bool:
+        return not self.samples
+
+    def get(self, i: int):
+        """The item at ``i``, or ``None`` when out of range."""
+        return self.samples[i] if 0 <= i < len(self.samples) else None
+
+    def map(self, f: Callable[[T], U]) -> "Dataset[U]":
+        return Dataset(f(x) for x in self.samples)
+
+    def append(self, other: "Dataset[T]") -> "Dataset[T]":
+        return Dataset(self.samples + tuple(other.samples))
+
+    def split_at(self, n: int) -> tuple["Dataset[T]", "Dataset[T]"]:
+        """The first ``n`` items and the rest, order kept."""
+        return Dataset(self.samples[:n]), Dataset(self.samples[n:])
+
+    def shuffle(self, seed: int) -> tuple[int, "Dataset[T]"]:
+        """``(advanced seed, permuted dataset)`` by the upstream LCG sort."""
+        keyed, s = [], seed
+        for i, x in enumerate(self.samples):
+            s = lcg_next(s)
+            keyed.append((s, i, x))
+        keyed.sort(key=lambda e: (e[0], e[1]))
+        return s, Dataset(x for _, _, x in keyed)
+
+    def batches(self, tag: str, batch_size: int) -> list[list[T]]:
+        """Contiguous chunks of ``batch_size``; the last may be short."""
+        if batch_size <= 0:
+            raise DataError(f"{tag}: batch_size must be > 0, got {batch_size}")
+        if not self.samples:
+            raise DataError(f"{tag}: empty dataset")
+        n = len(self.samples)
+        return [list(self.samples[i : i + batch_size]) for i in range(0, n, batch_size)]
+
+
+def _check_int(op: str, name: str, value: object, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{op}: {name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class DataLoader(Generic[T]):
+    """Batches over a dataset with the seeded, persistent shuffle. Immutable: ``epoch``
+    returns the loader to use next time (carrying the new order and seed)."""
+
+    dataset: Dataset
+    batch_size: int
+    shuffle: bool = False
+    seed: int = 0
+    drop_last: bool = False
+
+    def __post_init__(self) -> None:
+        op = "DataLoader"
+        if not isinstance(self.dataset, Dataset):
+            if not isinstance(self.dataset, (list, tuple)):
+                raise ConfigError(
+                    f"{op}: dataset must be a Dataset or a list of samples, got "
+                    f"{type(self.dataset).__name__}"
+                )
+            object.__setattr__(self, "dataset", Dataset(self.dataset))
+        _check_int(op, "batch_size", self.batch_size, 1)
+        _check_int(op, "seed", self.seed, 0)
+        for name in ("shuffle", "drop_last"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{op}: {name} must be a bool, got {getattr(self, name)!r}")
+
+    def epoch(self, tag: str = "DataLoader.epoch") -> tuple["DataLoader[T]", list[list[T]]]:
+        """One pass: ``(next loader, batches)``. A short last batch is dropped with ``drop_last``."""
+        seed, ds = self.dataset.shuffle(self.seed) if self.shuffle else (self.seed, self.dataset)
+        batches = ds.batches(tag, self.batch_size)
+        if self.drop_last:
+            batches = [b for b in batches if len(b) == self.batch_size]
+        return replace(self, dataset=ds, seed=seed), batches
+
+    def __len__(self) -> int:
+        n, k = len(self.dataset), self.batch_size
+        return n // k if self.drop_last else -(-n // k)
+
+
+Batches = Union[DataLoader, Iterable]

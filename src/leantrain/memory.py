@@ -1,0 +1,77 @@
+"""Memory watching for the in-memory loop (spec §7.5).
+
+Cadence: ``mem_watch`` when nonzero; otherwise ``max(1, steps // 10)`` on CUDA for
+runs of at least 1000 steps; otherwise off. A sample prints the allocator state
+(CUDA) or the process's resident memory (CPU) at step 0 and every ``cadence``
+steps, and warns once when the drop per step projects exhaustion before the end.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Optional
+
+import torch
+
+
+def cadence(mem_watch: int, steps: int, device: torch.device) -> int:
+    if mem_watch:
+        return mem_watch
+    if device.type == "cuda" and steps >= 1000:
+        return max(1, steps // 10)
+    return 0
+
+
+def _cpu_rss_and_free() -> tuple[int, int]:
+    """(resident bytes of this process, available bytes of the machine)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    with open("/proc/self/statm") as f:
+        rss = int(f.read().split()[1]) * page
+    free = os.sysconf("SC_AVPHYS_PAGES") * page
+    return rss, free
+
+
+class MemoryWatch:
+    """Callable ``watch(done_steps)``; does nothing when the cadence is 0."""
+
+    def __init__(
+        self, every: int, total_steps: int, device: torch.device, log: Callable[[str], None] = print
+    ) -> None:
+        self.every, self.total, self.device, self.log = every, total_steps, device, log
+        self.first: Optional[tuple[int, int]] = None
+        self.warned = False
+        self.samples: list[tuple[int, int]] = []
+
+    def _read(self) -> tuple[str, int]:
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            alloc = torch.cuda.memory_allocated(self.device)
+            reserved = torch.cuda.memory_reserved(self.device)
+            mib = 2**20
+            return (
+                f"cuda_mem allocated={alloc // mib}MiB reserved={reserved // mib}MiB "
+                f"free={free // mib}MiB total={total // mib}MiB",
+                free,
+            )
+        rss, free = _cpu_rss_and_free()
+        return f"mem rss={rss // 2**20}MiB available={free // 2**20}MiB", free
+
+    def __call__(self, done: int) -> None:
+        if self.every <= 0 or (done != 0 and done % self.every != 0):
+            return
+        text, free = self._read()
+        self.samples.append((done, free))
+        self.log(f"  {text.split(' ', 1)[0]} step={done}: {text.split(' ', 1)[1]}")
+        if self.first is None:
+            self.first = (done, free)
+            return
+        first_step, first_free = self.first
+        if self.warned or done <= first_step or free >= first_free:
+            return
+        per_step = (first_free - free) // max(1, done - first_step)
+        if per_step > 0 and done + free // per_step < self.total:
+            self.warned = True
+            self.log(
+                f"  warning: free memory fell by {per_step} bytes/step since step {first_step}; "
+                f"at this rate allocation fails near step {done + free // per_step} of {self.total}"
+            )

@@ -1,0 +1,87 @@
+"""Optimizers and learning-rate schedules.
+
+Constructors take the defaults of the TorchLean configs (spec §4)::
+
+    opt = optim.adam(1e-3)
+    state = opt.init(params)
+    state = opt.step(state, params, grads)
+"""
+
+from __future__ import annotations
+
+from .hyper import SGD, Adadelta, Adagrad, Adam, AdamW, Hyper, RMSProp
+from .optimizer import OptState, Optimizer
+from .rules import (
+    AdadeltaState,
+    AdagradState,
+    AdamState,
+    MomentumState,
+    RMSPropState,
+    SGDState,
+)
+from .schedules import Constant, Exponential, Schedule, Step, WarmupCosine
+
+
+def sgd(lr: float, momentum: float = 0.0) -> Optimizer:
+    """SGD; plain when ``momentum`` is exactly 0, else heavy-ball momentum (no dampening)."""
+    return Optimizer(SGD(lr, momentum))
+
+
+def adagrad(lr: float, eps: float = 1e-10) -> Optimizer:
+    return Optimizer(Adagrad(lr, eps))
+
+
+def rmsprop(lr: float, decay: float = 0.99, eps: float = 1e-8) -> Optimizer:
+    return Optimizer(RMSProp(lr, decay, eps))
+
+
+def adam(lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8) -> Optimizer:
+    return Optimizer(Adam(lr, beta1, beta2, eps))
+
+
+def adamw(
+    lr: float,
+    weight_decay: float = 0.01,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    eps: float = 1e-8,
+) -> Optimizer:
+    return Optimizer(AdamW(lr, weight_decay, beta1, beta2, eps))
+
+
+def adadelta(lr: float = 1.0, rho: float = 0.9, eps: float = 1e-6) -> Optimizer:
+    return Optimizer(Adadelta(lr, rho, eps))
+
+
+def constant(lr: float) -> Constant:
+    return Constant(lr)
+
+
+def step(base: float, step_size: int, gamma: float = 0.1) -> Step:
+    return Step(base, step_size, gamma)
+
+
+def exponential(base: float, gamma: float) -> Exponential:
+    return Exponential(base, gamma)
+
+
+def warmup_cosine(peak: float, min: float, warmup_steps: int, total_steps: int) -> WarmupCosine:
+    return WarmupCosine(peak, min, warmup_steps, total_steps)
+
+
+OPTIMIZERS = {
+    "sgd": sgd,
+    "adagrad": adagrad,
+    "rmsprop": rmsprop,
+    "adam": adam,
+    "adamw": adamw,
+    "adadelta": adadelta,
+}
+
+__all__ = [
+    "Optimizer", "OptState", "Hyper", "SGD", "Adagrad", "RMSProp", "Adam", "AdamW", "Adadelta",
+    "SGDState", "MomentumState", "AdagradState", "RMSPropState", "AdamState", "AdadeltaState",
+    "Schedule", "Constant", "Step", "Exponential", "WarmupCosine",
+    "sgd", "adagrad", "rmsprop", "adam", "adamw", "adadelta",
+    "constant", "step", "exponential", "warmup_cosine", "OPTIMIZERS",
+]

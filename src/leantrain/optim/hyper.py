@@ -1,0 +1,146 @@
+"""Optimizer hyperparameters: one frozen, validated record per optimizer kind (spec §4).
+
+Each record is checked when it is built (lr and weight decay finite and >= 0;
+momentum, decay, rho and betas in [0, 1); eps finite and > 0) and again for each
+parameter dtype, after rounding to it (``eps=1e-50`` rounds to 0 in float32).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+import torch
+
+from ..errors import ConfigError
+
+
+def _rounded(value: float, dtype: torch.dtype) -> float:
+    # A CPU scalar conversion, not a device read: the value never lived on a device.
+    return float(torch.tensor(value, dtype=torch.float64).to(dtype).item())
+
+
+def check_rate(op: str, name: str, value: object) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ConfigError(f"{op}: {name} must be a number, got {value!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"{op}: {name} must be finite and >= 0, got {value!r}")
+    return float(value)
+
+
+def check_unit(op: str, name: str, value: object) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ConfigError(f"{op}: {name} must be a number, got {value!r}")
+    if not (0.0 <= value < 1.0):
+        raise ConfigError(f"{op}: {name} must be in [0, 1), got {value!r}")
+    return float(value)
+
+
+def check_eps(op: str, name: str, value: object) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ConfigError(f"{op}: {name} must be a number, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{op}: {name} must be finite and > 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Hyper:
+    """Base of the per-kind records; ``lr`` is the base learning rate."""
+
+    lr: float
+
+    kind: ClassVar[str] = "?"
+    _units: ClassVar[tuple[str, ...]] = ()
+    _rates: ClassVar[tuple[str, ...]] = ("lr",)
+    _eps: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self) -> None:
+        op = f"optim.{self.kind}"
+        for name in self._rates:
+            object.__setattr__(self, name, check_rate(op, name, getattr(self, name)))
+        for name in self._units:
+            object.__setattr__(self, name, check_unit(op, name, getattr(self, name)))
+        for name in self._eps:
+            object.__setattr__(self, name, check_eps(op, name, getattr(self, name)))
+
+    def check_dtype(self, dtype: torch.dtype) -> None:
+        """Repeat the checks after rounding every hyperparameter to ``dtype``."""
+        if not dtype.is_floating_point:
+            raise ConfigError(f"optim.{self.kind}: parameters must be floating point, got {dtype}")
+        op = f"optim.{self.kind}"
+        suffix = f" after conversion to {str(dtype).removeprefix('torch.')}"
+        for name in self._eps:
+            r = _rounded(getattr(self, name), dtype)
+            if not (math.isfinite(r) and r > 0):
+                raise ConfigError(
+                    f"{op}: {name} must be finite and > 0{suffix}, got {getattr(self, name)!r} "
+                    f"(rounds to {r!r})"
+                )
+        for name in self._rates:
+            r = _rounded(getattr(self, name), dtype)
+            if not math.isfinite(r):
+                raise ConfigError(f"{op}: {name} must be finite{suffix}, got {getattr(self, name)!r}")
+
+    def without_lr(self) -> tuple:
+        """The hyperparameters a history is bound to (the lr is the schedule's business)."""
+        return (self.kind,) + tuple(getattr(self, f.name) for f in fields(self) if f.name != "lr")
+
+    def describe(self) -> str:
+        args = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
+        return f"{self.kind}({args})"
+
+
+@dataclass(frozen=True)
+class SGD(Hyper):
+    momentum: float = 0.0
+    kind = "sgd"
+    _units = ("momentum",)
+
+
+@dataclass(frozen=True)
+class Adagrad(Hyper):
+    eps: float = 1e-10
+    kind = "adagrad"
+    _eps = ("eps",)
+
+
+@dataclass(frozen=True)
+class RMSProp(Hyper):
+    decay: float = 0.99
+    eps: float = 1e-8
+    kind = "rmsprop"
+    _units = ("decay",)
+    _eps = ("eps",)
+
+
+@dataclass(frozen=True)
+class Adam(Hyper):
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    kind = "adam"
+    _units = ("beta1", "beta2")
+    _eps = ("eps",)
+
+
+@dataclass(frozen=True)
+class AdamW(Hyper):
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    kind = "adamw"
+    _rates = ("lr", "weight_decay")
+    _units = ("beta1", "beta2")
+    _eps = ("eps",)
+
+
+@dataclass(frozen=True)
+class Adadelta(Hyper):
+    rho: float = 0.9
+    eps: float = 1e-6
+    kind = "adadelta"
+    _units = ("rho",)
+    _eps = ("eps",)

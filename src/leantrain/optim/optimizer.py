@@ -1,0 +1,226 @@
+"""The optimizer shell: validates, walks the slots, owns the per-slot state list (spec §3, §5).
+
+``state = opt.init(params)`` then ``state = opt.step(state, params, grads)``.
+Representatives own state; an alias's entry is its representative's record;
+frozen slots hold ``None`` and never change. Everything is validated before the
+first write.
+
+Two update paths, fixed when the state is made:
+
+* **generic** (host): mirrors are synced to the host first, the host tensors are
+  updated, and the mirrors dropped (a host write).
+* **native** (device, for SGD, Adam and AdamW): the state lives beside the
+  mirrors, only mirrors are written (the host becomes stale) and nothing is read
+  back to the host. Aliases hold no record; a re-tie that would merge two
+  separate histories is rejected.
+
+A step consumes its input state: the records' buffers are updated in place, as
+with ``torch.optim``. Pass back the state a step returned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional, Sequence
+
+import torch
+
+from ..errors import OptimizerStateError, PackError, PackTypeError, slot_label
+from ..packs import canonical_gradients
+from ..params import ParamList
+from .hyper import SGD, Adam, AdamW, Hyper, check_rate
+from .rules import clone_record, rule_for
+
+GENERIC, NATIVE = "generic", "native"
+
+
+@dataclass(frozen=True)
+class OptState:
+    """Per-slot optimizer records plus the bound configuration and path.
+
+    ``slots[i]`` is a typed record (``AdamState``...) at a representative, the
+    representative's record at an alias on the generic path, and ``None`` at frozen
+    slots (and at aliases on the native path). ``lr`` is the rate of the next step
+    (schedules rewrite it); ``steps`` counts completed updates.
+    """
+
+    hyper: Hyper
+    lr: float
+    path: str
+    slots: tuple
+    steps: int = 0
+
+    def with_lr(self, lr: float) -> "OptState":
+        """The same state with the learning rate of every slot set to ``lr``."""
+        return replace(self, lr=check_rate("OptState.with_lr", "lr", lr))
+
+    def records(self) -> dict[int, object]:
+        """Slot index -> record for the slots that own their history."""
+        out, seen = {}, set()
+        for i, r in enumerate(self.slots):
+            if r is not None and id(r) not in seen:
+                seen.add(id(r))
+                out[i] = r
+        return out
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    """An optimizer kind with its hyperparameters; stateless itself."""
+
+    hyper: Hyper
+
+    @property
+    def kind(self) -> str:
+        return self.hyper.kind
+
+    @property
+    def lr(self) -> float:
+        return self.hyper.lr
+
+    @property
+    def native(self) -> bool:
+        """Whether this kind has the device-resident path (SGD without momentum, Adam, AdamW)."""
+        h = self.hyper
+        return isinstance(h, (Adam, AdamW)) or (isinstance(h, SGD) and h.momentum == 0.0)
+
+    def __repr__(self) -> str:
+        return self.hyper.describe()
+
+    # --------------------------------------------------------------------- init
+    def init(self, params: ParamList, *, native: bool = False) -> OptState:
+        """Fresh state for ``params``: zeros beside the tensors the chosen path updates."""
+        op = f"{self.kind}.init"
+        if native and not self.native:
+            raise OptimizerStateError(
+                f"{op}: {self.kind} has no native path (only sgd without momentum, adam and "
+                f"adamw); use the generic path"
+            )
+        rule = rule_for(self.hyper)
+        slots_map = params.canonical_slot_indices()
+        for i, c in enumerate(slots_map):
+            if c is not None:
+                self.hyper.check_dtype(params[i].dtype)
+                if native and params[i].storage.mirror is None:
+                    raise _no_mirror(op, params, i)
+        records: list = [None] * len(params)
+        for i, c in enumerate(slots_map):
+            if c == i:
+                s = params[i].storage
+                records[i] = rule.init(self.hyper, s.mirror if native else s.host)
+            elif c is not None and not native:
+                records[i] = records[c]
+        return OptState(self.hyper, self.hyper.lr, NATIVE if native else GENERIC, tuple(records))
+
+    # --------------------------------------------------------------------- step
+    def step(self, state: OptState, params: ParamList, gradients: Sequence) -> OptState:
+        """One generic (host) update: sync mirrors, update host tensors, drop mirrors."""
+        return self._step(state, params, gradients, GENERIC)
+
+    def step_native(self, state: OptState, params: ParamList, gradients: Sequence) -> OptState:
+        """One native update: write only the mirrors, keep state beside them, no host read."""
+        return self._step(state, params, gradients, NATIVE)
+
+    def _step(self, state: OptState, params: ParamList, gradients: Sequence, path: str):
+        op = f"{self.kind}.{'step_native' if path == NATIVE else 'step'}"
+        self._check_state(op, state, params, path)
+        params.check_pack(op, gradients, allow_none_frozen=True)
+        slots_map = params.canonical_slot_indices()
+        sums = canonical_gradients(slots_map, gradients, names=params.names)
+        rule = rule_for(self.hyper)
+        records = list(state.slots)
+        plan = []  # (slot, storage, record or None for a fresh one, gradient)
+        owners: dict[int, int] = {}  # id(record) -> slot that updates it this step
+        for i, c in enumerate(slots_map):
+            if c != i:
+                if c is not None and path == NATIVE and records[i] is not None:
+                    if records[i] is not records[c]:
+                        raise OptimizerStateError(
+                            f"{op}: {params.label(i)} now aliases {params.label(c)}, but both "
+                            f"have separate optimizer histories; re-tying would merge them. "
+                            f"Call init to start a fresh history"
+                        )
+                continue
+            storage, rec, g = params[i].storage, records[i], sums[i]
+            target = storage.mirror if path == NATIVE else storage.host
+            if path == NATIVE and target is None:
+                raise _no_mirror(op, params, i)
+            if g.device != target.device:
+                raise PackError(
+                    f"{op}: {params.label(i)}: gradient is on {g.device}, expected "
+                    f"{target.device} (where the {path} path updates this slot)"
+                )
+            if rec is not None:
+                _check_record(op, params, i, rec, target)
+                if id(rec) in owners:  # un-tied since the last step: split the history
+                    rec = clone_record(rec)
+                owners[id(rec)] = i
+            plan.append((i, storage, rec, g))
+        # ---- validation is complete; from here on we mutate
+        groups: dict[tuple, list] = {}
+        for i, storage, rec, g in plan:
+            if path == NATIVE:
+                p = storage.mirror
+            else:
+                p = storage.begin_host_update()
+            if rec is None:
+                rec = rule.init(self.hyper, p)
+            groups.setdefault((p.device, p.dtype), []).append((i, rec, p, g))
+        with torch.no_grad():
+            for items in groups.values():
+                idx = [it[0] for it in items]
+                new = rule.update_many(
+                    self.hyper,
+                    state.lr,
+                    [it[1] for it in items],
+                    [it[2] for it in items],
+                    [it[3] for it in items],
+                )
+                for i, r in zip(idx, new):
+                    records[i] = r
+        if path == NATIVE:
+            for i, storage, _, _ in plan:
+                storage.host_current = False  # the mirror is newer now
+        for i, c in enumerate(slots_map):
+            if c is None and path == NATIVE:
+                records[i] = None  # histories of slots that left the trainable set are released
+            elif c is not None and c != i:
+                records[i] = None if path == NATIVE else records[c]
+        return replace(state, slots=tuple(records), steps=state.steps + 1)
+
+    def _check_state(self, op: str, state: OptState, params: ParamList, path: str) -> None:
+        if not isinstance(state, OptState):
+            raise OptimizerStateError(f"{op}: expected an OptState, got {type(state).__name__}")
+        if state.hyper.without_lr() != self.hyper.without_lr():
+            raise OptimizerStateError(
+                f"{op}: state belongs to a different optimizer configuration: state has "
+                f"{state.hyper.describe()}, optimizer is {self.hyper.describe()}; call init"
+            )
+        if state.path != path:
+            raise OptimizerStateError(
+                f"{op}: cannot mix generic and native optimizer updates: this history is "
+                f"{state.path}, the call is {path}; call init to start a fresh optimizer history"
+            )
+        if path == NATIVE and not self.native:
+            raise OptimizerStateError(f"{op}: {self.kind} has no native path")
+        if len(state.slots) != len(params):
+            raise OptimizerStateError(
+                f"{op}: state has {len(state.slots)} slots, parameter list has {len(params)}"
+            )
+
+
+def _no_mirror(op: str, params: ParamList, i: int) -> OptimizerStateError:
+    return OptimizerStateError(
+        f"{op}: {params.label(i)} has no device mirror; the native path updates mirrors "
+        f"only: call params.to_device(device) first"
+    )
+
+
+def _check_record(op: str, params: ParamList, i: int, rec, target: torch.Tensor) -> None:
+    for field, t in rec.tensors().items():
+        if t.shape != target.shape or t.device != target.device or t.dtype != target.dtype:
+            raise OptimizerStateError(
+                f"{op}: {slot_label(i, params[i].name)}: optimizer state '{field}' does not "
+                f"fit the parameter: expected {tuple(target.shape)} {target.dtype} on "
+                f"{target.device}, got {tuple(t.shape)} {t.dtype} on {t.device}"
+            )

@@ -1,0 +1,263 @@
+"""Per-tensor update rules over typed state records (spec §3), and their multi-tensor form.
+
+Each rule has three parts: ``init(h, p)`` makes the zero state of one tensor;
+``update(h, lr, state, p, g)`` is the reference per-tensor rule; ``update_many``
+does the same over lists with ``torch._foreach_*`` and must agree bit for bit
+(tested). Updates are in place: ``p`` and the state's buffers are overwritten, and
+a new record carries the scalar fields. No parameter-sized temporary is allocated
+except the one denominator the adaptive rules need.
+
+Operation order is leantrain's definition (chosen for speed, fixed for exactness):
+
+* SGD:       ``p += -lr * g``
+* momentum:  ``b = b*mu + g``; ``p += -lr * b``
+* Adagrad:   ``G += g*g``; ``p += -lr * g / (sqrt(G) + eps)``
+* RMSProp:   ``A = A*decay + (1-decay)*g*g``; ``p += -lr * g / (sqrt(A) + eps)``
+* Adam:      ``m = lerp(m, g, 1-b1)``; ``v = v*b2 + (1-b2)*g*g``; with
+  ``c1 = 1 - b1^t``, ``c2 = 1 - b2^t`` (powers by repeated multiplication in
+  binary64): ``p += -(lr*sqrt(c2)/c1) * m / (sqrt(v) + eps*sqrt(c2))``, which is
+  ``p - lr*mhat/(sqrt(vhat)+eps)`` rearranged so the bias corrections cost no pass.
+* AdamW:     ``p *= 1 - lr*wd`` first, then the Adam update with the raw gradient.
+* Adadelta:  ``E = E*rho + (1-rho)*g*g``; ``d = sqrt(D+eps)/sqrt(E+eps)*g``;
+  ``D = D*rho + (1-rho)*d*d``; ``p += -lr * d``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import torch
+
+from .hyper import Adadelta, Adagrad, Adam, AdamW, Hyper, RMSProp, SGD
+
+Tensors = Sequence[torch.Tensor]
+
+
+# ------------------------------------------------------------------ state records
+@dataclass(frozen=True)
+class SGDState:
+    """Plain SGD keeps no per-tensor state."""
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {}
+
+
+@dataclass(frozen=True)
+class MomentumState:
+    buf: torch.Tensor
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"buf": self.buf}
+
+
+@dataclass(frozen=True)
+class AdagradState:
+    sum: torch.Tensor
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"sum": self.sum}
+
+
+@dataclass(frozen=True)
+class RMSPropState:
+    avg: torch.Tensor
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"avg": self.avg}
+
+
+@dataclass(frozen=True)
+class AdamState:
+    step: int
+    m: torch.Tensor
+    v: torch.Tensor
+    beta1_power: float = 1.0
+    beta2_power: float = 1.0
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"m": self.m, "v": self.v}
+
+
+@dataclass(frozen=True)
+class AdadeltaState:
+    square_avg: torch.Tensor
+    delta_avg: torch.Tensor
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"square_avg": self.square_avg, "delta_avg": self.delta_avg}
+
+
+def clone_record(rec):
+    """A deep copy of a record (its buffers cloned), for un-tied histories."""
+    return replace(rec, **{k: t.clone() for k, t in rec.tensors().items()})
+
+
+# ------------------------------------------------------------------------- rules
+class SGDRule:
+    native = True
+
+    @staticmethod
+    def init(h: SGD, p: torch.Tensor):
+        if h.momentum == 0.0:
+            return SGDState()
+        return MomentumState(torch.zeros_like(p, memory_format=torch.preserve_format))
+
+    @staticmethod
+    def update(h: SGD, lr: float, s, p: torch.Tensor, g: torch.Tensor):
+        if h.momentum == 0.0:
+            p.add_(g, alpha=-lr)
+            return s
+        s.buf.mul_(h.momentum).add_(g)
+        p.add_(s.buf, alpha=-lr)
+        return s
+
+    @staticmethod
+    def update_many(h: SGD, lr: float, ss: list, ps: Tensors, gs: Tensors) -> list:
+        if h.momentum == 0.0:
+            torch._foreach_add_(ps, gs, alpha=-lr)
+            return ss
+        bufs = [s.buf for s in ss]
+        torch._foreach_mul_(bufs, h.momentum)
+        torch._foreach_add_(bufs, gs)
+        torch._foreach_add_(ps, bufs, alpha=-lr)
+        return ss
+
+
+class AdagradRule:
+    native = False
+
+    @staticmethod
+    def init(h: Adagrad, p):
+        return AdagradState(torch.zeros_like(p))
+
+    @staticmethod
+    def update(h: Adagrad, lr, s, p, g):
+        s.sum.addcmul_(g, g, value=1.0)
+        p.addcdiv_(g, s.sum.sqrt().add_(h.eps), value=-lr)
+        return s
+
+    @staticmethod
+    def update_many(h: Adagrad, lr, ss, ps, gs):
+        sums = [s.sum for s in ss]
+        torch._foreach_addcmul_(sums, gs, gs, value=1.0)
+        denom = torch._foreach_sqrt(sums)
+        torch._foreach_add_(denom, h.eps)
+        torch._foreach_addcdiv_(ps, gs, denom, value=-lr)
+        return ss
+
+
+class RMSPropRule:
+    native = False
+
+    @staticmethod
+    def init(h: RMSProp, p):
+        return RMSPropState(torch.zeros_like(p))
+
+    @staticmethod
+    def update(h: RMSProp, lr, s, p, g):
+        s.avg.mul_(h.decay).addcmul_(g, g, value=1.0 - h.decay)
+        p.addcdiv_(g, s.avg.sqrt().add_(h.eps), value=-lr)
+        return s
+
+    @staticmethod
+    def update_many(h: RMSProp, lr, ss, ps, gs):
+        avgs = [s.avg for s in ss]
+        torch._foreach_mul_(avgs, h.decay)
+        torch._foreach_addcmul_(avgs, gs, gs, value=1.0 - h.decay)
+        denom = torch._foreach_sqrt(avgs)
+        torch._foreach_add_(denom, h.eps)
+        torch._foreach_addcdiv_(ps, gs, denom, value=-lr)
+        return ss
+
+
+def _adam_scalars(h, s: AdamState) -> tuple[AdamState, float, float]:
+    """Advance ``t`` and the powers; return (record, step size, eps term)."""
+    b1p, b2p = s.beta1_power * h.beta1, s.beta2_power * h.beta2
+    c1, root_c2 = 1.0 - b1p, math.sqrt(1.0 - b2p)
+    return AdamState(s.step + 1, s.m, s.v, b1p, b2p), root_c2 / c1, h.eps * root_c2
+
+
+class AdamRule:
+    native = True
+
+    @staticmethod
+    def init(h, p):
+        return AdamState(0, torch.zeros_like(p), torch.zeros_like(p))
+
+    @staticmethod
+    def update(h, lr, s: AdamState, p, g):
+        if isinstance(h, AdamW):
+            p.mul_(1.0 - lr * h.weight_decay)
+        s, scale, eps = _adam_scalars(h, s)
+        s.m.lerp_(g, 1.0 - h.beta1)
+        s.v.mul_(h.beta2).addcmul_(g, g, value=1.0 - h.beta2)
+        p.addcdiv_(s.m, s.v.sqrt().add_(eps), value=-(lr * scale))
+        return s
+
+    @staticmethod
+    def update_many(h, lr, ss: list, ps, gs):
+        if isinstance(h, AdamW):
+            torch._foreach_mul_(ps, 1.0 - lr * h.weight_decay)
+        news, scales, epss = [], [], []
+        for s in ss:
+            n, scale, eps = _adam_scalars(h, s)
+            news.append(n)
+            scales.append(-(lr * scale))
+            epss.append(eps)
+        ms, vs = [s.m for s in ss], [s.v for s in ss]
+        torch._foreach_lerp_(ms, gs, 1.0 - h.beta1)
+        torch._foreach_mul_(vs, h.beta2)
+        torch._foreach_addcmul_(vs, gs, gs, value=1.0 - h.beta2)
+        denom = torch._foreach_sqrt(vs)
+        torch._foreach_add_(denom, epss)
+        torch._foreach_addcdiv_(ps, ms, denom, scales)
+        return news
+
+
+class AdadeltaRule:
+    native = False
+
+    @staticmethod
+    def init(h: Adadelta, p):
+        return AdadeltaState(torch.zeros_like(p), torch.zeros_like(p))
+
+    @staticmethod
+    def update(h: Adadelta, lr, s, p, g):
+        s.square_avg.mul_(h.rho).addcmul_(g, g, value=1.0 - h.rho)
+        std = s.square_avg.add(h.eps).sqrt_()
+        delta = s.delta_avg.add(h.eps).sqrt_().div_(std).mul_(g)
+        s.delta_avg.mul_(h.rho).addcmul_(delta, delta, value=1.0 - h.rho)
+        p.add_(delta, alpha=-lr)
+        return s
+
+    @staticmethod
+    def update_many(h: Adadelta, lr, ss, ps, gs):
+        sq, da = [s.square_avg for s in ss], [s.delta_avg for s in ss]
+        torch._foreach_mul_(sq, h.rho)
+        torch._foreach_addcmul_(sq, gs, gs, value=1.0 - h.rho)
+        std = torch._foreach_add(sq, h.eps)
+        torch._foreach_sqrt_(std)
+        delta = torch._foreach_add(da, h.eps)
+        torch._foreach_sqrt_(delta)
+        torch._foreach_div_(delta, std)
+        torch._foreach_mul_(delta, gs)
+        torch._foreach_mul_(da, h.rho)
+        torch._foreach_addcmul_(da, delta, delta, value=1.0 - h.rho)
+        torch._foreach_add_(ps, delta, alpha=-lr)
+        return ss
+
+
+RULES: dict[type, type] = {
+    SGD: SGDRule,
+    Adagrad: AdagradRule,
+    RMSProp: RMSPropRule,
+    Adam: AdamRule,
+    AdamW: AdamRule,
+    Adadelta: AdadeltaRule,
+}
+
+
+def rule_for(h: Hyper):
+    return RULES[type(h)]

@@ -1,0 +1,106 @@
+"""Learning-rate schedules (spec §4): ``lr_at(t)`` for a 0-based index ``t``.
+
+In-memory loops index by optimizer step, loader loops by epoch. A schedule fully
+overrides the optimizer's lr, even at ``t = 0``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+from .hyper import check_rate
+
+
+def _check_count(op: str, name: str, value: object, positive: bool = False) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < (1 if positive else 0):
+        rule = "> 0" if positive else ">= 0"
+        raise ConfigError(f"{op}: {name} must be an integer {rule}, got {value!r}")
+    return value
+
+
+def _check_factor(op: str, name: str, value: object) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
+        raise ConfigError(f"{op}: {name} must be in [0, 1], got {value!r}")
+    return float(value)
+
+
+class Schedule:
+    """Base class: a schedule maps a 0-based index to a learning rate."""
+
+    def lr_at(self, t: int) -> float:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Constant(Schedule):
+    lr: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lr", check_rate("optim.constant", "lr", self.lr))
+
+    def lr_at(self, t: int) -> float:
+        return self.lr
+
+
+@dataclass(frozen=True)
+class Step(Schedule):
+    """``base * gamma ** (t // step_size)``."""
+
+    base: float
+    step_size: int
+    gamma: float = 0.1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "base", check_rate("optim.step", "base", self.base))
+        _check_count("optim.step", "step_size", self.step_size, positive=True)
+        object.__setattr__(self, "gamma", _check_factor("optim.step", "gamma", self.gamma))
+
+    def lr_at(self, t: int) -> float:
+        return self.base * self.gamma ** (t // self.step_size)
+
+
+@dataclass(frozen=True)
+class Exponential(Schedule):
+    """``base * gamma ** t`` (binary64 power)."""
+
+    base: float
+    gamma: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "base", check_rate("optim.exponential", "base", self.base))
+        object.__setattr__(self, "gamma", _check_factor("optim.exponential", "gamma", self.gamma))
+
+    def lr_at(self, t: int) -> float:
+        return self.base * self.gamma**t
+
+
+@dataclass(frozen=True)
+class WarmupCosine(Schedule):
+    """Linear warm-up to ``peak`` over ``warmup_steps``, then cosine decay to ``min``."""
+
+    peak: float
+    min: float
+    warmup_steps: int
+    total_steps: int
+
+    def __post_init__(self) -> None:
+        op = "optim.warmup_cosine"
+        object.__setattr__(self, "peak", check_rate(op, "peak", self.peak))
+        object.__setattr__(self, "min", check_rate(op, "min", self.min))
+        _check_count(op, "warmup_steps", self.warmup_steps)
+        _check_count(op, "total_steps", self.total_steps)
+        if self.min > self.peak:
+            raise ConfigError(f"{op}: min must be <= peak, got min={self.min!r} > peak={self.peak!r}")
+
+    def lr_at(self, t: int) -> float:
+        if self.total_steps == 0 or t >= self.total_steps:
+            return self.min
+        w = min(self.warmup_steps, self.total_steps)
+        if t < w:
+            return self.peak * (t + 1) / w
+        d = self.total_steps - w
+        if d == 0:
+            return self.min
+        return self.min + (self.peak - self.min) * (1 + math.cos(math.pi * (t - w) / d)) / 2

@@ -1,0 +1,264 @@
+"""Shape-indexed parameter lists (seed: Trainer Parameters, spec §1-§2).
+
+A ``Param`` is one *view* of a ``Storage``: the storage plus ``requires_grad``
+and an optional name. A ``ParamList`` is an ordered list of views; the same
+storage may sit at several slots (tied weights), trainable or frozen. Slot
+indices are never compressed: every map, pack and schema has one entry per slot.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional, Sequence, Union
+
+import torch
+
+from .errors import AliasError, PackError, PackTypeError, shape_str, slot_label
+from .storage import Storage
+
+Shape = tuple[int, ...]
+Device = Union[str, torch.device]
+
+
+class Param:
+    """One view of a parameter storage.
+
+    ``Param(value)`` allocates a fresh storage holding a copy of ``value``;
+    ``p.view(...)`` returns another view of the *same* storage (a tied slot, or a
+    frozen view of a trainable storage).
+    """
+
+    __slots__ = ("storage", "requires_grad", "name")
+
+    def __init__(
+        self, value: torch.Tensor, *, name: Optional[str] = None, requires_grad: bool = True
+    ) -> None:
+        if not isinstance(value, torch.Tensor):
+            raise PackTypeError(f"Param: expected a torch.Tensor, got {type(value).__name__}")
+        self.storage = Storage(value.detach().clone())
+        self.requires_grad = bool(requires_grad)
+        self.name = name
+
+    @classmethod
+    def of_storage(
+        cls, storage: Storage, *, requires_grad: bool = True, name: Optional[str] = None
+    ) -> "Param":
+        view = cls.__new__(cls)
+        view.storage, view.requires_grad, view.name = storage, bool(requires_grad), name
+        return view
+
+    def view(self, *, requires_grad: Optional[bool] = None, name: Optional[str] = None) -> "Param":
+        """Another view of this storage; unspecified fields are copied from this view."""
+        return Param.of_storage(
+            self.storage,
+            requires_grad=self.requires_grad if requires_grad is None else requires_grad,
+            name=self.name if name is None else name,
+        )
+
+    @property
+    def shape(self) -> Shape:
+        return self.storage.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.storage.dtype
+
+    def value(self) -> torch.Tensor:
+        """A snapshot of the host value; never syncs, so it may be stale."""
+        return self.storage.host.detach().clone()
+
+    def __repr__(self) -> str:
+        flag = "trainable" if self.requires_grad else "frozen"
+        return f"Param({self.name or '?'}, shape={shape_str(self.shape)}, {flag})"
+
+
+class ParamList:
+    """An ordered, shape-indexed list of parameter views (parameters, then buffers)."""
+
+    __slots__ = ("_views",)
+
+    def __init__(self, views: Sequence[Param]) -> None:
+        for i, v in enumerate(views):
+            if not isinstance(v, Param):
+                raise PackTypeError(
+                    f"ParamList: slot {i}: expected a Param, got {type(v).__name__}"
+                )
+        self._views: tuple[Param, ...] = tuple(views)
+
+    # ----------------------------------------------------------------- building
+    @classmethod
+    def of_pack(cls, pack: Sequence[torch.Tensor]) -> "ParamList":
+        """One fresh trainable storage per tensor; never aliases, even for equal tensors."""
+        _check_tensors("ParamList.of_pack", pack)
+        return cls([Param(t) for t in pack])
+
+    @classmethod
+    def of_pack_with_requires_grad(
+        cls, pack: Sequence[torch.Tensor], flags: Sequence[bool]
+    ) -> "ParamList":
+        """Fresh storages with an explicit trainability mask (same length as the pack)."""
+        op = "ParamList.of_pack_with_requires_grad"
+        _check_tensors(op, pack)
+        if len(flags) != len(pack):
+            word = "shorter" if len(flags) < len(pack) else "longer"
+            raise PackError(
+                f"{op}: requires_grad mask is {word} than the pack: expected {len(pack)} "
+                f"flags, got {len(flags)}"
+            )
+        for i, f in enumerate(flags):
+            if not isinstance(f, bool):
+                raise PackTypeError(f"{op}: flag {i}: expected a bool, got {type(f).__name__}")
+        return cls([Param(t, requires_grad=f) for t, f in zip(pack, flags)])
+
+    @classmethod
+    def from_module(cls, module: torch.nn.Module) -> "ParamList":
+        """Parameters (tied ones at every slot), then buffers as frozen slots.
+
+        Tensors over the same memory with the same view are one storage; a partial
+        overlap between slots is an ``AliasError`` naming both.
+        """
+        from .module_slots import module_slots
+
+        return cls(module_slots(module))
+
+    # ---------------------------------------------------------------- sequence
+    def __len__(self) -> int:
+        return len(self._views)
+
+    def __getitem__(self, index: int) -> Param:
+        return self._views[index]
+
+    def __iter__(self) -> Iterator[Param]:
+        return iter(self._views)
+
+    def __repr__(self) -> str:
+        return f"ParamList({len(self)} slots)"
+
+    @property
+    def shapes(self) -> list[Shape]:
+        return [v.shape for v in self._views]
+
+    @property
+    def names(self) -> list[Optional[str]]:
+        return [v.name for v in self._views]
+
+    @property
+    def dtypes(self) -> list[torch.dtype]:
+        return [v.dtype for v in self._views]
+
+    def label(self, index: int) -> str:
+        return slot_label(index, self._views[index].name)
+
+    # ------------------------------------------------------------------ seed 1
+    def requires_grad_array(self) -> list[bool]:
+        """The trainability mask in slot order."""
+        return [v.requires_grad for v in self._views]
+
+    def optimizer_storage(self) -> list[Optional[Storage]]:
+        """The storage of each trainable slot, ``None`` at frozen slots. Reads no data."""
+        return [v.storage if v.requires_grad else None for v in self._views]
+
+    def canonical_slot_indices(self) -> list[Optional[int]]:
+        """Map each trainable slot to the first trainable slot with the same storage.
+
+        Frozen slots map to ``None`` and are invisible to the search, so a frozen
+        first occurrence never becomes a representative: ``[frozen p, p, q, p]``
+        gives ``[None, 1, 2, 1]``. Rebuilt on every call (one dict keyed by storage
+        identity), so re-tying and un-tying are always honoured.
+        """
+        first: dict[int, int] = {}
+        out: list[Optional[int]] = []
+        for i, v in enumerate(self._views):
+            if not v.requires_grad:
+                out.append(None)
+            else:
+                out.append(first.setdefault(id(v.storage), i))
+        return out
+
+    def storages(self) -> list[Storage]:
+        """Every distinct storage once, in order of first occurrence (frozen included)."""
+        seen: dict[int, Storage] = {}
+        for v in self._views:
+            seen.setdefault(id(v.storage), v.storage)
+        return list(seen.values())
+
+    def values(self) -> list[torch.Tensor]:
+        """Snapshots of the host values in slot order, with no sync (may be stale)."""
+        return [v.storage.host.detach().clone() for v in self._views]
+
+    def values_synced(self) -> list[torch.Tensor]:
+        """Snapshots after copying every newer mirror to the host.
+
+        Syncs the device when a mirror is newer than its host tensor (intended:
+        the caller asked for current values).
+        """
+        for s in self.storages():
+            s.sync_to_host()
+        return self.values()
+
+    def set_values(self, pack: Sequence[torch.Tensor]) -> None:
+        """Host-write ``pack[i]`` into slot ``i`` for every slot, frozen slots included.
+
+        The count and every shape and dtype are checked before the first write. With
+        aliases the same storage is written several times; the last occurrence wins.
+        """
+        self.check_pack("ParamList.set_values", pack)
+        for v, t in zip(self._views, pack):
+            v.storage.write_host(t)
+
+    # ----------------------------------------------------------------- devices
+    def to_device(self, device: Device) -> "ParamList":
+        """Give every storage a mirror on ``device`` (``"cpu"`` makes a separate CPU copy)."""
+        dev = torch.device(device)
+        for s in self.storages():
+            s.make_mirror(dev)
+        return self
+
+    def has_mirrors(self) -> bool:
+        """True when every storage has a device mirror."""
+        return bool(self._views) and all(s.mirror is not None for s in self.storages())
+
+    # -------------------------------------------------------------- validation
+    def check_pack(
+        self, op: str, pack: Sequence[Optional[torch.Tensor]], allow_none_frozen: bool = False
+    ) -> None:
+        """Raise unless ``pack`` has one tensor per slot with the slot's shape and dtype."""
+        if not isinstance(pack, (list, tuple)):
+            raise PackTypeError(f"{op}: expected a list of tensors, got {type(pack).__name__}")
+        if len(pack) != len(self._views):
+            raise PackError(
+                f"{op}: pack length mismatch: expected {len(self._views)} tensors "
+                f"(one per slot), got {len(pack)}; pass the pack in slot order, see ParamList.shapes"
+            )
+        for i, (v, t) in enumerate(zip(self._views, pack)):
+            if t is None and allow_none_frozen and not v.requires_grad:
+                continue
+            check_slot_tensor(op, i, v.name, v.shape, v.dtype, t)
+
+    def schema(self):
+        """The checkpoint parameter schema of spec §9.1 for this list."""
+        from .schema import ParameterSchema
+
+        return ParameterSchema.of_params(self)
+
+
+def check_slot_tensor(
+    op: str, i: int, name: Optional[str], shape: Shape, dtype: torch.dtype, t: object
+) -> None:
+    """Raise unless ``t`` is a tensor with ``shape`` and ``dtype``."""
+    where = slot_label(i, name)
+    if not isinstance(t, torch.Tensor):
+        raise PackTypeError(f"{op}: {where}: expected a torch.Tensor, got {type(t).__name__}")
+    if tuple(t.shape) != shape:
+        raise PackError(
+            f"{op}: {where}: expected shape {shape_str(shape)}, got {shape_str(t.shape)}"
+        )
+    if t.dtype != dtype:
+        raise PackError(f"{op}: {where}: expected dtype {dtype}, got {t.dtype}")
+
+
+def _check_tensors(op: str, pack: Sequence[object]) -> None:
+    if not isinstance(pack, (list, tuple)):
+        raise PackTypeError(f"{op}: expected a list of tensors, got {type(pack).__name__}")
+    for i, t in enumerate(pack):
+        if not isinstance(t, torch.Tensor):
+            raise PackTypeError(f"{op}: slot {i}: expected a torch.Tensor, got {type(t).__name__}")

@@ -1,0 +1,121 @@
+"""One update: mean gradients over a list batch, then one optimizer call (spec §7.1-§7.2).
+
+A list batch is gradient accumulation. Buffers advance for every item first
+(train mode only); then every item is differentiated at the same parameter point
+and the same, fully advanced buffers; gradients are summed left to right and
+multiplied by ``1/n``; the optimizer runs once. Losses stay on the device unless a
+``*_and_loss`` function is called, which reads one scalar back (a sync on CUDA).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from .errors import ConfigError, DataError
+from .optim import OptState, Optimizer
+from .optim.optimizer import GENERIC, NATIVE
+from .runner import Runner, Sample, check_sample
+
+ACCUMULATION_MODES = ("exact", "vectorized")
+Pack = list[Optional[torch.Tensor]]
+
+
+def _check_batch(op: str, batch: Sequence[Sample], accumulation: str) -> list[Sample]:
+    if accumulation not in ACCUMULATION_MODES:
+        raise ConfigError(f"{op}: accumulation must be one of {ACCUMULATION_MODES}, got {accumulation!r}")
+    if not isinstance(batch, (list, tuple)):
+        raise DataError(f"{op}: a batch is a list of (x, y) samples, got {type(batch).__name__}")
+    if len(batch) == 0:
+        raise DataError(f"{op}: empty batch")
+    return [check_sample(op, s, i) for i, s in enumerate(batch)]
+
+
+def _accumulate(
+    op: str, runner: Runner, batch: Sequence[Sample], accumulation: str = "exact"
+) -> tuple[torch.Tensor, Pack]:
+    """(mean loss tensor, mean gradient pack) of a checked batch; nothing read to the host."""
+    for sample in batch:  # buffers first, for every item, before any differentiation
+        runner.update_buffers(sample)
+    leaves = runner._bind_working()
+    with runner.frozen_buffers():  # the gradient passes must not advance buffers again
+        if accumulation == "vectorized":
+            return runner.stacked_loss_and_gradients(batch, leaves)
+        loss, grads = runner.loss_and_gradients(batch[0], leaves)
+        n = len(batch)
+        if n == 1:
+            return loss, grads  # g * (1/1) is g, bit for bit: skip the pass
+        loss2, grads2 = runner.loss_and_gradients(batch[1], leaves)
+        loss = loss + loss2
+        grads = [None if g is None else g + h for g, h in zip(grads, grads2)]  # owned from here
+        for sample in batch[2:]:
+            loss_k, grads_k = runner.loss_and_gradients(sample, leaves)
+            loss = loss + loss_k
+            for g, h in zip(grads, grads_k):
+                if g is not None:
+                    g.add_(h)
+        inv = 1.0 / n
+        for g in grads:
+            if g is not None:
+                g.mul_(inv)
+        return loss * inv, grads
+
+
+def mean_gradients(runner: Runner, batch: Sequence[Sample], *, accumulation: str = "exact") -> Pack:
+    """Mean per-slot gradients of a nonempty batch at one parameter point (``None`` at frozen)."""
+    op = "mean_gradients"
+    return _accumulate(op, runner, _check_batch(op, batch, accumulation), accumulation)[1]
+
+
+def mean_loss_and_gradients(
+    runner: Runner, batch: Sequence[Sample], *, accumulation: str = "exact"
+) -> tuple[float, Pack]:
+    """Mean loss and mean gradients; reads the loss back to the host (a sync on CUDA)."""
+    op = "mean_loss_and_gradients"
+    loss, grads = _accumulate(op, runner, _check_batch(op, batch, accumulation), accumulation)
+    return float(loss.item()), grads  # intentional sync: the caller asked for the loss
+
+
+def _update(op, runner, opt, state, use_native_singleton, batch, accumulation):
+    path = NATIVE if use_native_singleton else GENERIC
+    batch = _check_batch(op, batch, accumulation)
+    opt._check_state(op, state, runner.params, path)  # before buffers advance
+    loss, grads = _accumulate(op, runner, batch, accumulation)
+    update = opt.step_native if path == NATIVE else opt.step
+    return update(state, runner.params, grads), loss
+
+
+def step_batch(
+    runner: Runner,
+    opt: Optimizer,
+    state: OptState,
+    use_native_singleton: bool,
+    batch: Sequence[Sample],
+    *,
+    accumulation: str = "exact",
+) -> OptState:
+    """One optimizer update over the batch's mean gradient, without reading a loss.
+
+    ``use_native_singleton`` picks the update path for the whole loop (the state was
+    made for it): the native device path when true, the generic host path otherwise.
+    Unlike upstream's seed-era loop, a native loop keeps list batches native too (the
+    mean is taken on the device), so a CUDA run never reads back between log points.
+    """
+    return _update("step_batch", runner, opt, state, use_native_singleton, batch, accumulation)[0]
+
+
+def step_batch_and_loss(
+    runner: Runner,
+    opt: Optimizer,
+    state: OptState,
+    use_native_singleton: bool,
+    batch: Sequence[Sample],
+    *,
+    accumulation: str = "exact",
+) -> tuple[OptState, float]:
+    """One update and the batch's mean loss, measured before the update."""
+    state, loss = _update(
+        "step_batch_and_loss", runner, opt, state, use_native_singleton, batch, accumulation
+    )
+    return state, float(loss.item())  # intentional sync: the caller asked for the loss
