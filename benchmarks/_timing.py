@@ -1,0 +1,31 @@
+"""Shared timing helpers: interleaved runs, median of per-run ratios."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+
+def interleaved_ratio(
+    ours: Callable[[], None], theirs: Callable[[], None], runs: int = 15, reps: int = 5, warmup: int = 3
+) -> tuple[float, float, float]:
+    """(median ratio ours/theirs, median seconds per call ours, theirs)."""
+    for _ in range(warmup):
+        ours()
+        theirs()
+    ratios, t_ours, t_theirs = [], [], []
+    for r in range(runs):
+        pair = [(ours, t_ours), (theirs, t_theirs)]
+        if r % 2:
+            pair.reverse()  # alternate who goes first
+        times = {}
+        for fn, acc in pair:
+            start = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            dt = (time.perf_counter() - start) / reps
+            acc.append(dt)
+            times[id(acc)] = dt
+        ratios.append(times[id(t_ours)] / times[id(t_theirs)])
+    return statistics.median(ratios), statistics.median(t_ours), statistics.median(t_theirs)
