@@ -44,23 +44,24 @@ def canonical_gradients(
     for i, c in enumerate(slots):
         if c is None:
             continue
-        where = slot_label(i, _name(names, i))
-        if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c <= i or slots[c] != c:
+        if type(c) is not int or not 0 <= c <= i or slots[c] != c:
             raise PackError(
-                f"{op}: {where}: invalid canonical slot {c!r}: expected a representative "
+                f"{op}: {slot_label(i, _name(names, i))}: invalid canonical slot {c!r}: expected a representative "
                 f"index <= {i} that maps to itself"
             )
         g = gradients[i]
         if not isinstance(g, torch.Tensor):
             what = "missing gradient (None)" if g is None else type(g).__name__
-            raise PackTypeError(f"{op}: {where}: expected a gradient tensor, got {what}")
+            raise PackTypeError(
+                f"{op}: {slot_label(i, _name(names, i))}: expected a gradient tensor, got {what}"
+            )
         acc = sums[c]
         if acc is None:
             sums[c] = g
             continue
         if acc.shape != g.shape or acc.dtype != g.dtype:
             raise PackError(
-                f"{op}: {where}: gradient does not match its representative "
+                f"{op}: {slot_label(i, _name(names, i))}: gradient does not match its representative "
                 f"{slot_label(c, _name(names, c))}: expected shape {shape_str(acc.shape)} "
                 f"{acc.dtype}, got {shape_str(g.shape)} {g.dtype}"
             )

@@ -245,6 +245,8 @@ def check_slot_tensor(
     op: str, i: int, name: Optional[str], shape: Shape, dtype: torch.dtype, t: object
 ) -> None:
     """Raise unless ``t`` is a tensor with ``shape`` and ``dtype``."""
+    if isinstance(t, torch.Tensor) and t.shape == shape and t.dtype == dtype:
+        return
     where = slot_label(i, name)
     if not isinstance(t, torch.Tensor):
         raise PackTypeError(f"{op}: {where}: expected a torch.Tensor, got {type(t).__name__}")
@@ -252,8 +254,7 @@ def check_slot_tensor(
         raise PackError(
             f"{op}: {where}: expected shape {shape_str(shape)}, got {shape_str(t.shape)}"
         )
-    if t.dtype != dtype:
-        raise PackError(f"{op}: {where}: expected dtype {dtype}, got {t.dtype}")
+    raise PackError(f"{op}: {where}: expected dtype {dtype}, got {t.dtype}")
 
 
 def _check_tensors(op: str, pack: Sequence[object]) -> None:

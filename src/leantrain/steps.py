@@ -82,8 +82,8 @@ def _update(op, runner, opt, state, use_native_singleton, batch, accumulation):
     batch = _check_batch(op, batch, accumulation)
     opt._check_state(op, state, runner.params, path)  # before buffers advance
     loss, grads = _accumulate(op, runner, batch, accumulation)
-    update = opt.step_native if path == NATIVE else opt.step
-    return update(state, runner.params, grads), loss
+    # trusted: these gradients come from the runner's own slots (shapes and dtypes match)
+    return opt._step(state, runner.params, grads, path, trusted=True), loss
 
 
 def step_batch(

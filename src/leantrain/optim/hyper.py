@@ -7,6 +7,7 @@ parameter dtype, after rounding to it (``eps=1e-50`` rounds to 0 in float32).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 from typing import ClassVar
@@ -83,9 +84,13 @@ class Hyper:
             if not math.isfinite(r):
                 raise ConfigError(f"{op}: {name} must be finite{suffix}, got {getattr(self, name)!r}")
 
+    @functools.cached_property
+    def _binding(self) -> tuple:
+        return (self.kind,) + tuple(getattr(self, f.name) for f in fields(self) if f.name != "lr")
+
     def without_lr(self) -> tuple:
         """The hyperparameters a history is bound to (the lr is the schedule's business)."""
-        return (self.kind,) + tuple(getattr(self, f.name) for f in fields(self) if f.name != "lr")
+        return self._binding
 
     def describe(self) -> str:
         args = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))

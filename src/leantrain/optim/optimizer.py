@@ -20,7 +20,7 @@ with ``torch.optim``. Pass back the state a step returned.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
@@ -52,7 +52,9 @@ class OptState:
 
     def with_lr(self, lr: float) -> "OptState":
         """The same state with the learning rate of every slot set to ``lr``."""
-        return replace(self, lr=check_rate("OptState.with_lr", "lr", lr))
+        if lr == self.lr:
+            return self
+        return OptState(self.hyper, check_rate("OptState.with_lr", "lr", lr), self.path, self.slots, self.steps)
 
     def records(self) -> dict[int, object]:
         """Slot index -> record for the slots that own their history."""
@@ -121,77 +123,79 @@ class Optimizer:
         """One native update: write only the mirrors, keep state beside them, no host read."""
         return self._step(state, params, gradients, NATIVE)
 
-    def _step(self, state: OptState, params: ParamList, gradients: Sequence, path: str):
-        op = f"{self.kind}.{'step_native' if path == NATIVE else 'step'}"
+    def _step(
+        self, state: OptState, params: ParamList, gradients: Sequence, path: str,
+        trusted: bool = False,
+    ) -> OptState:
+        """Validate everything, then update. ``trusted`` skips the per-slot pack check for
+        gradients the runner just produced from these very slots (same shapes, dtypes)."""
+        native = path == NATIVE
+        op = f"{self.kind}.{'step_native' if native else 'step'}"
         self._check_state(op, state, params, path)
-        params.check_pack(op, gradients, allow_none_frozen=True)
+        if not trusted:
+            params.check_pack(op, gradients, allow_none_frozen=True)
         slots_map = params.canonical_slot_indices()
         sums = canonical_gradients(slots_map, gradients, names=params.names)
-        rule = rule_for(self.hyper)
         records = list(state.slots)
         plan = []  # (slot, storage, record or None for a fresh one, gradient)
-        owners: dict[int, int] = {}  # id(record) -> slot that updates it this step
-        for i, c in enumerate(slots_map):
+        owned: set[int] = set()  # ids of records some representative updates this step
+        for i, (view, c) in enumerate(zip(params, slots_map)):
+            rec = records[i]
             if c != i:
-                if c is not None and path == NATIVE and records[i] is not None:
-                    if records[i] is not records[c]:
-                        raise OptimizerStateError(
-                            f"{op}: {params.label(i)} now aliases {params.label(c)}, but both "
-                            f"have separate optimizer histories; re-tying would merge them. "
-                            f"Call init to start a fresh history"
-                        )
+                if native and c is not None and rec is not None and rec is not records[c]:
+                    raise OptimizerStateError(
+                        f"{op}: {params.label(i)} now aliases {params.label(c)}, but both "
+                        f"have separate optimizer histories; re-tying would merge them. "
+                        f"Call init to start a fresh history"
+                    )
                 continue
-            storage, rec, g = params[i].storage, records[i], sums[i]
-            target = storage.mirror if path == NATIVE else storage.host
-            if path == NATIVE and target is None:
+            storage, g = view.storage, sums[i]
+            target = storage.mirror if native else storage.host
+            if target is None:
                 raise _no_mirror(op, params, i)
-            if g.device != target.device:
-                raise PackError(
-                    f"{op}: {params.label(i)}: gradient is on {g.device}, expected "
-                    f"{target.device} (where the {path} path updates this slot)"
-                )
+            if g.get_device() != target.get_device():
+                if native:
+                    raise PackError(
+                        f"{op}: {params.label(i)}: gradient is on {g.device}, expected "
+                        f"{target.device} (the native path updates the mirror there)"
+                    )
+                # The generic path updates host tensors: a gradient computed on a device is
+                # brought to the host (a device-to-host copy, the documented cost of this path).
+                g = g.to(target.device)
             if rec is not None:
                 _check_record(op, params, i, rec, target)
-                if id(rec) in owners:  # un-tied since the last step: split the history
+                if id(rec) in owned:  # un-tied since the last step: split the history
                     rec = clone_record(rec)
-                owners[id(rec)] = i
+                owned.add(id(rec))
             plan.append((i, storage, rec, g))
         # ---- validation is complete; from here on we mutate
+        rule, hyper = rule_for(self.hyper), self.hyper
         groups: dict[tuple, list] = {}
         for i, storage, rec, g in plan:
-            if path == NATIVE:
-                p = storage.mirror
-            else:
-                p = storage.begin_host_update()
+            p = storage.mirror if native else storage.begin_host_update()
             if rec is None:
-                rec = rule.init(self.hyper, p)
-            groups.setdefault((p.device, p.dtype), []).append((i, rec, p, g))
+                rec = rule.init(hyper, p)
+            groups.setdefault((p.get_device(), p.dtype), []).append((i, rec, p, g))
         with torch.no_grad():
             for items in groups.values():
-                idx = [it[0] for it in items]
-                new = rule.update_many(
-                    self.hyper,
-                    state.lr,
-                    [it[1] for it in items],
-                    [it[2] for it in items],
-                    [it[3] for it in items],
-                )
-                for i, r in zip(idx, new):
+                idx, recs, ps, gs = zip(*items)
+                for i, r in zip(idx, rule.update_many(hyper, state.lr, list(recs), list(ps), list(gs))):
                     records[i] = r
-        if path == NATIVE:
-            for i, storage, _, _ in plan:
+        if native:
+            for _, storage, _, _ in plan:
                 storage.host_current = False  # the mirror is newer now
         for i, c in enumerate(slots_map):
-            if c is None and path == NATIVE:
-                records[i] = None  # histories of slots that left the trainable set are released
-            elif c is not None and c != i:
-                records[i] = None if path == NATIVE else records[c]
-        return replace(state, slots=tuple(records), steps=state.steps + 1)
+            if c is None:
+                if native:
+                    records[i] = None  # a slot that left the trainable set releases its history
+            elif c != i:
+                records[i] = None if native else records[c]
+        return OptState(state.hyper, state.lr, state.path, tuple(records), state.steps + 1)
 
     def _check_state(self, op: str, state: OptState, params: ParamList, path: str) -> None:
         if not isinstance(state, OptState):
             raise OptimizerStateError(f"{op}: expected an OptState, got {type(state).__name__}")
-        if state.hyper.without_lr() != self.hyper.without_lr():
+        if state.hyper is not self.hyper and state.hyper.without_lr() != self.hyper.without_lr():
             raise OptimizerStateError(
                 f"{op}: state belongs to a different optimizer configuration: state has "
                 f"{state.hyper.describe()}, optimizer is {self.hyper.describe()}; call init"
