@@ -44,7 +44,7 @@ def same(a, b):
                 if not (isinstance(u, torch.Tensor) and isinstance(v, torch.Tensor)):
                     return False
                 if u.dtype != v.dtype or u.shape != v.shape or not torch.equal(
-                    u.view(torch.uint8) if u.numel() else u, v.view(torch.uint8) if v.numel() else v
+                    u.reshape(-1).view(torch.uint8), v.reshape(-1).view(torch.uint8)
                 ):
                     return False
             elif u != v:

@@ -184,15 +184,8 @@ class Runner:
         return _BufferGuard(self)
 
     # ----------------------------------------------------------- vectorised
-    def stacked_loss_and_gradients(
-        self, batch: Sequence[Sample], leaves: Sequence[Optional[torch.Tensor]]
-    ) -> tuple[torch.Tensor, list[Optional[torch.Tensor]]]:
-        """Mean loss over a stacked batch and its gradient: one forward, one backward.
-
-        Items are stacked along a new leading dimension and the model sees them as one
-        batch; the per-item losses (the loss function mapped over the items) are summed
-        and multiplied by ``1/n``. Refused when a layer couples the items.
-        """
+    def check_stackable(self, batch: Sequence[Sample]) -> None:
+        """Raise unless the items stack and no layer couples them (checked before any change)."""
         op = "vectorized accumulation"
         if self.mode == "train":
             for name, m in self.module.named_modules():
@@ -208,6 +201,17 @@ class Runner:
                     f"{op}: item {i} does not stack with item 0: x {tuple(x.shape)} vs "
                     f"{tuple(x0.shape)}, y {tuple(y.shape)} vs {tuple(y0.shape)}"
                 )
+
+    def stacked_loss_and_gradients(
+        self, batch: Sequence[Sample], leaves: Sequence[Optional[torch.Tensor]]
+    ) -> tuple[torch.Tensor, list[Optional[torch.Tensor]]]:
+        """Mean loss over a stacked batch and its gradient: one forward, one backward.
+
+        Items are stacked along a new leading dimension and the model sees them as one
+        batch; the per-item losses (the loss function mapped over the items) are summed
+        and multiplied by ``1/n``. Refused when a layer couples the items.
+        """
+        self.check_stackable(batch)
         xs, ys = self._inputs((torch.stack([x for x, _ in batch]), torch.stack([y for _, y in batch])))
         per_item = torch.vmap(self.loss_fn)(self.module(xs), ys)
         return self._grads(per_item.sum() * (1.0 / len(batch)), leaves)

@@ -36,6 +36,8 @@ def _accumulate(
     op: str, runner: Runner, batch: Sequence[Sample], accumulation: str = "exact"
 ) -> tuple[torch.Tensor, Pack]:
     """(mean loss tensor, mean gradient pack) of a checked batch; nothing read to the host."""
+    if accumulation == "vectorized":
+        runner.check_stackable(batch)  # before the buffers move
     for sample in batch:  # buffers first, for every item, before any differentiation
         runner.update_buffers(sample)
     leaves = runner._bind_working()

@@ -1,0 +1,212 @@
+"""The supervised loops: schedules, logging, no host reads, loaders (spec §7.3-§7.5, §11)."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import leantrain as lt
+from leantrain import optim
+from leantrain.optim.schedules import Schedule
+from models import TiedNet, grid_samples, quickstart_mlp, regression_batches
+
+
+class Recording(Schedule):
+    def __init__(self, rates):
+        self.rates, self.calls = rates, []
+
+    def lr_at(self, t):
+        self.calls.append(t)
+        return self.rates[t]
+
+
+def linear_runner():
+    """loss = w * x with x = 1: every SGD step moves w by exactly -lr."""
+    net = nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        net.weight.fill_(10.0)
+    return net, lt.Runner.from_module(net, lambda pred, y: pred.sum())
+
+
+ONE = (torch.ones(1), torch.zeros(1))
+
+
+def test_schedule_advances_per_step_in_memory():
+    net, r = linear_runner()
+    sched = Recording([0.5, 0.25, 0.125, 1.0])
+    cfg = lt.TrainConfig(steps=4, optimizer=optim.sgd(99.0), scheduler=sched, log_every=0)
+    lt.train_samples(r, cfg, [ONE])
+    assert sched.calls == [0, 1, 2, 3]
+    assert net.weight.item() == 10.0 - 0.5 - 0.25 - 0.125 - 1.0  # the schedule overrides lr
+
+
+def test_schedule_advances_once_per_epoch_for_loaders():
+    net, r = linear_runner()
+    sched = Recording([0.5, 0.25])
+    loader = lt.DataLoader(lt.Dataset([ONE] * 3), batch_size=1)
+    cfg = lt.LoaderTrainConfig(epochs=2, optimizer=optim.sgd(99.0), scheduler=sched, log_every=0)
+    report, _ = lt.train_loader(r, cfg, loader)
+    assert sched.calls == [0, 1] and report.steps == 6
+    assert net.weight.item() == 10.0 - 3 * 0.5 - 3 * 0.25
+
+
+def test_log_lines_use_a_global_step_and_pre_update_losses():
+    net, r = linear_runner()
+    lines = []
+    loader = lt.DataLoader(lt.Dataset([ONE] * 3), batch_size=2)  # batches of 2 and 1
+    cfg = lt.LoaderTrainConfig(epochs=2, optimizer=optim.sgd(1.0), log_every=3)
+    report, _ = lt.train_loader(r, cfg, loader, log=lines.append)
+    # epoch 0: steps 0, 1 (w 10 -> 9 -> 8); epoch 1: steps 2, 3; step 3 sees w = 7
+    assert lines == ["step 0: loss=10.000000", "step 3: loss=7.000000"]
+    assert report.losses == ((0, 10.0), (3, 7.0)) and report.steps == 4 and report.samples_seen == 6
+
+
+def test_partial_final_batch_is_averaged_over_its_own_size_and_drop_last_drops_it():
+    net, r = linear_runner()
+    data = [(torch.tensor([1.0]), torch.zeros(1)), (torch.tensor([3.0]), torch.zeros(1)),
+            (torch.tensor([5.0]), torch.zeros(1))]
+    cfg = lt.LoaderTrainConfig(epochs=1, optimizer=optim.sgd(1.0), log_every=0)
+    report, _ = lt.train_loader(r, cfg, lt.DataLoader(lt.Dataset(data), batch_size=2))
+    assert net.weight.item() == 10.0 - (1.0 + 3.0) / 2 - 5.0 and report.steps == 2
+    net, r = linear_runner()
+    report, _ = lt.train_loader(r, cfg, lt.DataLoader(lt.Dataset(data), batch_size=2, drop_last=True))
+    assert net.weight.item() == 10.0 - 2.0 and report.steps == 1 and report.samples_seen == 2
+
+
+def test_cyclic_batches_wrap_and_do_not_multiply_steps():
+    net, r = linear_runner()
+    data = [(torch.tensor([float(v)]), torch.zeros(1)) for v in (1, 2, 3)]
+    cfg = lt.TrainConfig(steps=2, batch_size=2, optimizer=optim.sgd(1.0), log_every=0)
+    report = lt.train_samples(r, cfg, data)
+    # batches [1, 2] then [3, 1]: updates of 1.5 and 2.0
+    assert net.weight.item() == 10.0 - 1.5 - 2.0
+    assert report.steps == 2 and report.samples_seen == 4
+
+
+class HostReads:
+    """Counts tensor-to-host conversions (item, tolist, float, bool, numpy, cpu)."""
+
+    NAMES = ("item", "tolist", "__float__", "__int__", "__bool__", "numpy", "cpu")
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        for name in self.NAMES:
+            original = getattr(torch.Tensor, name)
+
+            def counted(self_, *a, _orig=original, **k):
+                self.count += 1
+                return _orig(self_, *a, **k)
+
+            monkeypatch.setattr(torch.Tensor, name, counted)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam", "rmsprop"])
+@pytest.mark.parametrize("mirrors", [False, True])
+def test_no_host_reads_between_log_points(monkeypatch, kind, mirrors):
+    torch.manual_seed(0)
+    r = lt.Runner.from_module(TiedNet(bn=True), "mse")
+    if mirrors:
+        r.to("cpu")
+    opt = getattr(optim, kind)(0.01)
+    data = regression_batches(4, 3)
+    cfg = lt.TrainConfig(steps=6, batch_size=2, optimizer=opt, scheduler=optim.exponential(0.01, 0.9), log_every=0)
+    state = opt.init(r.params, native=lt.trainer.uses_native(r, opt))
+    batches = lt.trainer.cyclic_batches("t", data, 2)
+    reads = HostReads(monkeypatch)
+    lt.run_sample_steps(r, cfg, lambda: next(batches), lambda d: None, opt, state,
+                        lambda t, s: s.with_lr(cfg.scheduler.lr_at(t)), log=lambda s: None)
+    assert reads.count == 0
+    cfg2 = lt.TrainConfig(steps=6, batch_size=2, optimizer=opt, log_every=4)
+    lt.run_sample_steps(r, cfg2, lambda: next(batches), lambda d: None, opt, state,
+                        lambda t, s: s.with_lr(0.01), log=lambda s: None)
+    assert reads.count == 2  # steps 0 and 4 asked for their loss: one read each
+
+
+def test_native_loop_on_mirrors_equals_the_host_loop():
+    torch.manual_seed(1)
+    a = TiedNet(bn=True)
+    b = copy.deepcopy(a)
+    ra, rb = lt.Runner.from_module(a, "mse"), lt.Runner.from_module(b, "mse").to("cpu")
+    cfg = lt.TrainConfig(steps=5, batch_size=2, optimizer=optim.adam(0.01), log_every=2)
+    data = regression_batches(3, 4)
+    rep_a = lt.train_samples(ra, cfg, data, log=lambda s: None)
+    rep_b = lt.train_samples(rb, cfg, data, log=lambda s: None)
+    assert rb.params.has_mirrors() and not all(s.host_current for s in rb.params.storages())
+    for x, y in zip(ra.params.values(), rb.params.values_synced()):
+        assert torch.equal(x, y)
+    assert rep_a.losses == rep_b.losses and rep_a.after == rep_b.after
+
+
+def test_continuing_with_the_returned_loader_equals_one_longer_run():
+    torch.manual_seed(2)
+    a = quickstart_mlp(3)
+    b = copy.deepcopy(a)
+    data = grid_samples()
+    loader = lt.DataLoader(lt.Dataset(data), batch_size=4, shuffle=True, seed=9)
+    ra, rb = lt.Runner.from_module(a, "mse"), lt.Runner.from_module(b, "mse")
+    sgd = optim.sgd(0.05)  # stateless, so two calls continue exactly
+    lt.train_loader(ra, lt.LoaderTrainConfig(epochs=3, optimizer=sgd, log_every=0), loader)
+    _, next_loader = lt.train_loader(rb, lt.LoaderTrainConfig(epochs=1, optimizer=sgd, log_every=0), loader)
+    lt.train_loader(rb, lt.LoaderTrainConfig(epochs=2, optimizer=sgd, log_every=0), next_loader)
+    for x, y in zip(ra.params.values(), rb.params.values()):
+        assert torch.equal(x, y)
+
+
+def test_train_loader_accepts_a_torch_dataloader():
+    from torch.utils.data import DataLoader as TorchLoader, TensorDataset
+
+    torch.manual_seed(3)
+    r = lt.Runner.from_module(quickstart_mlp(1), "mse")
+    xs = torch.stack([x for x, _ in grid_samples()])
+    ys = torch.stack([y for _, y in grid_samples()])
+    loader = TorchLoader(TensorDataset(xs, ys), batch_size=5, shuffle=False)
+    report, returned = lt.train_loader(r, lt.LoaderTrainConfig(epochs=20, optimizer=optim.adam(0.03), log_every=0), loader)
+    assert returned is loader and report.steps == 100 and report.samples_seen == 100
+    assert report.after < report.before
+
+
+def test_quickstart_trains_below_0_01(capsys):
+    r = lt.Runner.from_module(quickstart_mlp(0), "mse")
+    cfg = lt.TrainConfig(steps=200, optimizer=optim.adam(0.03), log_every=25)
+    report = lt.train_samples(r, cfg, grid_samples())
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("step 0: loss=") and len(out) == 8
+    assert report.after < 0.01 < report.before and report.steps == 200
+    assert r.mode == "train"
+
+
+def test_memory_watch_samples_on_cpu():
+    lines = []
+    r = lt.Runner.from_module(quickstart_mlp(0), "mse")
+    cfg = lt.TrainConfig(steps=4, optimizer=optim.sgd(0.01), log_every=0, mem_watch=2)
+    lt.train_samples(r, cfg, grid_samples(), log=lines.append)
+    assert [ln.split(":")[0] for ln in lines] == ["  mem step=0", "  mem step=2", "  mem step=4"]
+    assert "rss=" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "make, pattern",
+    [
+        (lambda: lt.TrainConfig(steps=-1), "TrainConfig: steps must be an integer >= 0, got -1"),
+        (lambda: lt.TrainConfig(steps=1, batch_size=0), "TrainConfig: batch_size must be an integer >= 1, got 0"),
+        (lambda: lt.TrainConfig(steps=1, log_every=-2), "log_every must be an integer >= 0"),
+        (lambda: lt.TrainConfig(steps=1, optimizer=torch.optim.SGD), "optimizer must be built with leantrain.optim"),
+        (lambda: lt.TrainConfig(steps=1, accumulation="fast"), "accumulation must be one of"),
+        (lambda: lt.LoaderTrainConfig(epochs=1.5), "LoaderTrainConfig: epochs must be an integer >= 0, got 1.5"),
+        (lambda: lt.LoaderTrainConfig(epochs=1, scheduler=0.1), "scheduler must be a leantrain.optim schedule"),
+    ],
+)
+def test_bad_configs_rejected(make, pattern):
+    with pytest.raises(lt.ConfigError, match=pattern):
+        make()
+
+
+def test_empty_data_raises_and_changes_nothing(unchanged):
+    r = lt.Runner.from_module(TiedNet(bn=True), "mse")
+    with unchanged(r.params), pytest.raises(lt.DataError, match="train_samples: empty sample list"):
+        lt.train_samples(r, lt.TrainConfig(steps=3), [])
+    with unchanged(r.params), pytest.raises(lt.DataError, match="train_loader: empty dataset"):
+        lt.train_loader(r, lt.LoaderTrainConfig(epochs=1), lt.DataLoader(lt.Dataset([]), batch_size=2))
+    with unchanged(r.params), pytest.raises(lt.ConfigError, match=r"train_samples: item 1: expected an \(x, y\) pair"):
+        lt.train_samples(r, lt.TrainConfig(steps=3), [regression_batches(1, 2)[0], (torch.zeros(2),)])
