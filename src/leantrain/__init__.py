@@ -25,7 +25,9 @@ from .runner import Runner
 from .schema import ParameterSchema
 from .steps import mean_gradients, mean_loss_and_gradients, step_batch, step_batch_and_loss
 from .storage import Storage
-from .trainer import run_loader_epochs, run_sample_steps, train_dataset, train_loader, train_samples
+from .checkpoint import Checkpoint, load_checkpoint, read_checkpoint, save_checkpoint
+from .loader_training import run_loader_epochs, train_loader
+from .trainer import StepEvent, run_sample_steps, train_dataset, train_samples
 
 __version__ = "0.1.0"
 
@@ -37,6 +39,7 @@ __all__ = [
     "TrainConfig", "LoaderTrainConfig", "TrainReport",
     "mean_gradients", "mean_loss_and_gradients", "step_batch", "step_batch_and_loss",
     "run_sample_steps", "train_samples", "train_dataset", "run_loader_epochs", "train_loader",
+    "StepEvent", "save_checkpoint", "load_checkpoint", "read_checkpoint", "Checkpoint",
     "LeantrainError", "PackError", "PackTypeError", "AliasError", "ConfigError",
     "OptimizerStateError", "DataError", "CheckpointError", "NonFiniteError",
     "__version__",

@@ -3,12 +3,15 @@ frozen dataclasses, validated when built."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 from .errors import ConfigError
 from .optim import Optimizer, Schedule, sgd
 from .steps import ACCUMULATION_MODES
+
+PathArg = Union[str, os.PathLike]
 
 
 def _count(op: str, name: str, value: object, minimum: int) -> None:
@@ -28,6 +31,13 @@ def _common(op: str, cfg) -> None:
             f"{type(cfg.scheduler).__name__}"
         )
     _count(op, "log_every", cfg.log_every, 0)
+    _count(op, "checkpoint_every", cfg.checkpoint_every, 0)
+    for name in ("checkpoint_path", "resume_from"):
+        value = getattr(cfg, name)
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise ConfigError(f"{op}: {name} must be a path or None, got {type(value).__name__}")
+    if cfg.checkpoint_every and cfg.checkpoint_path is None:
+        raise ConfigError(f"{op}: checkpoint_every={cfg.checkpoint_every} needs a checkpoint_path")
     if cfg.accumulation not in ACCUMULATION_MODES:
         raise ConfigError(
             f"{op}: accumulation must be one of {ACCUMULATION_MODES}, got {cfg.accumulation!r}"
@@ -45,7 +55,9 @@ class TrainConfig:
 
     ``batch_size`` items are averaged into one update (it does not multiply the
     number of updates); the schedule advances per step; a log line is printed when
-    ``step % log_every == 0`` (0 disables logging and every host read).
+    ``step % log_every == 0`` (0 disables logging and every host read). With
+    ``checkpoint_path``, a checkpoint is written every ``checkpoint_every`` steps and
+    at the end; ``resume_from`` continues a run exactly from a checkpoint.
     """
 
     steps: int
@@ -55,6 +67,9 @@ class TrainConfig:
     log_every: int = 1
     mem_watch: int = 0
     accumulation: str = "exact"
+    checkpoint_every: int = 0
+    checkpoint_path: Optional[PathArg] = None
+    resume_from: Optional[PathArg] = None
 
     def __post_init__(self) -> None:
         op = "TrainConfig"
@@ -74,6 +89,9 @@ class LoaderTrainConfig:
     scheduler: Optional[Schedule] = None
     log_every: int = 1
     accumulation: str = "exact"
+    checkpoint_every: int = 0
+    checkpoint_path: Optional[PathArg] = None
+    resume_from: Optional[PathArg] = None
 
     def __post_init__(self) -> None:
         op = "LoaderTrainConfig"
@@ -94,3 +112,4 @@ class TrainReport:
     samples_seen: int = 0
     losses: tuple[tuple[int, float], ...] = ()
     wall_time: float = 0.0
+    interrupted: bool = False

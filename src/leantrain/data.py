@@ -9,7 +9,7 @@ advanced seed. Batch order is therefore identical across runs and resumes.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Generic, Iterable, Iterator, Sequence, TypeVar, Union
+from typing import Callable, Generic, Iterable, Iterator, Optional, Sequence, TypeVar, Union
 
 from .errors import ConfigError, DataError
 
@@ -21,6 +21,17 @@ LCG_MULTIPLIER, LCG_INCREMENT, LCG_MODULUS = 1103515245, 12345, 2**31
 
 def lcg_next(s: int) -> int:
     return (LCG_MULTIPLIER * s + LCG_INCREMENT) % LCG_MODULUS
+
+
+def lcg_permutation(seed: int, n: int) -> tuple[int, list[int]]:
+    """Pair position ``i`` with the ``i``-th next LCG value, sort by it (ties keep order);
+    return the advanced seed and the resulting order of positions."""
+    keyed, s = [], seed
+    for i in range(n):
+        s = lcg_next(s)
+        keyed.append((s, i))
+    keyed.sort()
+    return s, [i for _, i in keyed]
 
 
 class Dataset(Generic[T]):
@@ -73,12 +84,8 @@ class Dataset(Generic[T]):
 
     def shuffle(self, seed: int) -> tuple[int, "Dataset[T]"]:
         """``(advanced seed, permuted dataset)`` by the upstream LCG sort."""
-        keyed, s = [], seed
-        for i, x in enumerate(self.samples):
-            s = lcg_next(s)
-            keyed.append((s, i, x))
-        keyed.sort(key=lambda e: (e[0], e[1]))
-        return s, Dataset(x for _, _, x in keyed)
+        seed, perm = lcg_permutation(seed, len(self.samples))
+        return seed, Dataset(self.samples[p] for p in perm)
 
     def batches(self, tag: str, batch_size: int) -> list[list[T]]:
         """Contiguous chunks of ``batch_size``; the last may be short."""
@@ -106,6 +113,7 @@ class DataLoader(Generic[T]):
     shuffle: bool = False
     seed: int = 0
     drop_last: bool = False
+    order: Optional[tuple[int, ...]] = None  # dataset[i] is the original item order[i]
 
     def __post_init__(self) -> None:
         op = "DataLoader"
@@ -124,11 +132,52 @@ class DataLoader(Generic[T]):
 
     def epoch(self, tag: str = "DataLoader.epoch") -> tuple["DataLoader[T]", list[list[T]]]:
         """One pass: ``(next loader, batches)``. A short last batch is dropped with ``drop_last``."""
-        seed, ds = self.dataset.shuffle(self.seed) if self.shuffle else (self.seed, self.dataset)
-        batches = ds.batches(tag, self.batch_size)
+        nxt = self
+        if self.shuffle:
+            seed, perm = lcg_permutation(self.seed, len(self.dataset))
+            order = self.current_order()
+            nxt = replace(
+                self,
+                dataset=Dataset(self.dataset.samples[p] for p in perm),
+                seed=seed,
+                order=tuple(order[p] for p in perm),
+            )
+        batches = nxt.dataset.batches(tag, self.batch_size)
         if self.drop_last:
             batches = [b for b in batches if len(b) == self.batch_size]
-        return replace(self, dataset=ds, seed=seed), batches
+        return nxt, batches
+
+    def current_order(self) -> tuple[int, ...]:
+        return self.order if self.order is not None else tuple(range(len(self.dataset)))
+
+    def state(self) -> dict:
+        """What a checkpoint needs to rebuild this loader from the original one."""
+        return {
+            "batch_size": self.batch_size, "shuffle": self.shuffle, "seed": self.seed,
+            "drop_last": self.drop_last, "order": list(self.current_order()),
+        }
+
+    def restored(self, state: dict, op: str = "DataLoader.restored") -> "DataLoader[T]":
+        """This loader's data in the saved order with the saved seed (checks they fit)."""
+        n = len(self.dataset)
+        order = state.get("order", [])
+        for key in ("batch_size", "shuffle", "drop_last"):
+            if state.get(key) != getattr(self, key):
+                raise DataError(
+                    f"{op}: loader {key}: checkpoint has {state.get(key)!r}, this loader has "
+                    f"{getattr(self, key)!r}"
+                )
+        if sorted(order) != list(range(n)):
+            raise DataError(
+                f"{op}: the saved order is not a permutation of this loader's {n} items "
+                f"(it has {len(order)}); resume with the same data set"
+            )
+        base: list = [None] * n
+        for j, o in enumerate(self.current_order()):
+            base[o] = self.dataset.samples[j]
+        return replace(
+            self, dataset=Dataset(base[o] for o in order), seed=int(state["seed"]), order=tuple(order)
+        )
 
     def __len__(self) -> int:
         n, k = len(self.dataset), self.batch_size

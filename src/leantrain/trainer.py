@@ -1,20 +1,23 @@
 """The supervised loops (seed: Runtime Supervised Training, spec §7.3-§7.4).
 
 Each loop reads top to bottom: fetch, schedule, update (with the loss only when a
-log line is due), log, watch memory. Nothing is read back to the host between log
-points.
+log line is due), log, watch memory, checkpoint. Nothing is read back to the host
+between log points. ``checkpoint_path``/``checkpoint_every``/``resume_from`` in the
+configs make a run save itself and continue exactly (see ``checkpoint.py``).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence, Union
 
 import torch
 
-from .config import LoaderTrainConfig, TrainConfig, lr_for
+from .checkpoint import load_checkpoint, save_checkpoint
+from .config import LoaderTrainConfig, TrainConfig, TrainReport, lr_for
 from .data import DataLoader, Dataset
-from .errors import ConfigError, DataError
+from .errors import CheckpointError, ConfigError, DataError
 from .memory import MemoryWatch, cadence
 from .optim import OptState, Optimizer
 from .runner import Runner, Sample, check_sample
@@ -24,14 +27,27 @@ Log = Callable[[str], None]
 ScheduleState = Callable[[int, OptState], OptState]
 
 
-def _check_config(op: str, cfg: object, kind: type) -> None:
-    if not isinstance(cfg, kind):
-        raise ConfigError(f"{op}: expected a {kind.__name__}, got {type(cfg).__name__}")
+@dataclass(frozen=True)
+class StepEvent:
+    """What a callback sees after each update. ``loss`` is set on logged steps only."""
+
+    step: int  # updates completed so far
+    state: OptState
+    loss: Optional[float] = None
+    epoch: Optional[int] = None
+    batch: Optional[int] = None  # batches completed in this epoch (loaders)
 
 
-def _check_runner(op: str, runner: object) -> None:
+# A callback returning True asks the loop to stop after this step (saving a checkpoint
+# when one is configured); the CLI uses it for Ctrl-C, progress bars and metrics.
+Callback = Callable[[StepEvent], Optional[bool]]
+
+
+def _check_inputs(op: str, runner: object, cfg: object, kind: type) -> None:
     if not isinstance(runner, Runner):
         raise ConfigError(f"{op}: expected a Runner, got {type(runner).__name__}")
+    if not isinstance(cfg, kind):
+        raise ConfigError(f"{op}: expected a {kind.__name__}, got {type(cfg).__name__}")
 
 
 def log_line(step: int, loss: float) -> str:
@@ -56,6 +72,35 @@ def uses_native(runner: Runner, opt: Optimizer) -> bool:
     return opt.native and runner.params.has_mirrors()
 
 
+def _one_update(runner, cfg, opt, state, native, batch, step, log, logged):
+    """Step with the loss when a log line is due (one host read), else without."""
+    if cfg.log_every and step % cfg.log_every == 0:
+        state, loss = step_batch_and_loss(runner, opt, state, native, batch, accumulation=cfg.accumulation)
+        logged.append((step, loss))
+        log(log_line(step, loss))
+        return state, loss
+    return step_batch(runner, opt, state, native, batch, accumulation=cfg.accumulation), None
+
+
+def _resume(op: str, cfg, runner: Runner, opt: Optimizer, kind: str, expect: dict):
+    ck = load_checkpoint(cfg.resume_from, runner, optimizer=opt)
+    p = ck.progress
+    if p.get("kind") != kind or ck.state is None:
+        raise CheckpointError(f"{op}: {cfg.resume_from}: not a {kind} training checkpoint with optimizer state")
+    for key, value in expect.items():
+        if p.get(key) != value:
+            raise CheckpointError(
+                f"{op}: {cfg.resume_from}: {key}: checkpoint has {p.get(key)!r}, this run has {value!r}"
+            )
+    if ck.state.path != ("native" if uses_native(runner, opt) else "generic"):
+        raise CheckpointError(
+            f"{op}: {cfg.resume_from}: the checkpoint's optimizer history is {ck.state.path}; "
+            f"resume with parameters on the same kind of device"
+        )
+    return ck
+
+
+# --------------------------------------------------------------------- in memory
 def run_sample_steps(
     runner: Runner,
     cfg: TrainConfig,
@@ -67,163 +112,84 @@ def run_sample_steps(
     *,
     log: Log = print,
     start_step: int = 0,
-    on_step: Optional[Callable[[int, OptState], None]] = None,
-) -> tuple[OptState, list[tuple[int, float]]]:
-    """The fixed-step loop; returns the final state and the logged ``(step, loss)`` pairs."""
+    on_step: Optional[Callable[[int, OptState, Optional[float]], Optional[bool]]] = None,
+) -> tuple[OptState, list[tuple[int, float]], int]:
+    """The fixed-step loop. Returns (state, logged (step, loss) pairs, steps done)."""
     native = state.path == "native"
     logged: list[tuple[int, float]] = []
-    for step in range(start_step, cfg.steps):
+    step = start_step
+    while step < cfg.steps:
         batch = next_batch()
         state = schedule_state(step, state)  # the schedule advances per optimizer step
-        if cfg.log_every and step % cfg.log_every == 0:
-            state, loss = step_batch_and_loss(
-                runner, opt, state, native, batch, accumulation=cfg.accumulation
-            )
-            logged.append((step, loss))
-            log(log_line(step, loss))
-        else:
-            state = step_batch(runner, opt, state, native, batch, accumulation=cfg.accumulation)
-        watch_memory(step + 1)
-        if on_step is not None:
-            on_step(step + 1, state)
-    return state, logged
+        state, loss = _one_update(runner, cfg, opt, state, native, batch, step, log, logged)
+        step += 1
+        watch_memory(step)
+        if on_step is not None and on_step(step, state, loss):
+            break
+    return state, logged, step
 
 
 def train_samples(
-    runner: Runner, cfg: TrainConfig, samples: Sequence[Sample], *, log: Log = print
-) -> "TrainReport":
+    runner: Runner, cfg: TrainConfig, samples: Sequence[Sample], *, log: Log = print,
+    callback: Optional[Callback] = None,
+) -> TrainReport:
     """Train on an in-memory list for ``cfg.steps`` updates of ``cfg.batch_size`` items.
 
     Items are taken cyclically in stored order (never shuffled); a batch may wrap
     around the end. The runner keeps the trained parameters and stays in train mode.
     """
-    from .config import TrainReport
-
     op = "train_samples"
-    _check_runner(op, runner)
-    _check_config(op, cfg, TrainConfig)
+    _check_inputs(op, runner, cfg, TrainConfig)
     if len(samples) == 0:
         raise DataError(f"{op}: empty sample list; nothing to train on")
     samples = [check_sample(op, s, i) for i, s in enumerate(samples)]
-    start = time.perf_counter()
+    start_time = time.perf_counter()
+    n, k, opt = len(samples), cfg.batch_size, cfg.optimizer
     runner.train()
-    before = runner.mean_loss(samples)
+    if cfg.resume_from is not None:
+        ck = _resume(op, cfg, runner, opt, "samples", {"batch_size": k, "n_samples": n})
+        state, progress = ck.state, ck.progress
+        before, start, logged = progress["before"], progress["step"], [tuple(x) for x in progress["losses"]]
+    else:
+        before, start, logged = runner.mean_loss(samples), 0, []
+        state = opt.init(runner.params, native=uses_native(runner, opt))
     watch = MemoryWatch(cadence(cfg.mem_watch, cfg.steps, runner.device), cfg.steps, runner.device, log)
-    watch(0)
-    opt = cfg.optimizer
-    state = opt.init(runner.params, native=uses_native(runner, opt))
-    batches = cyclic_batches(op, samples, cfg.batch_size)
-    state, logged = run_sample_steps(
-        runner,
-        cfg,
-        lambda: next(batches),
-        watch,
-        opt,
-        state,
-        lambda t, s: s.with_lr(lr_for(cfg, t)),
-        log=log,
+    watch(start)
+    batches = cyclic_batches(op, samples, k, cursor=(start * k) % n)
+
+    def save(step: int, state: OptState) -> None:
+        progress = {"kind": "samples", "step": step, "batch_size": k, "n_samples": n,
+                    "before": before, "losses": logged + new_logged}
+        save_checkpoint(cfg.checkpoint_path, runner, state=state, progress=progress)
+
+    new_logged: list = []
+
+    def on_step(step: int, state: OptState, loss: Optional[float]) -> bool:
+        if loss is not None:
+            new_logged.append((step - 1, loss))
+        stop = bool(callback and callback(StepEvent(step, state, loss)))
+        if cfg.checkpoint_path and (stop or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)):
+            save(step, state)
+        return stop
+
+    state, _, done = run_sample_steps(
+        runner, cfg, lambda: next(batches), watch, opt, state,
+        lambda t, s: s.with_lr(lr_for(cfg, t)), log=log, start_step=start, on_step=on_step,
     )
+    if cfg.checkpoint_path and done == cfg.steps and not (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
+        save(done, state)
     after = runner.mean_loss(samples)
     return TrainReport(
-        before, after, cfg.steps, cfg.steps * cfg.batch_size, tuple(logged),
-        time.perf_counter() - start,
+        before, after, done, done * k, tuple(logged + new_logged),
+        time.perf_counter() - start_time, interrupted=done < cfg.steps,
     )
 
 
 def train_dataset(
-    runner: Runner, cfg: TrainConfig, dataset: Dataset, *, log: Log = print
-) -> "TrainReport":
+    runner: Runner, cfg: TrainConfig, dataset: Dataset, *, log: Log = print,
+    callback: Optional[Callback] = None,
+) -> TrainReport:
     """``train_samples`` over the dataset's items in stored order."""
     if not isinstance(dataset, Dataset):
         raise ConfigError(f"train_dataset: expected a Dataset, got {type(dataset).__name__}")
-    return train_samples(runner, cfg, dataset.to_list(), log=log)
-
-
-def as_list_batch(op: str, batch: object) -> list[Sample]:
-    """A loader batch: a list of samples, or one collated ``(x, y)`` pair (a list of one)."""
-    if isinstance(batch, (tuple, list)) and len(batch) == 2 and all(
-        isinstance(t, torch.Tensor) for t in batch
-    ):
-        return [(batch[0], batch[1])]
-    if isinstance(batch, (tuple, list)):
-        return list(batch)
-    raise DataError(
-        f"{op}: a loader batch must be a list of (x, y) samples or one (x, y) pair of "
-        f"tensors, got {type(batch).__name__}"
-    )
-
-
-def run_loader_epochs(
-    runner: Runner,
-    cfg: LoaderTrainConfig,
-    loader: Union[DataLoader, Iterable],
-    opt: Optimizer,
-    state: OptState,
-    schedule_state: ScheduleState,
-    *,
-    log: Log = print,
-) -> tuple[Union[DataLoader, Iterable], OptState, list[tuple[int, float]], int, int]:
-    """All epochs; returns (next loader, state, logged losses, steps, samples seen)."""
-    op = "train_loader"
-    native = state.path == "native"
-    logged: list[tuple[int, float]] = []
-    step = seen = 0
-    for epoch in range(cfg.epochs):
-        if isinstance(loader, DataLoader):
-            loader, batches = loader.epoch(op)
-        else:
-            batches = loader
-        state = schedule_state(epoch, state)  # the schedule advances once per epoch
-        for raw in batches:
-            batch = as_list_batch(op, raw)
-            if cfg.log_every and step % cfg.log_every == 0:
-                state, loss = step_batch_and_loss(
-                    runner, opt, state, native, batch, accumulation=cfg.accumulation
-                )
-                logged.append((step, loss))
-                log(log_line(step, loss))
-            else:
-                state = step_batch(runner, opt, state, native, batch, accumulation=cfg.accumulation)
-            step += 1
-            seen += len(batch)
-    return loader, state, logged, step, seen
-
-
-def _loader_items(op: str, loader) -> list[Sample]:
-    if isinstance(loader, DataLoader):
-        items = loader.dataset.to_list()
-    else:
-        items = [s for raw in loader for s in as_list_batch(op, raw)]
-    if not items:
-        raise DataError(f"{op}: empty dataset")
-    return items
-
-
-def train_loader(
-    runner: Runner, cfg: LoaderTrainConfig, loader: Union[DataLoader, Iterable], *, log: Log = print
-) -> tuple["TrainReport", Union[DataLoader, Iterable]]:
-    """Train over a loader; returns the report and the loader to continue with.
-
-    ``loader`` is a ``DataLoader`` (seeded persistent shuffle; keep the returned one
-    to continue the sequence) or any re-iterable of batches, such as a
-    ``torch.utils.data.DataLoader`` (a collated ``(x, y)`` batch is one vectorised
-    item). ``before``/``after`` are mean losses over the loader's items.
-    """
-    from .config import TrainReport
-
-    op = "train_loader"
-    _check_runner(op, runner)
-    _check_config(op, cfg, LoaderTrainConfig)
-    if not isinstance(loader, DataLoader) and not isinstance(loader, Iterable):
-        raise ConfigError(f"{op}: expected a DataLoader or an iterable of batches, got {type(loader).__name__}")
-    start = time.perf_counter()
-    runner.train()
-    before = runner.mean_loss(_loader_items(op, loader))
-    opt = cfg.optimizer
-    state = opt.init(runner.params, native=uses_native(runner, opt))
-    loader, state, logged, steps, seen = run_loader_epochs(
-        runner, cfg, loader, opt, state, lambda t, s: s.with_lr(lr_for(cfg, t)), log=log
-    )
-    after = runner.mean_loss(_loader_items(op, loader))
-    report = TrainReport(before, after, steps, seen, tuple(logged), time.perf_counter() - start)
-    return report, loader
+    return train_samples(runner, cfg, dataset.to_list(), log=log, callback=callback)

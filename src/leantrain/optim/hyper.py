@@ -92,6 +92,10 @@ class Hyper:
         """The hyperparameters a history is bound to (the lr is the schedule's business)."""
         return self._binding
 
+    def as_dict(self) -> dict[str, float]:
+        """The hyperparameters by name (the constructor's keyword arguments)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
     def describe(self) -> str:
         args = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
         return f"{self.kind}({args})"

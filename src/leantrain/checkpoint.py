@@ -1,0 +1,344 @@
+"""Checkpoints: one safetensors file holding weights, optimizer state, progress and RNG.
+
+Why one file: a single ``rename`` then replaces everything at once, so a crash can
+never pair new weights with old optimizer state. The safetensors header carries a
+JSON manifest (metadata key ``leantrain``): format and version, the slot schema
+(names, shapes, dtypes, trainability, alias map), the optimizer (kind,
+hyperparameters, path, per-representative record scalars), progress, loader state
+and a CRC-32 per tensor. Each storage is written once (``storage.K``); aliases
+point at it through the schema. Loading is strict: every problem is collected and
+reported at once, and nothing is installed unless there is none.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from . import optim
+from .atomic import PathLike, atomic_write
+from .errors import CheckpointError, shape_str, slot_label
+from .optim import OptState
+from .optim import rules as R
+from .params import ParamList
+
+FORMAT, VERSION = "leantrain.checkpoint", 1
+RECORDS = {
+    cls.__name__: cls
+    for cls in (R.SGDState, R.MomentumState, R.AdagradState, R.RMSPropState, R.AdamState, R.AdadeltaState)
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _params_of(target) -> ParamList:
+    if isinstance(target, ParamList):
+        return target
+    params = getattr(target, "params", None)
+    if isinstance(params, ParamList):
+        return params
+    raise CheckpointError(f"checkpoint: expected a Runner or a ParamList, got {type(target).__name__}")
+
+
+def crc32(t: torch.Tensor) -> int:
+    flat = t.detach().reshape(-1)
+    if flat.numel() == 0:
+        return 0
+    return zlib.crc32(flat.contiguous().view(torch.uint8).numpy())
+
+
+def current_value(storage) -> torch.Tensor:
+    """The newest value of a storage on the CPU, without changing who is current."""
+    t = storage.host if storage.host_current or storage.mirror is None else storage.mirror
+    # Intentional device-to-host read: a checkpoint is a request for current values.
+    return t.detach().to("cpu")
+
+
+def slot_schema(params: ParamList) -> list[dict]:
+    index = {id(s): k for k, s in enumerate(params.storages())}
+    return [
+        {
+            "name": v.name,
+            "shape": list(v.shape),
+            "dtype": dtype_name(v.dtype),
+            "requires_grad": v.requires_grad,
+            "storage": index[id(v.storage)],
+        }
+        for v in params
+    ]
+
+
+# ------------------------------------------------------------------------ save
+def save_checkpoint(
+    path: PathLike,
+    target,
+    *,
+    state: Optional[OptState] = None,
+    progress: Optional[dict] = None,
+    loader_state: Optional[dict] = None,
+    rng: bool = True,
+) -> Path:
+    """Write ``target``'s parameters (and optionally optimizer state, progress, loader
+    state and RNG states) to ``path`` atomically. ``target`` is a Runner or a ParamList."""
+    params = _params_of(target)
+    tensors: dict[str, torch.Tensor] = {}
+    for k, s in enumerate(params.storages()):
+        tensors[f"storage.{k}"] = current_value(s).contiguous()
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "slots": slot_schema(params),
+        "representatives": params.canonical_slot_indices(),
+        "optimizer": None,
+        "progress": progress or {},
+        "loader": None,
+        "rng": {"torch": False, "cuda": 0},
+    }
+    if state is not None:
+        if not isinstance(state, OptState) or len(state.slots) != len(params):
+            raise CheckpointError(
+                f"save_checkpoint: the optimizer state does not fit the {len(params)} slots"
+            )
+        manifest["optimizer"] = _state_manifest(state, tensors, params)
+    if loader_state is not None:
+        order = loader_state["order"]
+        tensors["loader.order"] = torch.tensor(list(order), dtype=torch.int64)
+        manifest["loader"] = {k: v for k, v in loader_state.items() if k != "order"}
+    if rng:
+        tensors["rng.torch"] = torch.get_rng_state()
+        manifest["rng"]["torch"] = True
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            for d, st in enumerate(torch.cuda.get_rng_state_all()):
+                tensors[f"rng.cuda.{d}"] = st
+            manifest["rng"]["cuda"] = torch.cuda.device_count()
+    names = sorted(tensors)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # zlib releases the GIL
+        sums = list(pool.map(lambda n: crc32(tensors[n]), names))
+    manifest["checksums"] = dict(zip(names, sums))
+    meta = {"leantrain": json.dumps(manifest, sort_keys=True)}
+
+    def write(tmp: Path) -> None:
+        save_file(tensors, str(tmp), metadata=meta)
+
+    return atomic_write(path, write)
+
+
+def _state_manifest(state: OptState, tensors: dict, params: ParamList) -> dict:
+    records = {}
+    reps = params.canonical_slot_indices()
+    for i, rec in enumerate(state.slots):
+        if rec is None or reps[i] != i:
+            continue  # aliases share their representative's record; frozen slots own none
+        entry = {"type": type(rec).__name__, "scalars": {}, "tensors": sorted(rec.tensors())}
+        for f in ("step", "beta1_power", "beta2_power"):
+            if hasattr(rec, f):
+                entry["scalars"][f] = getattr(rec, f)
+        for name, t in rec.tensors().items():
+            # Intentional device-to-host read of optimizer state: saving asks for it.
+            tensors[f"state.{i}.{name}"] = t.detach().to("cpu").contiguous()
+        records[str(i)] = entry
+    h = state.hyper
+    return {
+        "kind": h.kind,
+        "hyper": h.as_dict(),
+        "lr": state.lr,
+        "path": state.path,
+        "steps": state.steps,
+        "records": records,
+    }
+
+
+# ------------------------------------------------------------------------ load
+@dataclass
+class Checkpoint:
+    """What ``load_checkpoint`` restored besides the parameters."""
+
+    path: Path
+    manifest: dict
+    state: Optional[OptState] = None
+    progress: dict = field(default_factory=dict)
+    loader_state: Optional[dict] = None
+
+
+def read_checkpoint(path: PathLike, op: str = "read_checkpoint") -> tuple[dict, dict[str, torch.Tensor]]:
+    """The manifest and every tensor, with the file's integrity checked (format,
+    version, tensor set, checksums). Raises ``CheckpointError`` listing every problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{op}: {path}: no such checkpoint file")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # the safetensors reader raises several types on corrupt input
+        raise CheckpointError(f"{op}: {path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
+    try:
+        manifest = json.loads(meta["leantrain"])
+        if not isinstance(manifest, dict):
+            raise ValueError("manifest is not an object")
+    except (KeyError, ValueError) as e:
+        raise CheckpointError(f"{op}: {path}: no leantrain manifest in the file ({e})") from None
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{op}: {path}: unsupported format {manifest.get('format')!r}; expected {FORMAT!r}")
+    if manifest.get("version") != VERSION:
+        raise CheckpointError(
+            f"{op}: {path}: unsupported format version {manifest.get('version')!r}; expected {VERSION}"
+        )
+    problems = []
+    sums = manifest.get("checksums")
+    if not isinstance(sums, dict):
+        raise CheckpointError(f"{op}: {path}: manifest has no checksums")
+    for name in sorted(set(sums) - set(tensors)):
+        problems.append(f"missing tensor {name!r}")
+    for name in sorted(set(tensors) - set(sums)):
+        problems.append(f"unexpected tensor {name!r} (not in the manifest)")
+    for name in sorted(set(sums) & set(tensors)):
+        if crc32(tensors[name]) != sums[name]:
+            problems.append(f"tensor {name!r} fails its checksum (the file is corrupt)")
+    _raise_all(op, path, problems)
+    return manifest, tensors
+
+
+def _raise_all(op: str, path: Path, problems: list[str], fix: str = "") -> None:
+    if problems:
+        lines = "\n".join(f"  - {p}" for p in problems)
+        raise CheckpointError(
+            f"{op}: {path}: {len(problems)} problem(s), nothing was loaded:\n{lines}{fix}"
+        )
+
+
+def _schema_problems(manifest: dict, tensors: dict, params: ParamList) -> list[str]:
+    problems = []
+    saved, here = manifest.get("slots"), slot_schema(params)
+    if not isinstance(saved, list):
+        return ["manifest has no slot schema"]
+    if len(saved) != len(here):
+        return [f"slot count: checkpoint has {len(saved)} slots, destination has {len(here)}"]
+    for i, (a, b) in enumerate(zip(saved, here)):
+        where = slot_label(i, b["name"])
+        for key in ("name", "shape", "dtype", "requires_grad"):
+            if a.get(key) != b[key]:
+                what = "frozen mask" if key == "requires_grad" else key
+                problems.append(f"{where}: {what}: checkpoint has {a.get(key)!r}, destination has {b[key]!r}")
+    reps = manifest.get("representatives")
+    if reps != params.canonical_slot_indices() or [s.get("storage") for s in saved] != [s["storage"] for s in here]:
+        problems.append(
+            f"storage alias map: checkpoint has {reps} (storages {[s.get('storage') for s in saved]}), "
+            f"destination has {params.canonical_slot_indices()} (storages {[s['storage'] for s in here]})"
+        )
+    for k, s in enumerate(params.storages()):
+        t = tensors.get(f"storage.{k}")
+        if t is None:
+            problems.append(f"storage {k}: no tensor 'storage.{k}'")
+        elif tuple(t.shape) != s.shape or t.dtype != s.dtype:
+            problems.append(
+                f"storage {k}: checkpoint tensor is {shape_str(t.shape)} {dtype_name(t.dtype)}, "
+                f"destination is {shape_str(s.shape)} {dtype_name(s.dtype)}"
+            )
+    return problems
+
+
+def _state_problems(manifest: dict, tensors: dict, params: ParamList, optimizer) -> tuple[list, Any]:
+    entry = manifest.get("optimizer")
+    if entry is None:
+        return [], None
+    problems = []
+    kind = entry.get("kind")
+    if kind not in optim.OPTIMIZERS:
+        return [f"optimizer: unknown kind {kind!r}"], None
+    try:
+        saved = optim.OPTIMIZERS[kind](**entry["hyper"])
+    except Exception as e:
+        return [f"optimizer: invalid hyperparameters {entry.get('hyper')!r} ({e})"], None
+    if optimizer is not None and optimizer.hyper.without_lr() != saved.hyper.without_lr():
+        problems.append(
+            f"optimizer: checkpoint has {saved.hyper.describe()}, destination uses "
+            f"{optimizer.hyper.describe()}; load with the same optimizer or without one"
+        )
+    if entry.get("path") not in ("generic", "native"):
+        problems.append(f"optimizer: unknown update path {entry.get('path')!r}")
+    reps = params.canonical_slot_indices()
+    want = {i for i, c in enumerate(reps) if c == i}
+    records = entry.get("records", {})
+    got = {int(i) for i in records}
+    for i in sorted(want - got):
+        problems.append(f"optimizer: {params.label(i)} has no saved state (missing entry)")
+    for i in sorted(got - want):
+        problems.append(f"optimizer: state entry for {slot_label(i, None)}, which does not own a history here")
+    expected_type = type(R.rule_for(saved.hyper).init(saved.hyper, torch.zeros(1))).__name__
+    for i in sorted(got & want):
+        rec = records[str(i)]
+        if rec.get("type") != expected_type:
+            problems.append(f"optimizer: {params.label(i)}: state type {rec.get('type')!r}, expected {expected_type!r}")
+            continue
+        for name in rec.get("tensors", []):
+            t = tensors.get(f"state.{i}.{name}")
+            v = params[i]
+            if t is None:
+                problems.append(f"optimizer: {params.label(i)}: missing state tensor {name!r}")
+            elif tuple(t.shape) != v.shape or t.dtype != v.dtype:
+                problems.append(
+                    f"optimizer: {params.label(i)}: state {name!r} is {shape_str(t.shape)} "
+                    f"{dtype_name(t.dtype)}, parameter is {shape_str(v.shape)} {dtype_name(v.dtype)}"
+                )
+    return problems, saved
+
+
+def load_checkpoint(
+    path: PathLike, target, *, optimizer=None, restore_rng: bool = True
+) -> Checkpoint:
+    """Validate everything, then install parameters (and return optimizer state,
+    progress and loader state). A rejected load leaves parameters, mirrors and any
+    optimizer state untouched."""
+    op = "load_checkpoint"
+    path = Path(path)
+    params = _params_of(target)
+    manifest, tensors = read_checkpoint(path, op)
+    problems = _schema_problems(manifest, tensors, params)
+    state_problems, saved_opt = _state_problems(manifest, tensors, params, optimizer)
+    _raise_all(op, path, problems + state_problems)
+    # ---- everything checked; install
+    for k, s in enumerate(params.storages()):
+        device = s.mirror.device if s.mirror is not None else None
+        s.write_host(tensors[f"storage.{k}"])
+        if device is not None:
+            s.make_mirror(device)
+    state = None
+    if saved_opt is not None:
+        state = _rebuild_state(manifest["optimizer"], tensors, params, saved_opt)
+    rng = manifest.get("rng", {})
+    if restore_rng and rng.get("torch"):
+        torch.set_rng_state(tensors["rng.torch"])
+    if restore_rng and rng.get("cuda") and torch.cuda.is_available():
+        for d in range(min(rng["cuda"], torch.cuda.device_count())):
+            torch.cuda.set_rng_state(tensors[f"rng.cuda.{d}"], d)
+    loader_state = None
+    if manifest.get("loader") is not None:
+        loader_state = dict(manifest["loader"], order=tensors["loader.order"].tolist())
+    return Checkpoint(path, manifest, state, manifest.get("progress", {}), loader_state)
+
+
+def _rebuild_state(entry: dict, tensors: dict, params: ParamList, opt) -> OptState:
+    native = entry["path"] == "native"
+    reps = params.canonical_slot_indices()
+    slots: list = [None] * len(params)
+    for i, c in enumerate(reps):
+        if c == i:
+            rec = entry["records"][str(i)]
+            s = params[i].storage
+            device = (s.mirror if native and s.mirror is not None else s.host).device
+            fields = {n: tensors[f"state.{i}.{n}"].to(device).clone() for n in rec["tensors"]}
+            slots[i] = RECORDS[rec["type"]](**fields, **rec["scalars"])
+        elif c is not None and not native:
+            slots[i] = slots[c]
+    return OptState(opt.hyper, float(entry["lr"]), entry["path"], tuple(slots), int(entry["steps"]))
