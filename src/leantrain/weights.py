@@ -1,0 +1,103 @@
+"""Plain weights in and out: a PyTorch ``state_dict`` or a safetensors weights file.
+
+Export gives every slot name (so ``module.load_state_dict`` works, ties included);
+the safetensors file stores each storage once under its first name and records the
+other names in its metadata (``aliases``), the way safetensors treats shared tensors.
+Import matches by name, checks everything first and reports every mismatch at once.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Mapping
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .atomic import PathLike, atomic_write
+from .checkpoint import _params_of, current_value, dtype_name
+from .errors import CheckpointError, shape_str, slot_label
+
+
+def export_state_dict(target) -> dict[str, torch.Tensor]:
+    """``{slot name: current value}`` on the CPU; aliased names share one tensor."""
+    params = _params_of(target)
+    values = {id(s): current_value(s) for s in params.storages()}
+    out = {}
+    for i, v in enumerate(params):
+        if not v.name:
+            raise CheckpointError(f"export_state_dict: {slot_label(i, None)} has no name")
+        out[v.name] = values[id(v.storage)]
+    return out
+
+
+def save_weights(path: PathLike, target) -> Path:
+    """Write a safetensors weights file: each storage once, aliases in the metadata."""
+    params = _params_of(target)
+    first: dict[int, str] = {}
+    tensors, aliases = {}, {}
+    for name, t in export_state_dict(params).items():
+        s = next(v.storage for v in params if v.name == name)
+        if id(s) in first:
+            aliases[name] = first[id(s)]
+        else:
+            first[id(s)] = name
+            tensors[name] = t.contiguous()
+    meta = {"format": "pt", "aliases": json.dumps(aliases, sort_keys=True)}
+    return atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
+
+
+def load_weights(path: PathLike, target, *, strict: bool = True) -> list[str]:
+    """Import a weights file written by ``save_weights`` (or any safetensors file) by name."""
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            weights = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:
+        raise CheckpointError(f"load_weights: {path}: not a readable safetensors file ({e})") from None
+    for alias, name in json.loads(meta.get("aliases", "{}")).items():
+        if name in weights:
+            weights[alias] = weights[name]
+    return import_state_dict(target, weights, strict=strict, op=f"load_weights: {path}")
+
+
+def import_state_dict(
+    target, state_dict: Mapping[str, torch.Tensor], *, strict: bool = True, op: str = "import_state_dict"
+) -> list[str]:
+    """Write ``state_dict[name]`` into every slot with that name; returns the names
+    not found (empty under ``strict``, where missing or extra names are errors).
+    Aliased slots must receive equal values (they are one storage)."""
+    params = _params_of(target)
+    problems, plan = [], {}
+    names = set()
+    for i, v in enumerate(params):
+        names.add(v.name)
+        t = state_dict.get(v.name)
+        where = slot_label(i, v.name)
+        if t is None:
+            if strict:
+                problems.append(f"{where}: missing from the weights")
+            continue
+        if not isinstance(t, torch.Tensor):
+            problems.append(f"{where}: expected a tensor, got {type(t).__name__}")
+        elif tuple(t.shape) != v.shape or t.dtype != v.dtype:
+            problems.append(
+                f"{where}: expected {shape_str(v.shape)} {dtype_name(v.dtype)}, got "
+                f"{shape_str(t.shape)} {dtype_name(t.dtype)}"
+            )
+        elif id(v.storage) in plan and not torch.equal(plan[id(v.storage)][1], t):
+            problems.append(f"{where}: is tied to {plan[id(v.storage)][0]} but the weights differ")
+        else:
+            plan.setdefault(id(v.storage), (where, t, v.storage))
+    extra = sorted(set(state_dict) - names)
+    if strict:
+        problems += [f"unexpected entry {n!r} (no slot has that name)" for n in extra]
+    if problems:
+        lines = "\n".join(f"  - {p}" for p in problems)
+        raise CheckpointError(f"{op}: {len(problems)} problem(s), nothing was loaded:\n{lines}")
+    for _, t, storage in plan.values():
+        storage.write_host(t)
+    return sorted(n for n in names if n not in state_dict) + extra
