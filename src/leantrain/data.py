@@ -106,7 +106,10 @@ def _check_int(op: str, name: str, value: object, minimum: int) -> int:
 @dataclass(frozen=True)
 class DataLoader(Generic[T]):
     """Batches over a dataset with the seeded, persistent shuffle. Immutable: ``epoch``
-    returns the loader to use next time (carrying the new order and seed)."""
+    returns the loader to use next time (carrying the new order and seed).
+
+    ``collate`` (optional) maps each batch of dataset items to the list batch the loop
+    trains on, e.g. ``B*K`` single samples to ``K`` stacked minibatches of ``B``."""
 
     dataset: Dataset
     batch_size: int
@@ -114,6 +117,7 @@ class DataLoader(Generic[T]):
     seed: int = 0
     drop_last: bool = False
     order: Optional[tuple[int, ...]] = None  # dataset[i] is the original item order[i]
+    collate: Optional[Callable[[list], list]] = None  # turns each batch into its list batch
 
     def __post_init__(self) -> None:
         op = "DataLoader"
@@ -145,7 +149,15 @@ class DataLoader(Generic[T]):
         batches = nxt.dataset.batches(tag, self.batch_size)
         if self.drop_last:
             batches = [b for b in batches if len(b) == self.batch_size]
+        if self.collate is not None:
+            batches = [self.collate(b) for b in batches]
         return nxt, batches
+
+    def items(self, tag: str = "DataLoader.items") -> list:
+        """Every item one pass would train on, in stored order (collated when set)."""
+        if self.collate is None:
+            return self.dataset.to_list()
+        return [item for b in self.dataset.batches(tag, self.batch_size) for item in self.collate(b)]
 
     def current_order(self) -> tuple[int, ...]:
         return self.order if self.order is not None else tuple(range(len(self.dataset)))

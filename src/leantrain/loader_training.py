@@ -83,7 +83,7 @@ def run_loader_epochs(
 
 def _loader_items(op: str, loader: Loader) -> list[Sample]:
     if isinstance(loader, DataLoader):
-        items = loader.dataset.to_list()
+        items = loader.items(op)
     else:
         items = [s for raw in loader for s in as_list_batch(op, raw)]
     if not items:

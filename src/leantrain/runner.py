@@ -152,6 +152,13 @@ class Runner:
             self.module(x)
         self._mark_buffers_stale()
 
+    @torch.no_grad()
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's output at the current parameters (no gradients, buffers unchanged)."""
+        self._bind_working()
+        with self.frozen_buffers():
+            return self.module(x.to(self.device))
+
     def mean_loss(self, samples: Sequence[Sample]) -> float:
         """``(l1 + ... + ln) / n`` under the current parameters and mode; buffers unchanged.
 

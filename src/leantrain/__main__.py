@@ -1,0 +1,7 @@
+"""``python -m leantrain`` is the ``leantrain`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

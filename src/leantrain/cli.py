@@ -1,0 +1,179 @@
+"""The ``leantrain`` command: quickstart-mlp, train, inspect, plot.
+
+A user error (bad flag or value, missing or corrupt file, a resume into another
+model) prints one line and exits with status 2; Ctrl-C during training saves a
+checkpoint and exits with status 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from .errors import LeantrainError
+
+EXIT_USER, EXIT_INTERRUPTED = 2, 130
+
+
+class UserError(Exception):
+    """A mistake in how the command was called: one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line instead of usage + error
+        raise UserError(f"{self.prog}: {message}")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a natural number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value}")
+    return value
+
+
+def _natural(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a natural number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="leantrain", description="The TorchLean trainer runtime on PyTorch.")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    q = sub.add_parser("quickstart-mlp", help="the TorchLean quickstart: a 2-8-1 MLP on a 5x5 grid")
+    q.add_argument("--steps", type=_positive, default=200, help="optimizer steps (default 200)")
+    q.add_argument("--seed", type=_natural, default=0, help="model initialisation seed (default 0)")
+    q.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    t = sub.add_parser("train", help="train a preset on the bundled digits data set")
+    t.add_argument("config", nargs="?", help="a TOML file with the same keys as the flags")
+    t.add_argument("--preset", help="digits-mlp (tied weights) or digits-cnn (BatchNorm)")
+    t.add_argument("--epochs", type=_positive)
+    t.add_argument("--batch-size", type=_positive, help="items stacked into one forward pass")
+    t.add_argument("--accumulate", type=_positive, help="minibatches averaged into one update")
+    t.add_argument("--optimizer", help="sgd, adagrad, rmsprop, adam, adamw or adadelta")
+    t.add_argument("--lr", type=float)
+    t.add_argument("--scheduler", help="none, step, exponential or cosine (per epoch)")
+    t.add_argument("--seed", type=_natural)
+    t.add_argument("--device", help="cpu or cuda")
+    t.add_argument("--out", help="output folder (default runs/latest)")
+    t.add_argument("--log-every", type=_natural, help="read the loss every N steps (0: never)")
+    t.add_argument("--checkpoint-every", type=_natural, help="save every N steps (0: only at the end)")
+    t.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR exactly")
+    i = sub.add_parser("inspect", help="show a checkpoint's slots, optimizer, progress and integrity")
+    i.add_argument("checkpoint")
+    p = sub.add_parser("plot", help="plot a metrics.jsonl file")
+    p.add_argument("metrics")
+    p.add_argument("-o", "--output", required=True, help="PNG file to write")
+    return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = build_parser()
+    try:
+        args = ap.parse_args(argv)
+        if args.command is None:
+            ap.print_help()
+            return EXIT_USER
+        if args.command == "quickstart-mlp":
+            return cmd_quickstart(args)
+        if args.command == "train":
+            from .cli_train import cmd_train
+
+            return cmd_train(args)
+        if args.command == "inspect":
+            return cmd_inspect(args)
+        return cmd_plot(args)
+    except BrokenPipeError:  # output piped into a closed reader (e.g. `| head`)
+        sys.stderr.close()
+        return 0
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USER
+    except LeantrainError as e:
+        lines = str(e).splitlines()
+        extra = f" {lines[1].strip()}" if len(lines) > 1 else ""
+        more = f" (and {len(lines) - 2} more)" if len(lines) > 2 else ""
+        print(f"error: {lines[0]}{extra}{more}", file=sys.stderr)
+        return EXIT_USER
+
+
+def cmd_quickstart(args) -> int:
+    from torch import nn
+
+    from . import Runner, TrainConfig, optim, train_samples
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device: cuda requested but no CUDA device is available")
+    pts = [-1.0 + (i / 4) * 2.0 for i in range(5)]
+    data = []
+    for a in pts:
+        for b in pts:
+            x = torch.tensor([a, b])
+            data.append((x, (0.8 * torch.relu(x[0] + x[1]) - 0.4 * torch.relu(x[1] - x[0]) + 0.2).reshape(1)))
+    torch.manual_seed(args.seed)
+    model = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 1))
+    runner = Runner.from_module(model, "mse")
+    if args.device == "cuda":
+        runner.to("cuda")
+    heldout = torch.tensor([0.25, -0.75])
+    print(f"dataset size = {len(data)}")
+    print("target(heldout) = [0.200000]")
+    print(f"untrained(heldout) = [{runner.predict(heldout).item():.6f}]")
+    print(f"mean_loss(before training) = {runner.eval().mean_loss(data):.6f}")
+    report = train_samples(runner, TrainConfig(steps=args.steps, optimizer=optim.adam(0.03), log_every=25), data)
+    print(f"mean_loss(after training) = {runner.eval().mean_loss(data):.6f}")
+    print(f"steps: {report.steps}, wall time: {report.wall_time:.2f} s")
+    print(f"trained(heldout) = [{runner.predict(heldout).item():.6f}]")
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    from .checkpoint import read_checkpoint
+
+    path = Path(args.checkpoint)
+    manifest, tensors = read_checkpoint(path, "inspect")  # checks format and every checksum
+    slots, reps = manifest["slots"], manifest["representatives"]
+    print(f"{path}: {manifest['format']} v{manifest['version']}, {path.stat().st_size:,} bytes")
+    print(f"integrity: OK ({len(tensors)} tensors, every CRC-32 verified)")
+    print(f"{'slot':>4}  {'name':<28} {'shape':<16} {'dtype':<8} {'trainable':<9} representative")
+    for i, s in enumerate(slots):
+        rep = "-" if reps[i] is None else ("self" if reps[i] == i else f"slot {reps[i]} (alias)")
+        print(f"{i:>4}  {str(s['name']):<28} {str(tuple(s['shape'])):<16} {s['dtype']:<8} "
+              f"{'yes' if s['requires_grad'] else 'no':<9} {rep}")
+    aliases = sum(1 for i, r in enumerate(reps) if r is not None and r != i)
+    frozen = sum(1 for s in slots if not s["requires_grad"])
+    print(f"slots: {len(slots)}, storages: {len({s['storage'] for s in slots})}, aliases: {aliases}, frozen: {frozen}")
+    opt = manifest.get("optimizer")
+    if opt:
+        hyper = ", ".join(f"{k}={v}" for k, v in opt["hyper"].items())
+        print(f"optimizer: {opt['kind']}({hyper}), path {opt['path']}, steps {opt['steps']}, "
+              f"lr {opt['lr']:.6g}, histories {len(opt['records'])}")
+    else:
+        print("optimizer: none saved")
+    progress = {k: v for k, v in manifest.get("progress", {}).items() if k != "losses"}
+    print(f"progress: {json.dumps(progress, sort_keys=True)}")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from .plotting import plot_metrics
+
+    out = plot_metrics(args.metrics, args.output)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

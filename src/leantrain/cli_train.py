@@ -1,0 +1,154 @@
+"""``leantrain train``: a preset on the bundled digits data, with progress, metrics,
+checkpoints, a plot and a final report. Ctrl-C stops after the current step, saves a
+checkpoint and exits; ``--resume DIR`` continues exactly where it stopped."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .cli import EXIT_INTERRUPTED, UserError
+from .config import LoaderTrainConfig
+from .data import DataLoader, Dataset
+from .digits import PRESETS, accuracy, digits_split, stack_minibatches
+from .errors import ConfigError
+from .loader_training import train_loader
+from .plotting import plot_metrics
+from .runconfig import RunConfig
+from .runner import Runner
+from .trainer import StepEvent
+
+FLAGS = ("preset", "epochs", "batch_size", "accumulate", "optimizer", "lr", "scheduler", "seed",
+         "device", "out", "log_every", "checkpoint_every")
+
+
+def _config(args) -> tuple[RunConfig, bool]:
+    overrides = {k: getattr(args, k) for k in FLAGS}
+    if args.resume is None:
+        return RunConfig.build(args.config, overrides), False
+    folder = Path(args.resume)
+    saved = folder / "config.json"
+    if not saved.is_file() or not (folder / "checkpoint.ckpt").is_file():
+        raise UserError(f"--resume {folder}: not a run folder (needs config.json and checkpoint.ckpt)")
+    try:
+        base = json.loads(saved.read_text())
+    except ValueError:
+        raise UserError(f"--resume {folder}: config.json is not valid JSON") from None
+    if args.config:
+        from .runconfig import read_toml
+
+        base.update(read_toml(args.config))
+    base.update({k: v for k, v in overrides.items() if v is not None})
+    base["out"] = str(folder)
+    return RunConfig(**base), True
+
+
+def _trim_metrics(path: Path, step: int) -> None:
+    """On resume, drop records written after the checkpoint (they are replayed)."""
+    if not path.exists():
+        return
+    kept = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
+    path.write_text("".join(ln + "\n" for ln in kept))
+
+
+def cmd_train(args) -> int:
+    cfg, resuming = _config(args)
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device: cuda requested but no CUDA device is available")
+    out = Path(cfg.out)
+    ckpt, metrics_path = out / "checkpoint.ckpt", out / "metrics.jsonl"
+    torch.manual_seed(cfg.seed)
+    train, test = digits_split()
+    runner = Runner.from_module(PRESETS[cfg.preset](), "cross_entropy")
+    if cfg.device == "cuda":
+        runner.to("cuda")
+    loader = DataLoader(Dataset(train), batch_size=cfg.batch_size * cfg.accumulate, shuffle=True,
+                        seed=cfg.seed, collate=stack_minibatches(cfg.batch_size))
+    steps_per_epoch = len(loader)
+    tcfg = LoaderTrainConfig(
+        epochs=cfg.epochs, optimizer=cfg.make_optimizer(), scheduler=cfg.make_schedule(steps_per_epoch),
+        log_every=cfg.log_every, checkpoint_every=cfg.checkpoint_every, checkpoint_path=ckpt,
+        resume_from=ckpt if resuming else None,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    start_step = 0
+    if resuming:
+        from .checkpoint import read_checkpoint
+
+        start_step = int(read_checkpoint(ckpt, f"--resume {out}")[0]["progress"].get("step", 0))
+        _trim_metrics(metrics_path, start_step)
+    else:
+        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        metrics_path.write_text("")
+    params = runner.params
+    reps = params.canonical_slot_indices()
+    aliases = sum(1 for i, c in enumerate(reps) if c is not None and c != i)
+    frozen = sum(1 for c in reps if c is None)
+    print(f"leantrain train: {cfg.preset}, {len(train)} train / {len(test)} test images, "
+          f"{cfg.epochs} epochs x {steps_per_epoch} steps, {cfg.optimizer} lr={cfg.lr}, "
+          f"batch {cfg.batch_size} x accumulate {cfg.accumulate}, device {cfg.device}")
+    print(f"slots: {len(params)} ({aliases} aliased, {frozen} frozen), "
+          f"{sum(s.host.numel() for s in params.storages()):,} values in {len(params.storages())} storages"
+          + (f"; resuming at step {start_step}" if resuming else ""))
+
+    stop = {"requested": False}
+    bar = tqdm(total=cfg.epochs * steps_per_epoch, initial=start_step, unit="step", disable=None,
+               dynamic_ncols=True, leave=False)
+    metrics = metrics_path.open("a")
+
+    def callback(ev: StepEvent) -> bool:
+        bar.update(1)
+        epoch = ev.epoch or 0
+        if ev.loss is not None:
+            bar.set_postfix(epoch=epoch + 1, loss=f"{ev.loss:.4f}", lr=f"{ev.state.lr:.3g}")
+            metrics.write(json.dumps({"kind": "step", "step": ev.step - 1, "epoch": epoch,
+                                      "loss": ev.loss, "lr": ev.state.lr}) + "\n")
+        if ev.batch == steps_per_epoch:  # end of an epoch: evaluate on the test split
+            runner.eval()
+            acc = accuracy(runner, test)
+            runner.train()
+            metrics.write(json.dumps({"kind": "epoch", "step": ev.step, "epoch": epoch,
+                                      "test_accuracy": acc}) + "\n")
+            metrics.flush()
+            line = f"epoch {epoch + 1:>3}/{cfg.epochs}: step {ev.step:>5}  test accuracy {acc:.4f}"
+            bar.write(line) if not bar.disable else print(line, flush=True)
+        return stop["requested"]
+
+    def on_sigint(signum, frame):
+        if stop["requested"]:
+            raise KeyboardInterrupt
+        stop["requested"] = True  # finish this step, save, exit
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        report, _ = train_loader(runner, tcfg, loader, log=lambda s: None, callback=callback)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        bar.close()
+        metrics.close()
+    if report.interrupted:
+        print(f"interrupted at step {report.steps}; checkpoint saved to {ckpt}\n"
+              f"continue with: leantrain train --resume {out}")
+        return EXIT_INTERRUPTED
+    runner.eval()
+    test_acc = accuracy(runner, test)
+    result = {
+        "preset": cfg.preset, "loss_before": report.before, "loss_after": report.after,
+        "test_accuracy": test_acc, "steps": report.steps, "images_seen": cfg.epochs * len(train),
+        "wall_time_s": round(report.wall_time, 3), "aliased_slots": aliases, "frozen_slots": frozen,
+    }
+    (out / "report.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot_metrics(metrics_path, out / "loss.png")
+    print(f"mean training loss: {report.before:.4f} -> {report.after:.4f}")
+    print(f"test accuracy: {test_acc:.4f} ({round(test_acc * len(test))}/{len(test)})")
+    print(f"steps: {report.steps}, images: {cfg.epochs * len(train)}, wall time: {report.wall_time:.1f} s"
+          + (" (this session)" if resuming else ""))
+    print(f"wrote {ckpt}, {metrics_path}, {out / 'loss.png'}, {out / 'report.json'}")
+    return 0

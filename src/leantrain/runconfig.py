@@ -1,0 +1,99 @@
+"""The configuration of ``leantrain train``: a frozen, validated dataclass.
+
+Sources, later wins: the defaults, a TOML file (same keys as the flags, with
+underscores), then command-line flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from . import optim
+from .digits import PRESETS
+from .errors import ConfigError
+
+SCHEDULERS = ("none", "step", "exponential", "cosine")
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    preset: str = "digits-mlp"
+    epochs: int = 20
+    batch_size: int = 32
+    accumulate: int = 1
+    optimizer: str = "adam"
+    lr: float = 0.002
+    scheduler: str = "none"
+    seed: int = 0
+    device: str = "cpu"
+    out: str = "runs/latest"
+    log_every: int = 5
+    checkpoint_every: int = 100
+
+    def __post_init__(self) -> None:
+        def bad(name: str, rule: str) -> ConfigError:
+            return ConfigError(f"--{name.replace('_', '-')}: {rule}, got {getattr(self, name)!r}")
+
+        if self.preset not in PRESETS:
+            raise bad("preset", f"expected one of {', '.join(PRESETS)}")
+        for name, low in (("epochs", 1), ("batch_size", 1), ("accumulate", 1), ("seed", 0),
+                          ("log_every", 0), ("checkpoint_every", 0)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise bad(name, f"expected an integer >= {low}")
+        if self.optimizer not in optim.OPTIMIZERS:
+            raise bad("optimizer", f"expected one of {', '.join(optim.OPTIMIZERS)}")
+        if not isinstance(self.lr, (int, float)) or isinstance(self.lr, bool) or not (math.isfinite(self.lr) and self.lr > 0):
+            raise bad("lr", "expected a finite number > 0")
+        if self.scheduler not in SCHEDULERS:
+            raise bad("scheduler", f"expected one of {', '.join(SCHEDULERS)}")
+        if self.device not in DEVICES:
+            raise bad("device", f"expected one of {', '.join(DEVICES)}")
+        if not isinstance(self.out, str) or not self.out:
+            raise bad("out", "expected a folder path")
+
+    @classmethod
+    def build(cls, toml_path: Optional[str], overrides: dict[str, Any]) -> "RunConfig":
+        values: dict[str, Any] = {}
+        if toml_path is not None:
+            values.update(read_toml(toml_path))
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def make_optimizer(self) -> optim.Optimizer:
+        return optim.OPTIMIZERS[self.optimizer](self.lr)
+
+    def make_schedule(self, steps_per_epoch: int) -> Optional[optim.Schedule]:
+        """Loader schedules are indexed by epoch."""
+        if self.scheduler == "step":
+            return optim.step(self.lr, max(1, self.epochs // 3), 0.3)
+        if self.scheduler == "exponential":
+            return optim.exponential(self.lr, 0.9)
+        if self.scheduler == "cosine":
+            return optim.warmup_cosine(self.lr, self.lr / 20, 1, self.epochs)
+        return None
+
+
+def read_toml(path: str) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not a valid TOML file ({e})") from None
+    data = data.get("train", data)  # keys at the top level or under [train]
+    known = {f.name for f in dataclasses.fields(RunConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}")
+    return data

@@ -1,0 +1,144 @@
+"""The leantrain command: help, a short end-to-end run, inspect, plot, user errors, Ctrl-C."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from leantrain.cli import main
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def run_cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "leantrain", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("command", [[], ["quickstart-mlp"], ["train"], ["inspect"], ["plot"]])
+def test_help_for_each_command(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([*command, "--help"])
+    assert e.value.code == 0
+    assert "usage: leantrain" in capsys.readouterr().out
+
+
+def test_no_command_prints_help_and_exits_2(capsys):
+    assert main([]) == 2
+    assert "COMMAND" in capsys.readouterr().out
+
+
+def test_quickstart(capsys):
+    assert main(["quickstart-mlp", "--steps", "200", "--seed", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "dataset size = 25" in out and "step 175: loss=" in out
+    after = float(out.split("mean_loss(after training) = ")[1].split()[0])
+    assert after < 0.01
+
+
+def test_train_end_to_end_inspect_plot_and_resume(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["train", "--preset", "digits-mlp", "--epochs", "3", "--out", str(out), "--checkpoint-every", "50"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "test accuracy" in text
+    records = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    assert [r["epoch"] for r in epochs] == [0, 1, 2] and all(0 <= r["test_accuracy"] <= 1 for r in epochs)
+    assert any(r["kind"] == "step" and "loss" in r for r in records)
+    assert (out / "loss.png").read_bytes()[:8] == PNG
+    report = json.loads((out / "report.json").read_text())
+    assert report["steps"] == 135 and report["aliased_slots"] == 1 and report["test_accuracy"] > 0.8
+    assert main(["inspect", str(out / "checkpoint.ckpt")]) == 0
+    shown = capsys.readouterr().out
+    assert "integrity: OK" in shown and "slot 2 (alias)" in shown and '"step": 135' in shown
+    assert main(["plot", str(out / "metrics.jsonl"), "-o", str(tmp_path / "p.png")]) == 0
+    assert (tmp_path / "p.png").read_bytes()[:8] == PNG
+    # one more epoch from the saved run continues where it stopped
+    assert main(["train", "--resume", str(out), "--epochs", "4"]) == 0
+    assert json.loads((out / "report.json").read_text())["steps"] == 180
+
+
+def test_toml_config_and_flag_override(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[train]\npreset = "digits-cnn"\nepochs = 1\nbatch_size = 64\naccumulate = 2\noptimizer = "sgd"\nlr = 0.05\n')
+    assert main(["train", str(cfg), "--out", str(tmp_path / "r"), "--lr", "0.1"]) == 0
+    saved = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert saved["preset"] == "digits-cnn" and saved["lr"] == 0.1 and saved["accumulate"] == 2
+    assert "6 frozen" in capsys.readouterr().out  # BatchNorm buffers are frozen slots
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train", "--preset", "nope"], "--preset: expected one of digits-mlp, digits-cnn, got 'nope'"),
+        (["train", "--epochs", "two"], "argument --epochs: expected a natural number, got 'two'"),
+        (["train", "--epochs", "0"], "argument --epochs: expected a number > 0, got 0"),
+        (["train", "--optimizer", "lion"], "--optimizer: expected one of"),
+        (["train", "--lr", "-1"], "--lr: expected a finite number > 0, got -1.0"),
+        (["train", "--bogus"], "unrecognized arguments: --bogus"),
+        (["train", "missing.toml"], "missing.toml: no such config file"),
+        (["train", "--resume", "nowhere"], "--resume nowhere: not a run folder"),
+        (["inspect", "nope.ckpt"], "nope.ckpt: no such checkpoint file"),
+        (["plot", "nope.jsonl", "-o", "x.png"], "nope.jsonl: no such metrics file"),
+    ],
+)
+def test_user_errors_are_one_line_with_status_2(args, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_corrupt_checkpoint_and_resume_into_another_model(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--epochs", "1", "--out", str(out)]) == 0
+    assert main(["train", "--resume", str(out), "--preset", "digits-cnn"]) == 2
+    err = capsys.readouterr().err
+    assert "nothing was loaded" in err and len(err.strip().splitlines()) == 1
+    data = bytearray((out / "checkpoint.ckpt").read_bytes())
+    data[-5] ^= 0x10
+    (out / "checkpoint.ckpt").write_bytes(bytes(data))
+    assert main(["inspect", str(out / "checkpoint.ckpt")]) == 2
+    assert "fails its checksum" in capsys.readouterr().err
+
+
+def tensors(path):
+    with safe_open(str(path), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys() if not k.startswith("rng.")}
+
+
+def test_ctrl_c_saves_and_resume_continues_exactly(tmp_path):
+    straight, broken = tmp_path / "straight", tmp_path / "broken"
+    common = ["train", "--epochs", "40", "--checkpoint-every", "0"]
+    proc = subprocess.Popen([sys.executable, "-m", "leantrain", *common, "--out", str(broken)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = broken / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if metrics.exists() and '"kind": "epoch"' in metrics.read_text():
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted at step" in out and "Traceback" not in err
+    stopped = int(out.split("interrupted at step ")[1].split(";")[0])
+    assert 0 < stopped < 40 * 45
+    resumed = run_cli("train", "--resume", str(broken))
+    assert resumed.returncode == 0, resumed.stderr
+    done = run_cli(*common, "--out", str(straight))
+    assert done.returncode == 0, done.stderr
+    a, b = tensors(straight / "checkpoint.ckpt"), tensors(broken / "checkpoint.ckpt")
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    ra = json.loads((straight / "report.json").read_text())
+    rb = json.loads((broken / "report.json").read_text())
+    assert ra["test_accuracy"] == rb["test_accuracy"] and ra["loss_after"] == rb["loss_after"]
