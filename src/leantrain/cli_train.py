@@ -5,6 +5,7 @@ checkpoint and exits; ``--resume DIR`` continues exactly where it stopped."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -12,8 +13,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from tqdm import tqdm
 
+from . import distributed
 from .cli import EXIT_INTERRUPTED, UserError
 from .config import LoaderTrainConfig
 from .data import DataLoader, Dataset
@@ -59,51 +62,74 @@ def _trim_metrics(path: Path, step: int) -> None:
 
 
 def cmd_train(args) -> int:
+    try:
+        return _train(args)
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train(args) -> int:
     cfg, resuming = _config(args)
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device: cuda requested but no CUDA device is available")
     out = Path(cfg.out)
     ckpt, metrics_path = out / "checkpoint.ckpt", out / "metrics.jsonl"
+    # under torchrun: one process per rank; each minibatch is cut into one piece per rank
+    world = dist.get_world_size() if distributed.init_from_env(cfg.device) else 1
+    main = distributed.is_main()
+    say = print if main else (lambda *a, **k: None)
     torch.manual_seed(cfg.seed)
     train, test = digits_split()
     runner = Runner.from_module(PRESETS[cfg.preset](), "cross_entropy")
     if cfg.device == "cuda":
-        runner.to("cuda")
+        runner.to(f"cuda:{torch.cuda.current_device()}")
+    piece = -(-cfg.batch_size // world)
     loader = DataLoader(Dataset(train), batch_size=cfg.batch_size * cfg.accumulate, shuffle=True,
-                        seed=cfg.seed, collate=stack_minibatches(cfg.batch_size))
+                        seed=cfg.seed, collate=stack_minibatches(piece))
     steps_per_epoch = len(loader)
     tcfg = LoaderTrainConfig(
         epochs=cfg.epochs, optimizer=cfg.make_optimizer(), scheduler=cfg.make_schedule(steps_per_epoch),
         log_every=cfg.log_every, checkpoint_every=cfg.checkpoint_every, checkpoint_path=ckpt,
         resume_from=ckpt if resuming else None,
     )
-    out.mkdir(parents=True, exist_ok=True)
     start_step = 0
     if resuming:
         from .checkpoint import read_checkpoint
 
         start_step = int(read_checkpoint(ckpt, f"--resume {out}")[0]["progress"].get("step", 0))
-        _trim_metrics(metrics_path, start_step)
-    else:
-        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-        metrics_path.write_text("")
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        if resuming:
+            _trim_metrics(metrics_path, start_step)
+        else:
+            (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+            metrics_path.write_text("")
     params = runner.params
     reps = params.canonical_slot_indices()
     aliases = sum(1 for i, c in enumerate(reps) if c is not None and c != i)
     frozen = sum(1 for c in reps if c is None)
-    print(f"leantrain train: {cfg.preset}, {len(train)} train / {len(test)} test images, "
+    say(f"leantrain train: {cfg.preset}, {len(train)} train / {len(test)} test images, "
           f"{cfg.epochs} epochs x {steps_per_epoch} steps, {cfg.optimizer} lr={cfg.lr}, "
-          f"batch {cfg.batch_size} x accumulate {cfg.accumulate}, device {cfg.device}")
-    print(f"slots: {len(params)} ({aliases} aliased, {frozen} frozen), "
+          f"batch {cfg.batch_size} x accumulate {cfg.accumulate}, device {cfg.device}"
+          + (f", {world} processes" if world > 1 else ""))
+    say(f"slots: {len(params)} ({aliases} aliased, {frozen} frozen), "
           f"{sum(s.host.numel() for s in params.storages()):,} values in {len(params.storages())} storages"
           + (f"; resuming at step {start_step}" if resuming else ""))
 
     stop = {"requested": False}
-    bar = tqdm(total=cfg.epochs * steps_per_epoch, initial=start_step, unit="step", disable=None,
-               dynamic_ncols=True, leave=False)
-    metrics = metrics_path.open("a")
+    bar = tqdm(total=cfg.epochs * steps_per_epoch, initial=start_step, unit="step",
+               disable=None if main else True, dynamic_ncols=True, leave=False)
+    metrics = metrics_path.open("a") if main else open(os.devnull, "w")
 
     def callback(ev: StepEvent) -> bool:
+        if world > 1 and ev.batch == steps_per_epoch:
+            # the ranks agree on stopping at epoch ends (one tiny all-reduce, a sync)
+            flag = torch.tensor([float(stop["requested"])], device=runner.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            stop["requested"] = bool(flag.item())
+        if not main:
+            return stop["requested"] and ev.batch == steps_per_epoch
         bar.update(1)
         epoch = ev.epoch or 0
         if ev.loss is not None:
@@ -119,7 +145,7 @@ def cmd_train(args) -> int:
             metrics.flush()
             line = f"epoch {epoch + 1:>3}/{cfg.epochs}: step {ev.step:>5}  test accuracy {acc:.4f}"
             bar.write(line) if not bar.disable else print(line, flush=True)
-        return stop["requested"]
+        return stop["requested"] if world == 1 or ev.batch == steps_per_epoch else False
 
     def on_sigint(signum, frame):
         if stop["requested"]:
@@ -133,6 +159,8 @@ def cmd_train(args) -> int:
         signal.signal(signal.SIGINT, previous)
         bar.close()
         metrics.close()
+    if not main:
+        return 0
     if report.interrupted:
         print(f"interrupted at step {report.steps}; checkpoint saved to {ckpt}\n"
               f"continue with: leantrain train --resume {out}")

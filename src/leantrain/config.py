@@ -38,6 +38,8 @@ def _common(op: str, cfg) -> None:
             raise ConfigError(f"{op}: {name} must be a path or None, got {type(value).__name__}")
     if cfg.checkpoint_every and cfg.checkpoint_path is None:
         raise ConfigError(f"{op}: checkpoint_every={cfg.checkpoint_every} needs a checkpoint_path")
+    if not isinstance(cfg.replica_check, bool):
+        raise ConfigError(f"{op}: replica_check must be a bool, got {cfg.replica_check!r}")
     if cfg.accumulation not in ACCUMULATION_MODES:
         raise ConfigError(
             f"{op}: accumulation must be one of {ACCUMULATION_MODES}, got {cfg.accumulation!r}"
@@ -70,6 +72,7 @@ class TrainConfig:
     checkpoint_every: int = 0
     checkpoint_path: Optional[PathArg] = None
     resume_from: Optional[PathArg] = None
+    replica_check: bool = True
 
     def __post_init__(self) -> None:
         op = "TrainConfig"
@@ -92,6 +95,7 @@ class LoaderTrainConfig:
     checkpoint_every: int = 0
     checkpoint_path: Optional[PathArg] = None
     resume_from: Optional[PathArg] = None
+    replica_check: bool = True
 
     def __post_init__(self) -> None:
         op = "LoaderTrainConfig"

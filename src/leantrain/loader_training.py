@@ -19,7 +19,10 @@ from .data import DataLoader
 from .errors import ConfigError, DataError
 from .optim import OptState, Optimizer
 from .runner import Runner, Sample
-from .trainer import Callback, Log, ScheduleState, StepEvent, _check_inputs, _one_update, _resume, uses_native
+from . import distributed
+from .trainer import (
+    Callback, Log, ScheduleState, StepEvent, _check_inputs, _main_only, _one_update, _resume, uses_native,
+)
 
 Loader = Union[DataLoader, Iterable]
 
@@ -110,6 +113,7 @@ def train_loader(
     start_time = time.perf_counter()
     opt = cfg.optimizer
     runner.train()
+    log, main = _main_only(log)
     items = _loader_items(op, loader)
     if cfg.resume_from is not None:
         ck = _resume(op, cfg, runner, opt, "loader", {"n_samples": len(items)})
@@ -120,12 +124,16 @@ def train_loader(
             loader = loader.restored(ck.loader_state, op)
         before, logged = p["before"], [tuple(x) for x in p["losses"]]
         start = (p["epoch"], p["batch"], p["step"], p["seen"])
+        distributed.start_replicas(runner, cfg.replica_check)
     else:
+        distributed.start_replicas(runner, cfg.replica_check)
         before, logged, start = runner.mean_loss(items), [], (0, 0, 0, 0)
         state = opt.init(runner.params, native=uses_native(runner, opt))
     new_logged: list = []
 
     def save(step, epoch, batch, epoch_loader, state, seen) -> None:
+        if not main:
+            return  # rank 0 writes the checkpoints
         progress = {"kind": "loader", "epoch": epoch, "batch": batch, "step": step, "seen": seen,
                     "n_samples": len(items), "before": before, "losses": logged + new_logged}
         lstate = epoch_loader.state() if isinstance(epoch_loader, DataLoader) else None

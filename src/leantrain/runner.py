@@ -210,18 +210,19 @@ class Runner:
                 )
 
     def stacked_loss_and_gradients(
-        self, batch: Sequence[Sample], leaves: Sequence[Optional[torch.Tensor]]
+        self, batch: Sequence[Sample], leaves: Sequence[Optional[torch.Tensor]], scale: Optional[float] = None
     ) -> tuple[torch.Tensor, list[Optional[torch.Tensor]]]:
         """Mean loss over a stacked batch and its gradient: one forward, one backward.
 
         Items are stacked along a new leading dimension and the model sees them as one
         batch; the per-item losses (the loss function mapped over the items) are summed
-        and multiplied by ``1/n``. Refused when a layer couples the items.
+        and multiplied by ``scale`` (default ``1/n``). Refused when a layer couples the items.
         """
         self.check_stackable(batch)
         xs, ys = self._inputs((torch.stack([x for x, _ in batch]), torch.stack([y for _, y in batch])))
         per_item = torch.vmap(self.loss_fn)(self.module(xs), ys)
-        return self._grads(per_item.sum() * (1.0 / len(batch)), leaves)
+        total = per_item.sum()
+        return self._grads(total * (1.0 / len(batch) if scale is None else scale), leaves)
 
 
 class _BufferGuard:

@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from . import distributed
 from .errors import ConfigError, DataError
 from .optim import OptState, Optimizer
 from .optim.optimizer import GENERIC, NATIVE
@@ -32,36 +33,65 @@ def _check_batch(op: str, batch: Sequence[Sample], accumulation: str) -> list[Sa
     return [check_sample(op, s, i) for i, s in enumerate(batch)]
 
 
+def _sum_items(runner: Runner, batch: Sequence[Sample], leaves) -> tuple[torch.Tensor, Pack]:
+    """Loss and gradient sums over the items, left to right (autograd's own tensors for one)."""
+    loss, grads = runner.loss_and_gradients(batch[0], leaves)
+    if len(batch) == 1:
+        return loss, grads
+    loss2, grads2 = runner.loss_and_gradients(batch[1], leaves)
+    loss = loss + loss2
+    grads = [None if g is None else g + h for g, h in zip(grads, grads2)]  # owned from here
+    for sample in batch[2:]:
+        loss_k, grads_k = runner.loss_and_gradients(sample, leaves)
+        loss = loss + loss_k
+        for g, h in zip(grads, grads_k):
+            if g is not None:
+                g.add_(h)
+    return loss, grads
+
+
+def _scale(loss: torch.Tensor, grads: Pack, inv: float) -> tuple[torch.Tensor, Pack]:
+    for g in grads:  # the gradients are owned sums here: scale in place
+        if g is not None:
+            g.mul_(inv)
+    return loss * inv, grads
+
+
 def _accumulate(
-    op: str, runner: Runner, batch: Sequence[Sample], accumulation: str = "exact"
+    op: str, runner: Runner, batch: Sequence[Sample], accumulation: str = "exact",
+    want_loss: bool = False,
 ) -> tuple[torch.Tensor, Pack]:
-    """(mean loss tensor, mean gradient pack) of a checked batch; nothing read to the host."""
+    """(mean loss tensor, mean gradient pack) of a checked batch; nothing read to the host.
+
+    Under ``torch.distributed`` each rank differentiates its share of the items and the
+    sums are all-reduced (see ``distributed.py``); the loss joins only if ``want_loss``.
+    """
     if accumulation == "vectorized":
         runner.check_stackable(batch)  # before the buffers move
     for sample in batch:  # buffers first, for every item, before any differentiation
         runner.update_buffers(sample)
     leaves = runner._bind_working()
+    n, group = len(batch), distributed.active()
     with runner.frozen_buffers():  # the gradient passes must not advance buffers again
-        if accumulation == "vectorized":
-            return runner.stacked_loss_and_gradients(batch, leaves)
-        loss, grads = runner.loss_and_gradients(batch[0], leaves)
-        n = len(batch)
-        if n == 1:
-            return loss, grads  # g * (1/1) is g, bit for bit: skip the pass
-        loss2, grads2 = runner.loss_and_gradients(batch[1], leaves)
-        loss = loss + loss2
-        grads = [None if g is None else g + h for g, h in zip(grads, grads2)]  # owned from here
-        for sample in batch[2:]:
-            loss_k, grads_k = runner.loss_and_gradients(sample, leaves)
-            loss = loss + loss_k
-            for g, h in zip(grads, grads_k):
-                if g is not None:
-                    g.add_(h)
-        inv = 1.0 / n
-        for g in grads:
-            if g is not None:
-                g.mul_(inv)
-        return loss * inv, grads
+        if group is None:
+            if accumulation == "vectorized":
+                return runner.stacked_loss_and_gradients(batch, leaves, scale=1.0 / n)
+            loss, grads = _sum_items(runner, batch, leaves)
+            if n == 1:
+                return loss, grads  # g * (1/1) is g, bit for bit: skip the pass
+            return _scale(loss, grads, 1.0 / n)
+        mine = distributed.my_items(batch, *group)
+        if not mine:  # more ranks than items: this rank contributes zeros
+            loss = torch.zeros((), device=runner.device)
+            grads = [None if t is None else torch.zeros_like(t) for t in leaves]
+        elif accumulation == "vectorized":
+            loss, grads = runner.stacked_loss_and_gradients(mine, leaves, scale=1.0)
+        else:
+            loss, grads = _sum_items(runner, mine, leaves)
+        loss, grads = distributed.all_reduce_sum(loss if want_loss else None, grads)
+        if loss is None:
+            loss = torch.zeros((), device=runner.device)  # not asked for: never read
+        return _scale(loss, grads, 1.0 / n)
 
 
 def mean_gradients(runner: Runner, batch: Sequence[Sample], *, accumulation: str = "exact") -> Pack:
@@ -75,15 +105,15 @@ def mean_loss_and_gradients(
 ) -> tuple[float, Pack]:
     """Mean loss and mean gradients; reads the loss back to the host (a sync on CUDA)."""
     op = "mean_loss_and_gradients"
-    loss, grads = _accumulate(op, runner, _check_batch(op, batch, accumulation), accumulation)
+    loss, grads = _accumulate(op, runner, _check_batch(op, batch, accumulation), accumulation, True)
     return float(loss.item()), grads  # intentional sync: the caller asked for the loss
 
 
-def _update(op, runner, opt, state, use_native_singleton, batch, accumulation):
+def _update(op, runner, opt, state, use_native_singleton, batch, accumulation, want_loss=False):
     path = NATIVE if use_native_singleton else GENERIC
     batch = _check_batch(op, batch, accumulation)
     opt._check_state(op, state, runner.params, path)  # before buffers advance
-    loss, grads = _accumulate(op, runner, batch, accumulation)
+    loss, grads = _accumulate(op, runner, batch, accumulation, want_loss)
     # trusted: these gradients come from the runner's own slots (shapes and dtypes match)
     return opt._step(state, runner.params, grads, path, trusted=True), loss
 
@@ -118,6 +148,6 @@ def step_batch_and_loss(
 ) -> tuple[OptState, float]:
     """One update and the batch's mean loss, measured before the update."""
     state, loss = _update(
-        "step_batch_and_loss", runner, opt, state, use_native_singleton, batch, accumulation
+        "step_batch_and_loss", runner, opt, state, use_native_singleton, batch, accumulation, True
     )
     return state, float(loss.item())  # intentional sync: the caller asked for the loss

@@ -14,6 +14,7 @@ from typing import Callable, Iterable, Optional, Sequence, Union
 
 import torch
 
+from . import distributed
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import LoaderTrainConfig, TrainConfig, TrainReport, lr_for
 from .data import DataLoader, Dataset
@@ -82,6 +83,12 @@ def _one_update(runner, cfg, opt, state, native, batch, step, log, logged):
     return step_batch(runner, opt, state, native, batch, accumulation=cfg.accumulation), None
 
 
+def _main_only(log: Log) -> tuple[Log, bool]:
+    """Under torch.distributed only rank 0 logs and writes files."""
+    main = distributed.is_main()
+    return (log if main else (lambda line: None)), main
+
+
 def _resume(op: str, cfg, runner: Runner, opt: Optimizer, kind: str, expect: dict):
     ck = load_checkpoint(cfg.resume_from, runner, optimizer=opt)
     p = ck.progress
@@ -146,11 +153,14 @@ def train_samples(
     start_time = time.perf_counter()
     n, k, opt = len(samples), cfg.batch_size, cfg.optimizer
     runner.train()
+    log, main = _main_only(log)
     if cfg.resume_from is not None:
         ck = _resume(op, cfg, runner, opt, "samples", {"batch_size": k, "n_samples": n})
         state, progress = ck.state, ck.progress
         before, start, logged = progress["before"], progress["step"], [tuple(x) for x in progress["losses"]]
+        distributed.start_replicas(runner, cfg.replica_check)
     else:
+        distributed.start_replicas(runner, cfg.replica_check)
         before, start, logged = runner.mean_loss(samples), 0, []
         state = opt.init(runner.params, native=uses_native(runner, opt))
     watch = MemoryWatch(cadence(cfg.mem_watch, cfg.steps, runner.device), cfg.steps, runner.device, log)
@@ -158,6 +168,8 @@ def train_samples(
     batches = cyclic_batches(op, samples, k, cursor=(start * k) % n)
 
     def save(step: int, state: OptState) -> None:
+        if not main:
+            return  # rank 0 writes the checkpoints
         progress = {"kind": "samples", "step": step, "batch_size": k, "n_samples": n,
                     "before": before, "losses": logged + new_logged}
         save_checkpoint(cfg.checkpoint_path, runner, state=state, progress=progress)

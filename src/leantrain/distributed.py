@@ -1,0 +1,117 @@
+"""Data parallelism on ``torch.distributed`` (gloo on CPU, NCCL on CUDA).
+
+When a process group of more than one rank is initialised, every list batch is
+split across ranks by a fixed rule: **item j goes to rank j mod world_size**. Every
+rank advances buffers on *all* items (so buffers stay identical everywhere and equal
+to a single-process run), differentiates its own items and sums their gradient packs
+left to right; one all-reduce over flattened buckets (one per dtype) gives the global
+sum; every rank multiplies by ``1/N`` (N = items in the whole batch) and takes the
+same optimizer step. The loss joins the all-reduce only when a step asked for it.
+Rank 0 writes logs and checkpoints. Because batches are defined globally, a
+checkpoint resumes under any world size.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .errors import LeantrainError
+
+
+class ReplicaError(LeantrainError, RuntimeError):
+    """The ranks do not hold the same parameters."""
+
+
+def active() -> Optional[tuple[int, int]]:
+    """``(rank, world_size)`` when a process group of more than one rank is running."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def is_main() -> bool:
+    """True on rank 0, or when not distributed: the process that logs and writes files."""
+    group = active()
+    return group is None or group[0] == 0
+
+
+def my_items(batch: Sequence, rank: int, world: int) -> list:
+    """This rank's share of a list batch: items ``rank, rank + world, ...``."""
+    return list(batch[rank::world])
+
+
+def all_reduce_sum(
+    loss: Optional[torch.Tensor], grads: list[Optional[torch.Tensor]]
+) -> tuple[Optional[torch.Tensor], list[Optional[torch.Tensor]]]:
+    """Sum ``loss`` (if given, returned as float64) and every gradient over ranks: one
+    collective per gradient dtype, plus one for the loss."""
+    buckets: dict[tuple, list[tuple[int, torch.Tensor]]] = {}
+    for i, g in enumerate(grads):
+        if g is not None:
+            buckets.setdefault((g.device, g.dtype), []).append((i, g))
+    if loss is not None:
+        # Its own float64 bucket, last: a rank without items does not know the loss dtype,
+        # and every rank must issue the same collectives in the same order.
+        buckets[("loss",)] = [(-1, loss.to(torch.float64))]
+    out: list[Optional[torch.Tensor]] = list(grads)
+    total = loss
+    for members in buckets.values():
+        flat = torch.cat([t.reshape(-1) for _, t in members])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for i, t in members:
+            piece = flat[offset : offset + t.numel()].view(t.shape)
+            offset += t.numel()
+            if i < 0:
+                total = piece
+            else:
+                out[i] = piece
+    return total, out
+
+
+def broadcast_parameters(params) -> None:
+    """Copy rank 0's values into every rank's working tensors (host or mirror)."""
+    with torch.no_grad():
+        for s in params.storages():
+            dist.broadcast(s.working(), src=0)
+
+
+def check_replicas(params, op: str = "check_replicas") -> None:
+    """Raise ``ReplicaError`` unless every rank holds bit-identical parameters.
+
+    Reads every value to the host once (a sync on CUDA): run at start and after resume.
+    """
+    from .checkpoint import crc32, current_value
+
+    sums = [crc32(current_value(s)) for s in params.storages()]
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, sums)
+    for rank, other in enumerate(gathered):
+        if other != gathered[0]:
+            bad = [k for k, (a, b) in enumerate(zip(gathered[0], other)) if a != b]
+            raise ReplicaError(f"{op}: rank {rank} differs from rank 0 at storages {bad}")
+
+
+def start_replicas(runner, check: bool = True) -> None:
+    """At the start of a loop (and after a resume): broadcast from rank 0, then verify."""
+    if active() is None:
+        return
+    broadcast_parameters(runner.params)
+    if check:
+        check_replicas(runner.params, "distributed start")
+
+
+def init_from_env(device: str = "cpu") -> bool:
+    """Initialise the process group from torchrun's environment; False when not launched
+    by torchrun (or with one process)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or (dist.is_available() and dist.is_initialized()):
+        return active() is not None
+    backend = "nccl" if device == "cuda" else "gloo"
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend=backend)
+    return True
