@@ -14,6 +14,7 @@ from safetensors import safe_open
 import leantrain as lt
 from leantrain import Param, ParamList, optim
 from leantrain.atomic import atomic_write
+from leantrain.checkpoint import seal, unseal
 import resume_cases as rc
 
 HERE = Path(__file__).parent
@@ -21,7 +22,7 @@ HERE = Path(__file__).parent
 
 def tensors_of(path):
     with safe_open(str(path), framework="pt") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}, json.loads(f.metadata()["leantrain"])
+        return {k: f.get_tensor(k) for k in f.keys()}, json.loads(unseal(f.metadata()["leantrain"]))
 
 
 # ------------------------------------------------------------------ round trip
@@ -113,12 +114,24 @@ def corrupt(path, how):
         data = data[:-1]
     elif how == "flip":
         data[-3] ^= 0x40
-    elif how == "version":
-        data = data.replace(b'\\"version\\": 1', b'\\"version\\": 2')
-    elif how == "format":
-        data = data.replace(b"leantrain.checkpoint", b"leantrain.checkpoinX")
+    elif how in ("version", "format"):  # a consistent edit: the manifest checksum is redone
+        import zlib
+
+        n = int.from_bytes(data[:8], "little")
+        header = json.loads(bytes(data[8 : 8 + n]))
+        manifest = json.loads(header["__metadata__"]["leantrain"].split(" ", 1)[1])
+        if how == "version":
+            manifest["version"] = 2
+        else:
+            manifest["format"] = "leantrain.checkpoinX"
+        header["__metadata__"] = {"leantrain": seal(json.dumps(manifest, sort_keys=True))}
+        raw = json.dumps(header).encode()
+        raw += b" " * (-len(raw) % 8)
+        data = bytearray(len(raw).to_bytes(8, "little") + raw + data[8 + n :])
     elif how == "header":
         data[10] ^= 0xFF
+    elif how == "manifest":
+        data = data.replace(b'\\"lr\\": 0.1', b'\\"lr\\": 0.7')
     path.write_bytes(bytes(data))
 
 
@@ -129,7 +142,8 @@ def corrupt(path, how):
         ("flip", "fails its checksum"),
         ("version", "unsupported format version 2; expected 1"),
         ("format", "unsupported format 'leantrain.checkpoinX'"),
-        ("header", "not a readable checkpoint|no leantrain manifest"),
+        ("header", "not a readable checkpoint|no leantrain manifest|manifest fails its checksum"),
+        ("manifest", "the manifest fails its checksum"),
     ],
 )
 def test_corrupt_files_rejected_and_nothing_changes(saved, how, pattern, unchanged):
@@ -173,7 +187,7 @@ def test_missing_and_extra_entries_rejected(saved, tmp_path):
 
     path, opt = saved
     tensors, manifest = tensors_of(path)
-    meta = {"leantrain": json.dumps(manifest)}
+    meta = {"leantrain": seal(json.dumps(manifest))}
     missing = dict(tensors)
     del missing["state.0.m"]
     save_file(missing, str(tmp_path / "missing.ckpt"), metadata=meta)

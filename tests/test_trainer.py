@@ -104,23 +104,27 @@ class HostReads:
 @pytest.mark.parametrize("kind", ["sgd", "adam", "rmsprop"])
 @pytest.mark.parametrize("mirrors", [False, True])
 def test_no_host_reads_between_log_points(monkeypatch, kind, mirrors):
+    """Skip mode never reads the host between log points; raise mode reads one flag a step."""
     torch.manual_seed(0)
     r = lt.Runner.from_module(TiedNet(bn=True), "mse")
     if mirrors:
         r.to("cpu")
     opt = getattr(optim, kind)(0.01)
     data = regression_batches(4, 3)
-    cfg = lt.TrainConfig(steps=6, batch_size=2, optimizer=opt, scheduler=optim.exponential(0.01, 0.9), log_every=0)
     state = opt.init(r.params, native=lt.trainer.uses_native(r, opt))
     batches = lt.trainer.cyclic_batches("t", data, 2)
     reads = HostReads(monkeypatch)
-    lt.run_sample_steps(r, cfg, lambda: next(batches), lambda d: None, opt, state,
-                        lambda t, s: s.with_lr(cfg.scheduler.lr_at(t)), log=lambda s: None)
-    assert reads.count == 0
-    cfg2 = lt.TrainConfig(steps=6, batch_size=2, optimizer=opt, log_every=4)
-    lt.run_sample_steps(r, cfg2, lambda: next(batches), lambda d: None, opt, state,
-                        lambda t, s: s.with_lr(0.01), log=lambda s: None)
-    assert reads.count == 2  # steps 0 and 4 asked for their loss: one read each
+
+    def run(**kw):
+        cfg = lt.TrainConfig(steps=6, batch_size=2, optimizer=opt, scheduler=optim.exponential(0.01, 0.9), **kw)
+        before = reads.count
+        lt.run_sample_steps(r, cfg, lambda: next(batches), lambda d: None, opt, state,
+                            lambda t, s: s.with_lr(cfg.scheduler.lr_at(t)), log=lambda s: None)
+        return reads.count - before
+
+    assert run(log_every=0, nonfinite="skip") == 0
+    assert run(log_every=4, nonfinite="skip") == 2  # steps 0 and 4 asked for their loss
+    assert run(log_every=0, nonfinite="raise") == 6  # the documented per-step flag read
 
 
 def test_native_loop_on_mirrors_equals_the_host_loop():

@@ -64,6 +64,18 @@ def current_value(storage) -> torch.Tensor:
     return t.detach().to("cpu")
 
 
+def seal(text: str) -> str:
+    """The manifest as stored: its CRC-32 in hex, a space, then the JSON text (one
+    metadata entry, so the header bytes are deterministic)."""
+    return f"{zlib.crc32(text.encode()):08x} {text}"
+
+
+def unseal(sealed: str) -> Optional[str]:
+    """The JSON text of a sealed manifest, or ``None`` when it fails its checksum."""
+    crc, _, text = sealed.partition(" ")
+    return text if crc == f"{zlib.crc32(text.encode()):08x}" else None
+
+
 def slot_schema(params: ParamList) -> list[dict]:
     index = {id(s): k for k, s in enumerate(params.storages())}
     return [
@@ -125,7 +137,7 @@ def save_checkpoint(
     with ThreadPoolExecutor(max_workers=2) as pool:  # zlib releases the GIL
         sums = list(pool.map(lambda n: crc32(tensors[n]), names))
     manifest["checksums"] = dict(zip(names, sums))
-    meta = {"leantrain": json.dumps(manifest, sort_keys=True)}
+    meta = {"leantrain": seal(json.dumps(manifest, sort_keys=True))}
 
     def write(tmp: Path) -> None:
         save_file(tensors, str(tmp), metadata=meta)
@@ -182,12 +194,18 @@ def read_checkpoint(path: PathLike, op: str = "read_checkpoint") -> tuple[dict, 
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:  # the safetensors reader raises several types on corrupt input
         raise CheckpointError(f"{op}: {path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
+    sealed = meta.get("leantrain")
+    if sealed is None:
+        raise CheckpointError(f"{op}: {path}: no leantrain manifest in the file")
+    text = unseal(sealed)
+    if text is None:
+        raise CheckpointError(f"{op}: {path}: the manifest fails its checksum (the file is corrupt)")
     try:
-        manifest = json.loads(meta["leantrain"])
+        manifest = json.loads(text)
         if not isinstance(manifest, dict):
             raise ValueError("manifest is not an object")
-    except (KeyError, ValueError) as e:
-        raise CheckpointError(f"{op}: {path}: no leantrain manifest in the file ({e})") from None
+    except ValueError as e:
+        raise CheckpointError(f"{op}: {path}: the manifest is not valid ({e})") from None
     if manifest.get("format") != FORMAT:
         raise CheckpointError(f"{op}: {path}: unsupported format {manifest.get('format')!r}; expected {FORMAT!r}")
     if manifest.get("version") != VERSION:

@@ -9,7 +9,7 @@ from typing import Optional, Union
 
 from .errors import ConfigError
 from .optim import Optimizer, Schedule, sgd
-from .steps import ACCUMULATION_MODES
+from .steps import ACCUMULATION_MODES, NONFINITE_MODES
 
 PathArg = Union[str, os.PathLike]
 
@@ -38,6 +38,8 @@ def _common(op: str, cfg) -> None:
             raise ConfigError(f"{op}: {name} must be a path or None, got {type(value).__name__}")
     if cfg.checkpoint_every and cfg.checkpoint_path is None:
         raise ConfigError(f"{op}: checkpoint_every={cfg.checkpoint_every} needs a checkpoint_path")
+    if cfg.nonfinite not in NONFINITE_MODES:
+        raise ConfigError(f"{op}: nonfinite must be one of {NONFINITE_MODES}, got {cfg.nonfinite!r}")
     if not isinstance(cfg.replica_check, bool):
         raise ConfigError(f"{op}: replica_check must be a bool, got {cfg.replica_check!r}")
     if cfg.accumulation not in ACCUMULATION_MODES:
@@ -73,6 +75,7 @@ class TrainConfig:
     checkpoint_path: Optional[PathArg] = None
     resume_from: Optional[PathArg] = None
     replica_check: bool = True
+    nonfinite: str = "raise"
 
     def __post_init__(self) -> None:
         op = "TrainConfig"
@@ -96,6 +99,7 @@ class LoaderTrainConfig:
     checkpoint_path: Optional[PathArg] = None
     resume_from: Optional[PathArg] = None
     replica_check: bool = True
+    nonfinite: str = "raise"
 
     def __post_init__(self) -> None:
         op = "LoaderTrainConfig"
@@ -117,3 +121,4 @@ class TrainReport:
     losses: tuple[tuple[int, float], ...] = ()
     wall_time: float = 0.0
     interrupted: bool = False
+    skipped_steps: int = 0

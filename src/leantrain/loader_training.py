@@ -21,7 +21,8 @@ from .optim import OptState, Optimizer
 from .runner import Runner, Sample
 from . import distributed
 from .trainer import (
-    Callback, Log, ScheduleState, StepEvent, _check_inputs, _main_only, _one_update, _resume, uses_native,
+    Callback, Log, ScheduleState, StepEvent, _check_inputs, _main_only, _one_update, _resume,
+    skip_counter, skipped_total, uses_native,
 )
 
 Loader = Union[DataLoader, Iterable]
@@ -52,6 +53,7 @@ def run_loader_epochs(
     log: Log = print,
     start: tuple[int, int, int, int] = (0, 0, 0, 0),
     on_step: Optional[Callable[..., Optional[bool]]] = None,
+    skipped: Optional[torch.Tensor] = None,
 ) -> tuple[Loader, OptState, list[tuple[int, float]], int, int]:
     """All epochs from ``start = (epoch, batches done in it, step, samples seen)``.
 
@@ -74,7 +76,7 @@ def run_loader_epochs(
             if b < skip:
                 continue  # done before the checkpoint this run resumed from
             batch = as_list_batch(op, raw)
-            state, loss = _one_update(runner, cfg, opt, state, native, batch, step, log, logged)
+            state, loss = _one_update(runner, cfg, opt, state, native, batch, step, log, logged, skipped)
             step += 1
             seen += len(batch)
             if on_step is not None and on_step(step, epoch, b + 1, epoch_loader, state, loss, seen):
@@ -151,15 +153,16 @@ def train_loader(
             last["saved"] = step
         return stop
 
+    skipped = skip_counter(runner, cfg)
     loader, state, _, steps, seen = run_loader_epochs(
         runner, cfg, loader, opt, state, lambda t, s: s.with_lr(lr_for(cfg, t)),
-        log=log, start=start, on_step=on_step,
+        log=log, start=start, on_step=on_step, skipped=skipped,
     )
     if cfg.checkpoint_path and "args" in last and last.get("saved") != steps:
         save(*last["args"])
     after = runner.mean_loss(_loader_items(op, loader))
     report = TrainReport(
         before, after, steps, seen, tuple(logged + new_logged), time.perf_counter() - start_time,
-        interrupted=last.get("stopped", False),
+        interrupted=last.get("stopped", False), skipped_steps=skipped_total(skipped),
     )
     return report, loader

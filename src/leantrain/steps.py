@@ -14,12 +14,13 @@ from typing import Optional, Sequence
 import torch
 
 from . import distributed
-from .errors import ConfigError, DataError
+from .errors import ConfigError, DataError, NonFiniteError
 from .optim import OptState, Optimizer
 from .optim.optimizer import GENERIC, NATIVE
 from .runner import Runner, Sample, check_sample
 
 ACCUMULATION_MODES = ("exact", "vectorized")
+NONFINITE_MODES = ("raise", "skip")
 Pack = list[Optional[torch.Tensor]]
 
 
@@ -109,11 +110,64 @@ def mean_loss_and_gradients(
     return float(loss.item()), grads  # intentional sync: the caller asked for the loss
 
 
-def _update(op, runner, opt, state, use_native_singleton, batch, accumulation, want_loss=False):
+def nonfinite_flag(loss: torch.Tensor, grads: Pack) -> torch.Tensor:
+    """A one-element device tensor: 1.0 when the loss or any gradient is NaN or infinite.
+
+    One fused kernel (the one ``GradScaler`` uses) with a unit scale, which leaves the
+    values bit for bit as they are. Nothing is read to the host.
+    """
+    found = torch.zeros(1, device=loss.device)
+    unit = torch.ones(1, device=loss.device)
+    torch._amp_foreach_non_finite_check_and_unscale_(
+        [loss.detach().reshape(1)] + [g for g in grads if g is not None], found, unit
+    )
+    return found
+
+
+def _masked_step(opt, state, params, grads, path, found, skipped):
+    """Run the update, then put back every tensor it wrote where ``found`` is set.
+
+    Costs one copy of the updated parameters and optimizer tensors per step (skip mode
+    only). Host-side counters (Adam's ``t``) still advance on a skipped step.
+    """
+    native = path == NATIVE
+    reps = [i for i, c in enumerate(params.canonical_slot_indices()) if c == i]
+    targets = [params[i].storage.mirror if native else params[i].storage.host for i in reps]
+    targets += [t for rec in state.records().values() for t in rec.tensors().values()]
+    targets = [t for t in targets if t is not None]
+    saved = [t.detach().clone() for t in targets]
+    new = opt._step(state, params, grads, path, trusted=True)
+    ok = found[0] == 0
+    with torch.no_grad():
+        for t, old in zip(targets, saved):
+            torch.where(ok, t, old, out=t)
+        known = {id(t) for t in targets}
+        for rec in new.records().values():  # a history created by this very step
+            for t in rec.tensors().values():
+                if id(t) not in known:
+                    torch.where(ok, t, torch.zeros_like(t), out=t)
+    if skipped is not None:
+        skipped.add_(found[0])
+    return new
+
+
+def _update(op, runner, opt, state, use_native_singleton, batch, accumulation, want_loss=False,
+            nonfinite="raise", skipped=None):
     path = NATIVE if use_native_singleton else GENERIC
+    if nonfinite not in NONFINITE_MODES:
+        raise ConfigError(f"{op}: nonfinite must be one of {NONFINITE_MODES}, got {nonfinite!r}")
     batch = _check_batch(op, batch, accumulation)
     opt._check_state(op, state, runner.params, path)  # before buffers advance
     loss, grads = _accumulate(op, runner, batch, accumulation, want_loss)
+    found = nonfinite_flag(loss, grads)
+    if nonfinite == "skip":
+        return _masked_step(opt, state, runner.params, grads, path, found, skipped), loss
+    # Intentional host read of one flag per step: raise mode must know before updating.
+    if found.item():
+        raise NonFiniteError(
+            f"{op}: the loss or a gradient is NaN or infinite; nothing was updated "
+            f"(use nonfinite='skip' to skip such steps)"
+        )
     # trusted: these gradients come from the runner's own slots (shapes and dtypes match)
     return opt._step(state, runner.params, grads, path, trusted=True), loss
 
@@ -126,15 +180,25 @@ def step_batch(
     batch: Sequence[Sample],
     *,
     accumulation: str = "exact",
+    nonfinite: str = "raise",
+    skipped: Optional[torch.Tensor] = None,
 ) -> OptState:
     """One optimizer update over the batch's mean gradient, without reading a loss.
 
     ``use_native_singleton`` picks the update path for the whole loop (the state was
     made for it): the native device path when true, the generic host path otherwise.
     Unlike upstream's seed-era loop, a native loop keeps list batches native too (the
-    mean is taken on the device), so a CUDA run never reads back between log points.
+    mean is taken on the device).
+
+    ``nonfinite="raise"`` checks the loss and gradients before updating (one flag read
+    per step, a sync on CUDA) and raises ``NonFiniteError`` with nothing changed;
+    ``"skip"`` never reads the host: the update is undone on the device where the flag
+    is set, and ``skipped`` (a device tensor) counts the skips.
     """
-    return _update("step_batch", runner, opt, state, use_native_singleton, batch, accumulation)[0]
+    return _update(
+        "step_batch", runner, opt, state, use_native_singleton, batch, accumulation,
+        nonfinite=nonfinite, skipped=skipped,
+    )[0]
 
 
 def step_batch_and_loss(
@@ -145,9 +209,12 @@ def step_batch_and_loss(
     batch: Sequence[Sample],
     *,
     accumulation: str = "exact",
+    nonfinite: str = "raise",
+    skipped: Optional[torch.Tensor] = None,
 ) -> tuple[OptState, float]:
     """One update and the batch's mean loss, measured before the update."""
     state, loss = _update(
-        "step_batch_and_loss", runner, opt, state, use_native_singleton, batch, accumulation, True
+        "step_batch_and_loss", runner, opt, state, use_native_singleton, batch, accumulation, True,
+        nonfinite=nonfinite, skipped=skipped,
     )
     return state, float(loss.item())  # intentional sync: the caller asked for the loss

@@ -18,7 +18,7 @@ from . import distributed
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import LoaderTrainConfig, TrainConfig, TrainReport, lr_for
 from .data import DataLoader, Dataset
-from .errors import CheckpointError, ConfigError, DataError
+from .errors import CheckpointError, ConfigError, DataError, NonFiniteError
 from .memory import MemoryWatch, cadence
 from .optim import OptState, Optimizer
 from .runner import Runner, Sample, check_sample
@@ -73,14 +73,27 @@ def uses_native(runner: Runner, opt: Optimizer) -> bool:
     return opt.native and runner.params.has_mirrors()
 
 
-def _one_update(runner, cfg, opt, state, native, batch, step, log, logged):
+def _one_update(runner, cfg, opt, state, native, batch, step, log, logged, skipped=None):
     """Step with the loss when a log line is due (one host read), else without."""
-    if cfg.log_every and step % cfg.log_every == 0:
-        state, loss = step_batch_and_loss(runner, opt, state, native, batch, accumulation=cfg.accumulation)
-        logged.append((step, loss))
-        log(log_line(step, loss))
-        return state, loss
-    return step_batch(runner, opt, state, native, batch, accumulation=cfg.accumulation), None
+    kw = dict(accumulation=cfg.accumulation, nonfinite=cfg.nonfinite, skipped=skipped)
+    try:
+        if cfg.log_every and step % cfg.log_every == 0:
+            state, loss = step_batch_and_loss(runner, opt, state, native, batch, **kw)
+            logged.append((step, loss))
+            log(log_line(step, loss))
+            return state, loss
+        return step_batch(runner, opt, state, native, batch, **kw), None
+    except NonFiniteError as e:
+        raise NonFiniteError(f"step {step}: {e}") from None
+
+
+def skip_counter(runner: Runner, cfg) -> Optional[torch.Tensor]:
+    """The device-side count of skipped steps (skip mode), read only at the end."""
+    return torch.zeros((), device=runner.device) if cfg.nonfinite == "skip" else None
+
+
+def skipped_total(counter: Optional[torch.Tensor]) -> int:
+    return 0 if counter is None else int(counter.item())  # intentional read, end of run
 
 
 def _main_only(log: Log) -> tuple[Log, bool]:
@@ -120,6 +133,7 @@ def run_sample_steps(
     log: Log = print,
     start_step: int = 0,
     on_step: Optional[Callable[[int, OptState, Optional[float]], Optional[bool]]] = None,
+    skipped: Optional[torch.Tensor] = None,
 ) -> tuple[OptState, list[tuple[int, float]], int]:
     """The fixed-step loop. Returns (state, logged (step, loss) pairs, steps done)."""
     native = state.path == "native"
@@ -128,7 +142,7 @@ def run_sample_steps(
     while step < cfg.steps:
         batch = next_batch()
         state = schedule_state(step, state)  # the schedule advances per optimizer step
-        state, loss = _one_update(runner, cfg, opt, state, native, batch, step, log, logged)
+        state, loss = _one_update(runner, cfg, opt, state, native, batch, step, log, logged, skipped)
         step += 1
         watch_memory(step)
         if on_step is not None and on_step(step, state, loss):
@@ -184,9 +198,11 @@ def train_samples(
             save(step, state)
         return stop
 
+    skipped = skip_counter(runner, cfg)
     state, _, done = run_sample_steps(
         runner, cfg, lambda: next(batches), watch, opt, state,
         lambda t, s: s.with_lr(lr_for(cfg, t)), log=log, start_step=start, on_step=on_step,
+        skipped=skipped,
     )
     if cfg.checkpoint_path and done == cfg.steps and not (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
         save(done, state)
@@ -194,6 +210,7 @@ def train_samples(
     return TrainReport(
         before, after, done, done * k, tuple(logged + new_logged),
         time.perf_counter() - start_time, interrupted=done < cfg.steps,
+        skipped_steps=skipped_total(skipped),
     )
 
 
