@@ -1,13 +1,16 @@
-"""Atomic file replacement: write a sibling temporary, flush, fsync, rename, fsync the folder.
+"""Atomic file replacement: write a temporary beside the target, flush, fsync, rename,
+fsync the folder.
 
 A failure at any point leaves the previous file intact; the temporary is removed.
-Temporaries are named ``.{name}.tmp-{pid}-{nanos}`` so a later successful write can
-recognise and remove the ones a killed writer left behind.
+The temporary lives in its own hidden folder ``.{name}.tmp-{pid}-{nanos}/`` (so files
+a writer library makes on the side land there too); a later successful write
+recognises the folders a killed writer left behind and removes them.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Callable, Union
@@ -24,7 +27,9 @@ def atomic_write(path: PathLike, write: Callable[[Path], None]) -> Path:
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f"{temp_prefix(path)}{os.getpid()}-{time.monotonic_ns()}"
+    scratch = folder / f"{temp_prefix(path)}{os.getpid()}-{time.monotonic_ns()}"
+    scratch.mkdir()
+    tmp = scratch / path.name
     try:
         write(tmp)
         fd = os.open(tmp, os.O_RDONLY)
@@ -33,12 +38,8 @@ def atomic_write(path: PathLike, write: Callable[[Path], None]) -> Path:
         finally:
             os.close(fd)
         os.replace(tmp, path)
-    except BaseException:
-        try:
-            tmp.unlink()
-        except FileNotFoundError:
-            pass
-        raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     _fsync_dir(folder)
     remove_stale_temporaries(path)
     return path
@@ -64,11 +65,11 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
             continue
         if pid.isdigit() and int(pid) == os.getpid():
             continue  # one of ours in flight (another thread): leave it
-        try:
-            tmp.unlink()
-            removed.append(tmp)
-        except FileNotFoundError:
-            pass
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        removed.append(tmp)
     return removed
 
 

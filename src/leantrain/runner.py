@@ -135,7 +135,13 @@ class Runner:
     def loss(self, sample: Sample) -> torch.Tensor:
         """The scalar loss of one item at the current parameters (buffers may advance)."""
         x, y = self._inputs(sample)
-        loss = self.loss_fn(self.module(x), y)
+        try:
+            loss = self.loss_fn(self.module(x), y)
+        except (RuntimeError, ValueError, TypeError, IndexError) as e:
+            raise DataError(
+                f"Runner.loss: the model or loss rejected the sample (x {tuple(x.shape)} {x.dtype}, "
+                f"y {tuple(y.shape)} {y.dtype}): {str(e).splitlines()[0]}"
+            ) from e
         if loss.dim() != 0:
             raise ConfigError(
                 f"Runner.loss: the loss must be a scalar, got shape {tuple(loss.shape)}"
@@ -149,7 +155,13 @@ class Runner:
         self._bind_working()
         with torch.no_grad():
             x, _ = self._inputs(check_sample("Runner.update_buffers", sample))
-            self.module(x)
+            try:
+                self.module(x)
+            except (RuntimeError, ValueError, TypeError, IndexError) as e:
+                raise DataError(
+                    f"Runner.update_buffers: the model rejected the sample (x {tuple(x.shape)} "
+                    f"{x.dtype}): {str(e).splitlines()[0]}"
+                ) from e
         self._mark_buffers_stale()
 
     @torch.no_grad()
@@ -186,9 +198,10 @@ class Runner:
         it = iter(grads)
         return loss.detach(), [None if t is None else next(it) for t in leaves]
 
-    def frozen_buffers(self) -> "_BufferGuard":
-        """A context that restores every buffer on exit (forward passes leave them as found)."""
-        return _BufferGuard(self)
+    def frozen_buffers(self, on_error_only: bool = False) -> "_BufferGuard":
+        """A context that restores every buffer on exit (forward passes leave them as found);
+        with ``on_error_only``, only when the block raises."""
+        return _BufferGuard(self, on_error_only)
 
     # ----------------------------------------------------------- vectorised
     def check_stackable(self, batch: Sequence[Sample]) -> None:
@@ -226,19 +239,18 @@ class Runner:
 
 
 class _BufferGuard:
-    def __init__(self, runner: Runner) -> None:
-        self.runner = runner
+    def __init__(self, runner: Runner, on_error_only: bool = False) -> None:
+        self.runner, self.on_error_only = runner, on_error_only
         self.saved: list = []
 
     def __enter__(self) -> None:
         if self.runner.has_buffer_updates:
-            self.saved = [
-                (t, t.clone())
-                for i in self.runner._buffer_slots
-                if (t := self.runner._bound[i]) is not None
-            ]
+            self.runner._bind_working()
+            self.saved = [(t, t.clone()) for i in self.runner._buffer_slots if (t := self.runner._bound[i]) is not None]
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, *exc) -> None:
+        if self.on_error_only and kind is None:
+            return
         with torch.no_grad():
             for t, old in self.saved:
                 t.copy_(old)

@@ -69,8 +69,9 @@ def _accumulate(
     """
     if accumulation == "vectorized":
         runner.check_stackable(batch)  # before the buffers move
-    for sample in batch:  # buffers first, for every item, before any differentiation
-        runner.update_buffers(sample)
+    with runner.frozen_buffers(on_error_only=True):  # a rejected item undoes the buffer updates
+        for sample in batch:  # buffers first, for every item, before any differentiation
+            runner.update_buffers(sample)
     leaves = runner._bind_working()
     n, group = len(batch), distributed.active()
     with runner.frozen_buffers():  # the gradient passes must not advance buffers again
