@@ -10,6 +10,7 @@ its own occurrence gradient and ``canonical_gradients`` sums them in slot order.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Optional, Sequence, Union
 
 import torch
@@ -194,13 +195,22 @@ class Runner:
 
     def _grads(self, loss: torch.Tensor, leaves):
         wrt = [t for t in leaves if t is not None]
-        grads = torch.autograd.grad(loss, wrt, allow_unused=True, materialize_grads=True)
+        grads = torch.autograd.grad(loss, wrt, allow_unused=True)
         it = iter(grads)
-        return loss.detach(), [None if t is None else next(it) for t in leaves]
+        out = []
+        for t in leaves:
+            if t is None:
+                out.append(None)
+            else:
+                g = next(it)
+                out.append(torch.zeros_like(t) if g is None else g)  # unused by the forward: zero
+        return loss.detach(), out
 
-    def frozen_buffers(self, on_error_only: bool = False) -> "_BufferGuard":
+    def frozen_buffers(self, on_error_only: bool = False):
         """A context that restores every buffer on exit (forward passes leave them as found);
-        with ``on_error_only``, only when the block raises."""
+        with ``on_error_only``, only when the block raises. Free without buffer updates."""
+        if not self.has_buffer_updates:
+            return _NO_GUARD
         return _BufferGuard(self, on_error_only)
 
     # ----------------------------------------------------------- vectorised
@@ -238,15 +248,18 @@ class Runner:
         return self._grads(total * (1.0 / len(batch) if scale is None else scale), leaves)
 
 
+_NO_GUARD = contextlib.nullcontext()
+
+
 class _BufferGuard:
     def __init__(self, runner: Runner, on_error_only: bool = False) -> None:
         self.runner, self.on_error_only = runner, on_error_only
         self.saved: list = []
 
     def __enter__(self) -> None:
-        if self.runner.has_buffer_updates:
-            self.runner._bind_working()
-            self.saved = [(t, t.clone()) for i in self.runner._buffer_slots if (t := self.runner._bound[i]) is not None]
+        runner = self.runner
+        runner._bind_working()
+        self.saved = [(t, t.clone()) for i in runner._buffer_slots if (t := runner._bound[i]) is not None]
 
     def __exit__(self, kind, *exc) -> None:
         if self.on_error_only and kind is None:

@@ -111,6 +111,9 @@ def mean_loss_and_gradients(
     return float(loss.item()), grads  # intentional sync: the caller asked for the loss
 
 
+_UNIT: dict = {}
+
+
 def nonfinite_flag(loss: torch.Tensor, grads: Pack) -> torch.Tensor:
     """A one-element device tensor: 1.0 when the loss or any gradient is NaN or infinite.
 
@@ -118,9 +121,11 @@ def nonfinite_flag(loss: torch.Tensor, grads: Pack) -> torch.Tensor:
     values bit for bit as they are. Nothing is read to the host.
     """
     found = torch.zeros(1, device=loss.device)
-    unit = torch.ones(1, device=loss.device)
+    unit = _UNIT.get(loss.device)
+    if unit is None:
+        unit = _UNIT[loss.device] = torch.ones(1, device=loss.device)
     torch._amp_foreach_non_finite_check_and_unscale_(
-        [loss.detach().reshape(1)] + [g for g in grads if g is not None], found, unit
+        [loss.detach().view(1)] + [g for g in grads if g is not None], found, unit
     )
     return found
 

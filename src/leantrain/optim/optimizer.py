@@ -29,7 +29,7 @@ from ..errors import OptimizerStateError, PackError, PackTypeError, slot_label
 from ..packs import canonical_gradients
 from ..params import ParamList
 from .hyper import SGD, Adam, AdamW, Hyper, check_rate
-from .rules import clone_record, rule_for
+from .rules import SGDState, clone_record, rule_for
 
 GENERIC, NATIVE = "generic", "native"
 
@@ -127,12 +127,13 @@ class Optimizer:
         self, state: OptState, params: ParamList, gradients: Sequence, path: str,
         trusted: bool = False,
     ) -> OptState:
-        """Validate everything, then update. ``trusted`` skips the per-slot pack check for
-        gradients the runner just produced from these very slots (same shapes, dtypes)."""
+        """Validate everything, then update. ``trusted`` is for the loops: the state was
+        checked by the caller and the gradients were just produced from these very slots
+        (same shapes and dtypes), so those two checks are not repeated."""
         native = path == NATIVE
         op = f"{self.kind}.{'step_native' if native else 'step'}"
-        self._check_state(op, state, params, path)
         if not trusted:
+            self._check_state(op, state, params, path)
             params.check_pack(op, gradients, allow_none_frozen=True)
         slots_map = params.canonical_slot_indices()
         sums = canonical_gradients(slots_map, gradients, names=params.names)
@@ -170,16 +171,21 @@ class Optimizer:
             plan.append((i, storage, rec, g))
         # ---- validation is complete; from here on we mutate
         rule, hyper = rule_for(self.hyper), self.hyper
-        groups: dict[tuple, list] = {}
+        groups: dict[tuple, tuple[list, list, list, list]] = {}
         for i, storage, rec, g in plan:
-            p = storage.mirror if native else storage.begin_host_update()
+            if native:
+                p = storage.mirror
+            elif storage.host_current and storage.mirror is None:
+                p = storage.host  # already a plain host tensor: nothing to sync or drop
+            else:
+                p = storage.begin_host_update()
             if rec is None:
                 rec = rule.init(hyper, p)
-            groups.setdefault((p.get_device(), p.dtype), []).append((i, rec, p, g))
+            idx, recs, ps, gs = groups.setdefault((p.get_device(), p.dtype), ([], [], [], []))
+            idx.append(i), recs.append(rec), ps.append(p), gs.append(g)
         with torch.no_grad():
-            for items in groups.values():
-                idx, recs, ps, gs = zip(*items)
-                for i, r in zip(idx, rule.update_many(hyper, state.lr, list(recs), list(ps), list(gs))):
+            for idx, recs, ps, gs in groups.values():
+                for i, r in zip(idx, rule.update_many(hyper, state.lr, recs, ps, gs)):
                     records[i] = r
         if native:
             for _, storage, _, _ in plan:
@@ -221,6 +227,8 @@ def _no_mirror(op: str, params: ParamList, i: int) -> OptimizerStateError:
 
 
 def _check_record(op: str, params: ParamList, i: int, rec, target: torch.Tensor) -> None:
+    if type(rec) is SGDState:
+        return
     for field, t in rec.tensors().items():
         if t.shape != target.shape or t.device != target.device or t.dtype != target.dtype:
             raise OptimizerStateError(
