@@ -53,15 +53,32 @@ def lr_for(cfg, t: int) -> float:
     return cfg.scheduler.lr_at(t) if cfg.scheduler is not None else cfg.optimizer.lr
 
 
+@dataclass(frozen=True, kw_only=True)
+class LoopOptions:
+    """Options both loops share beyond the upstream configs (keyword-only).
+
+    ``accumulation``: ``"exact"`` (item by item) or ``"vectorized"`` (stacked);
+    ``checkpoint_path``/``checkpoint_every``: save every N updates and at the end;
+    ``resume_from``: continue a run exactly from a checkpoint; ``replica_check``:
+    verify the ranks agree at the start (distributed); ``nonfinite``: ``"raise"`` or
+    ``"skip"`` for NaN/inf losses and gradients.
+    """
+
+    accumulation: str = "exact"
+    checkpoint_every: int = 0
+    checkpoint_path: Optional[PathArg] = None
+    resume_from: Optional[PathArg] = None
+    replica_check: bool = True
+    nonfinite: str = "raise"
+
+
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(LoopOptions):
     """In-memory training: ``steps`` optimizer updates of ``batch_size`` items each.
 
     ``batch_size`` items are averaged into one update (it does not multiply the
     number of updates); the schedule advances per step; a log line is printed when
-    ``step % log_every == 0`` (0 disables logging and every host read). With
-    ``checkpoint_path``, a checkpoint is written every ``checkpoint_every`` steps and
-    at the end; ``resume_from`` continues a run exactly from a checkpoint.
+    ``step % log_every == 0`` (0 disables logging and its host reads).
     """
 
     steps: int
@@ -70,12 +87,6 @@ class TrainConfig:
     scheduler: Optional[Schedule] = None
     log_every: int = 1
     mem_watch: int = 0
-    accumulation: str = "exact"
-    checkpoint_every: int = 0
-    checkpoint_path: Optional[PathArg] = None
-    resume_from: Optional[PathArg] = None
-    replica_check: bool = True
-    nonfinite: str = "raise"
 
     def __post_init__(self) -> None:
         op = "TrainConfig"
@@ -86,7 +97,7 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
-class LoaderTrainConfig:
+class LoaderTrainConfig(LoopOptions):
     """Loader training: ``epochs`` passes; one update per loader batch; the schedule
     advances once per epoch; the step counter runs across epochs."""
 
@@ -94,12 +105,6 @@ class LoaderTrainConfig:
     optimizer: Optimizer = field(default_factory=lambda: sgd(0.01))
     scheduler: Optional[Schedule] = None
     log_every: int = 1
-    accumulation: str = "exact"
-    checkpoint_every: int = 0
-    checkpoint_path: Optional[PathArg] = None
-    resume_from: Optional[PathArg] = None
-    replica_check: bool = True
-    nonfinite: str = "raise"
 
     def __post_init__(self) -> None:
         op = "LoaderTrainConfig"
