@@ -13,7 +13,7 @@ from typing import Iterator, Optional, Sequence, Union
 import torch
 
 from .errors import AliasError, PackError, PackTypeError, shape_str, slot_label
-from .storage import Storage
+from .storage import Storage, canonical_device
 
 Shape = tuple[int, ...]
 Device = Union[str, torch.device]
@@ -208,7 +208,7 @@ class ParamList:
     # ----------------------------------------------------------------- devices
     def to_device(self, device: Device) -> "ParamList":
         """Give every storage a mirror on ``device`` (``"cpu"`` makes a separate CPU copy)."""
-        dev = torch.device(device)
+        dev = canonical_device(device)
         for s in self.storages():
             s.make_mirror(dev)
         return self

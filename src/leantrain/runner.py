@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from .errors import ConfigError, DataError
 from .module_slots import bind, module_entries
 from .params import ParamList
+from .storage import canonical_device
 
 Sample = tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -83,7 +84,7 @@ class Runner:
 
     def to(self, device: Union[str, torch.device]) -> "Runner":
         """Compute on ``device``: every storage gets a mirror there (host stays the owner)."""
-        self.device = torch.device(device)
+        self.device = canonical_device(device)
         self.params.to_device(self.device)
         return self
 

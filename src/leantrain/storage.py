@@ -22,6 +22,15 @@ import torch
 from .errors import PackError, shape_str
 
 
+def canonical_device(device) -> torch.device:
+    """``torch.device`` with an explicit index for accelerators (``cuda`` -> ``cuda:0``),
+    so device comparisons match the ``.device`` of tensors."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
 class Storage:
     """One parameter's mutable cells: host tensor, device mirror, host-current flag."""
 
