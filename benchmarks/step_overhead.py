@@ -51,7 +51,6 @@ def case(name, sizes, batch, loss, make_opt, make_torch_opt, steps, n_batches=4,
     runner = lt.Runner.from_module(ours_model, loss)
     cfg = lt.TrainConfig(steps=steps, optimizer=make_opt(), log_every=0)
     lcfg = lt.LoaderTrainConfig(epochs=steps // n_batches, optimizer=make_opt(), log_every=0)
-    loader = lt.DataLoader(lt.Dataset([[s] for s in samples]), batch_size=1)
     topt = make_torch_opt(ref_model.parameters())
 
     def ours_samples():

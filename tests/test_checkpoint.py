@@ -28,7 +28,7 @@ def tensors_of(path):
 # ------------------------------------------------------------------ round trip
 def test_round_trip_tied_frozen_buffers(tmp_path):
     runner, run, cfg = rc.make("samples-adam-none")
-    report = run(replace(cfg, steps=4))
+    run(replace(cfg, steps=4))
     opt = cfg.optimizer
     # a state for the record: train 4 steps by hand to have one
     state = opt.init(runner.params)
@@ -58,9 +58,9 @@ def test_round_trip_tied_frozen_buffers(tmp_path):
     assert ck.state.slots[alias] is ck.state.slots[reps[alias]]  # the alias shares its record
     # the next update is identical (the same dropout draws for both)
     rng = torch.get_rng_state()
-    s1 = lt.step_batch(runner, opt, state, False, batch)
+    lt.step_batch(runner, opt, state, False, batch)
     torch.set_rng_state(rng)
-    s2 = lt.step_batch(other, opt, ck.state, False, batch)
+    lt.step_batch(other, opt, ck.state, False, batch)
     for a, b in zip(runner.params.values(), other.params.values()):
         assert torch.equal(a, b)
 
@@ -115,8 +115,6 @@ def corrupt(path, how):
     elif how == "flip":
         data[-3] ^= 0x40
     elif how in ("version", "format"):  # a consistent edit: the manifest checksum is redone
-        import zlib
-
         n = int.from_bytes(data[:8], "little")
         header = json.loads(bytes(data[8 : 8 + n]))
         manifest = json.loads(header["__metadata__"]["leantrain"].split(" ", 1)[1])

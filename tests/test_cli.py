@@ -1,12 +1,10 @@
 """The leantrain command: help, a short end-to-end run, inspect, plot, user errors, Ctrl-C."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch

@@ -5,7 +5,6 @@ import struct
 
 import pytest
 import torch
-from torch import nn
 
 import leantrain as lt
 from leantrain import Param, ParamList

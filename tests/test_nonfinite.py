@@ -4,7 +4,6 @@ import copy
 
 import pytest
 import torch
-from torch import nn
 
 import leantrain as lt
 from leantrain import optim

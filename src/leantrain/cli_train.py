@@ -7,9 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
-import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -21,7 +18,6 @@ from .cli import EXIT_INTERRUPTED, UserError
 from .config import LoaderTrainConfig
 from .data import DataLoader, Dataset
 from .digits import PRESETS, accuracy, digits_split, stack_minibatches
-from .errors import ConfigError
 from .loader_training import train_loader
 from .plotting import plot_metrics
 from .runconfig import RunConfig

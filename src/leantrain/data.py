@@ -9,7 +9,7 @@ advanced seed. Batch order is therefore identical across runs and resumes.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Generic, Iterable, Iterator, Optional, Sequence, TypeVar, Union
+from typing import Callable, Generic, Iterable, Iterator, Optional, TypeVar
 
 from .errors import ConfigError, DataError
 
@@ -195,5 +195,3 @@ class DataLoader(Generic[T]):
         n, k = len(self.dataset), self.batch_size
         return n // k if self.drop_last else -(-n // k)
 
-
-Batches = Union[DataLoader, Iterable]

@@ -110,9 +110,3 @@ def scale_gradient_pack(c: float, a: Pack) -> list[Optional[torch.Tensor]]:
     """Slotwise ``a * c``; every result is a new tensor. ``None`` slots stay ``None``."""
     return [None if x is None else x * c for x in a]
 
-
-def sum_packs_in_place(acc: list[Optional[torch.Tensor]], b: Pack) -> None:
-    """``acc[i] += b[i]`` for the accumulation loops (``acc`` is owned by the caller)."""
-    for i, y in enumerate(b):
-        if y is not None:
-            acc[i].add_(y)

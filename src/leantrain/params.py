@@ -12,7 +12,7 @@ from typing import Iterator, Optional, Sequence, Union
 
 import torch
 
-from .errors import AliasError, PackError, PackTypeError, shape_str, slot_label
+from .errors import PackError, PackTypeError, shape_str, slot_label
 from .storage import Storage, canonical_device
 
 Shape = tuple[int, ...]

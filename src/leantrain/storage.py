@@ -34,7 +34,7 @@ def canonical_device(device) -> torch.device:
 class Storage:
     """One parameter's mutable cells: host tensor, device mirror, host-current flag."""
 
-    __slots__ = ("host", "mirror", "host_current", "__weakref__")
+    __slots__ = ("host", "mirror", "host_current")
 
     def __init__(self, host: torch.Tensor) -> None:
         self.host: torch.Tensor = host

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence
 
 import torch
 
 from . import distributed
 from .checkpoint import load_checkpoint, save_checkpoint
-from .config import LoaderTrainConfig, TrainConfig, TrainReport, lr_for
-from .data import DataLoader, Dataset
+from .config import TrainConfig, TrainReport, lr_for
+from .data import Dataset
 from .errors import CheckpointError, ConfigError, DataError, NonFiniteError
 from .memory import MemoryWatch, cadence
 from .optim import OptState, Optimizer

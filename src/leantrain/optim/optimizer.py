@@ -21,11 +21,11 @@ with ``torch.optim``. Pass back the state a step returned.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 
-from ..errors import OptimizerStateError, PackError, PackTypeError, slot_label
+from ..errors import OptimizerStateError, PackError, slot_label
 from ..packs import canonical_gradients
 from ..params import ParamList
 from .hyper import SGD, Adam, AdamW, Hyper, check_rate
