@@ -8,22 +8,10 @@ from __future__ import annotations
 import argparse
 
 import torch
-from torch import nn
 
 import leantrain as lt
 from leantrain import optim
-
-
-def grid(n: int = 5) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Row-major grid on [-1, 1]^2; target 0.8*relu(x1+x2) - 0.4*relu(x2-x1) + 0.2."""
-    pts = [-1.0 + (i / (n - 1)) * 2.0 for i in range(n)]
-    samples = []
-    for a in pts:
-        for b in pts:
-            x = torch.tensor([a, b])
-            y = 0.8 * torch.relu(x[0] + x[1]) - 0.4 * torch.relu(x[1] - x[0]) + 0.2
-            samples.append((x, y.reshape(1)))
-    return samples
+from leantrain.quickstart import HELDOUT, grid, mlp
 
 
 def main() -> None:
@@ -31,19 +19,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    torch.manual_seed(args.seed)
-    model = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 1))
-    runner = lt.Runner.from_module(model, "mse")
-    data = grid()
+    runner = lt.Runner.from_module(mlp(args.seed), "mse")
+    data = grid()  # 25 samples: x (2,), y (1,)
     print(f"dataset size = {len(data)}")
     report = lt.train_samples(
         runner, lt.TrainConfig(steps=args.steps, optimizer=optim.adam(0.03), log_every=25), data
     )
     print(f"mean_loss(before training) = {report.before:.6f}")
     print(f"mean_loss(after training) = {report.after:.6f}")
-    runner.eval()
-    with torch.no_grad():
-        pred = model(torch.tensor([0.25, -0.75]))
+    pred = runner.eval().predict(torch.tensor(HELDOUT))
     print(f"trained(heldout) = [{pred.item():.6f}]  (target 0.200000)")
 
 

@@ -6,19 +6,15 @@ from torch import nn
 
 def grid_samples(n=5):
     """The quickstart data (spec §11): a 5x5 grid on [-1, 1]^2, first coordinate outer."""
-    pts = [-1.0 + (i / (n - 1)) * 2.0 for i in range(n)]
-    out = []
-    for a in pts:
-        for b in pts:
-            x = torch.tensor([a, b])
-            y = 0.8 * torch.relu(x[0] + x[1]) - 0.4 * torch.relu(x[1] - x[0]) + 0.2
-            out.append((x, y.reshape(1)))
-    return out
+    from leantrain.quickstart import grid
+
+    return grid(n)
 
 
 def quickstart_mlp(seed=0):
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 1))
+    from leantrain.quickstart import mlp
+
+    return mlp(seed)
 
 
 class TiedNet(nn.Module):

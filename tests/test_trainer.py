@@ -214,3 +214,15 @@ def test_empty_data_raises_and_changes_nothing(unchanged):
         lt.train_loader(r, lt.LoaderTrainConfig(epochs=1), lt.DataLoader(lt.Dataset([]), batch_size=2))
     with unchanged(r.params), pytest.raises(lt.ConfigError, match=r"train_samples: item 1: expected an \(x, y\) pair"):
         lt.train_samples(r, lt.TrainConfig(steps=3), [regression_batches(1, 2)[0], (torch.zeros(2),)])
+
+
+def test_the_quickstart_example_script_runs():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent.parent / "examples" / "quickstart.py"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    after = float(out.stdout.split("mean_loss(after training) = ")[1].split()[0])
+    assert after < 0.01

@@ -110,24 +110,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def cmd_quickstart(args) -> int:
-    from torch import nn
-
     from . import Runner, TrainConfig, optim, train_samples
+    from .quickstart import HELDOUT, grid, mlp
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device: cuda requested but no CUDA device is available")
-    pts = [-1.0 + (i / 4) * 2.0 for i in range(5)]
-    data = []
-    for a in pts:
-        for b in pts:
-            x = torch.tensor([a, b])
-            data.append((x, (0.8 * torch.relu(x[0] + x[1]) - 0.4 * torch.relu(x[1] - x[0]) + 0.2).reshape(1)))
-    torch.manual_seed(args.seed)
-    model = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 1))
-    runner = Runner.from_module(model, "mse")
+    data = grid()
+    runner = Runner.from_module(mlp(args.seed), "mse")
     if args.device == "cuda":
         runner.to("cuda")
-    heldout = torch.tensor([0.25, -0.75])
+    heldout = torch.tensor(HELDOUT)
     print(f"dataset size = {len(data)}")
     print("target(heldout) = [0.200000]")
     print(f"untrained(heldout) = [{runner.predict(heldout).item():.6f}]")
