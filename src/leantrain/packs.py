@@ -15,8 +15,11 @@ from .errors import PackError, PackTypeError, shape_str, slot_label
 Pack = Sequence[Optional[torch.Tensor]]
 
 
-def _name(names: Optional[Sequence[Optional[str]]], i: int) -> Optional[str]:
-    return names[i] if names is not None and i < len(names) else None
+def _name(names, i: int) -> Optional[str]:
+    """Slot ``i``'s name from a list of names or a ParamList (read only for messages)."""
+    if names is None or i >= len(names):
+        return None
+    return getattr(names[i], "name", names[i])
 
 
 def canonical_gradients(

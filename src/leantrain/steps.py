@@ -111,7 +111,7 @@ def mean_loss_and_gradients(
     return float(loss.item()), grads  # intentional sync: the caller asked for the loss
 
 
-_UNIT: dict = {}
+_FLAGS: dict = {}  # per device: (a reusable flag, a unit scale)
 
 
 def nonfinite_flag(loss: torch.Tensor, grads: Pack) -> torch.Tensor:
@@ -120,10 +120,12 @@ def nonfinite_flag(loss: torch.Tensor, grads: Pack) -> torch.Tensor:
     One fused kernel (the one ``GradScaler`` uses) with a unit scale, which leaves the
     values bit for bit as they are. Nothing is read to the host.
     """
-    found = torch.zeros(1, device=loss.device)
-    unit = _UNIT.get(loss.device)
-    if unit is None:
-        unit = _UNIT[loss.device] = torch.ones(1, device=loss.device)
+    device = loss.device
+    pair = _FLAGS.get(device)
+    if pair is None:
+        pair = _FLAGS[device] = (torch.zeros(1, device=device), torch.ones(1, device=device))
+    found, unit = pair
+    found.zero_()  # reused every step: stream order keeps the last step's reads before this
     torch._amp_foreach_non_finite_check_and_unscale_(
         [loss.detach().view(1)] + [g for g in grads if g is not None], found, unit
     )

@@ -136,11 +136,12 @@ class Optimizer:
             self._check_state(op, state, params, path)
             params.check_pack(op, gradients, allow_none_frozen=True)
         slots_map = params.canonical_slot_indices()
-        sums = canonical_gradients(slots_map, gradients, names=params.names)
+        sums = canonical_gradients(slots_map, gradients, names=params)
         records = list(state.slots)
+        rule, hyper = rule_for(self.hyper), self.hyper
         plan = []  # (slot, storage, record or None for a fresh one, gradient)
         owned: set[int] = set()  # ids of records some representative updates this step
-        for i, (view, c) in enumerate(zip(params, slots_map)):
+        for i, c in enumerate(slots_map):
             rec = records[i]
             if c != i:
                 if native and c is not None and rec is not None and rec is not records[c]:
@@ -150,7 +151,7 @@ class Optimizer:
                         f"Call init to start a fresh history"
                     )
                 continue
-            storage, g = view.storage, sums[i]
+            storage, g = params[i].storage, sums[i]
             target = storage.mirror if native else storage.host
             if target is None:
                 raise _no_mirror(op, params, i)
@@ -163,14 +164,13 @@ class Optimizer:
                 # The generic path updates host tensors: a gradient computed on a device is
                 # brought to the host (a device-to-host copy, the documented cost of this path).
                 g = g.to(target.device)
-            if rec is not None:
+            if rec is not None and type(rec) is not SGDState:
                 _check_record(op, params, i, rec, target)
                 if id(rec) in owned:  # un-tied since the last step: split the history
                     rec = clone_record(rec)
                 owned.add(id(rec))
             plan.append((i, storage, rec, g))
         # ---- validation is complete; from here on we mutate
-        rule, hyper = rule_for(self.hyper), self.hyper
         groups: dict[tuple, tuple[list, list, list, list]] = {}
         for i, storage, rec, g in plan:
             if native:
@@ -181,8 +181,11 @@ class Optimizer:
                 p = storage.begin_host_update()
             if rec is None:
                 rec = rule.init(hyper, p)
-            idx, recs, ps, gs = groups.setdefault((p.get_device(), p.dtype), ([], [], [], []))
-            idx.append(i), recs.append(rec), ps.append(p), gs.append(g)
+            key = (p.get_device(), p.dtype)
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = ([], [], [], [])
+            group[0].append(i), group[1].append(rec), group[2].append(p), group[3].append(g)
         with torch.no_grad():
             for idx, recs, ps, gs in groups.values():
                 for i, r in zip(idx, rule.update_many(hyper, state.lr, recs, ps, gs)):
@@ -190,12 +193,13 @@ class Optimizer:
         if native:
             for _, storage, _, _ in plan:
                 storage.host_current = False  # the mirror is newer now
-        for i, c in enumerate(slots_map):
-            if c is None:
-                if native:
-                    records[i] = None  # a slot that left the trainable set releases its history
-            elif c != i:
-                records[i] = None if native else records[c]
+        if len(plan) != len(slots_map):
+            for i, c in enumerate(slots_map):
+                if c is None:
+                    if native:
+                        records[i] = None  # a slot that left the trainable set releases its history
+                elif c != i:
+                    records[i] = None if native else records[c]
         return OptState(state.hyper, state.lr, state.path, tuple(records), state.steps + 1)
 
     def _check_state(self, op: str, state: OptState, params: ParamList, path: str) -> None:
@@ -227,8 +231,6 @@ def _no_mirror(op: str, params: ParamList, i: int) -> OptimizerStateError:
 
 
 def _check_record(op: str, params: ParamList, i: int, rec, target: torch.Tensor) -> None:
-    if type(rec) is SGDState:
-        return
     for field, t in rec.tensors().items():
         if t.shape != target.shape or t.device != target.device or t.dtype != target.dtype:
             raise OptimizerStateError(
