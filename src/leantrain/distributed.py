@@ -77,7 +77,10 @@ def broadcast_parameters(params) -> None:
     """Copy rank 0's values into every rank's working tensors (host or mirror)."""
     with torch.no_grad():
         for s in params.storages():
-            dist.broadcast(s.working(), src=0)
+            w = s.working()
+            dist.broadcast(w, src=0)
+            if w is s.mirror:
+                s.host_current = False  # the mirror was written: the host copy may be stale
 
 
 def check_replicas(params, op: str = "check_replicas") -> None:
