@@ -38,13 +38,16 @@ def data(dtype):
 
 
 CASES = [f"{loop}-{kind}-{dt}" for loop in ("samples", "loader") for kind in ("sgd", "adam") for dt in ("f64", "f32")]
+CASES += ["samples-adam-f64-mirrors", "loader-sgd-f32-mirrors"]  # the native path on CPU mirrors
 
 
 def make(case):
-    loop, kind, dt = case.split("-")
+    loop, kind, dt = case.split("-")[:3]
     dtype = torch.float64 if dt == "f64" else torch.float32
     torch.manual_seed(1)
     runner = lt.Runner.from_module(Net(dtype), "mse")
+    if case.endswith("-mirrors"):
+        runner.to("cpu")
     opt = optim.sgd(0.1) if kind == "sgd" else optim.adam(0.01)
     if loop == "samples":  # batches of 3 items: ranks get 2 and 1
         cfg = lt.TrainConfig(steps=8, batch_size=3, optimizer=opt, log_every=4)
