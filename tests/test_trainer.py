@@ -226,3 +226,30 @@ def test_the_quickstart_example_script_runs():
     assert out.returncode == 0, out.stderr
     after = float(out.stdout.split("mean_loss(after training) = ")[1].split()[0])
     assert after < 0.01
+
+
+def test_memory_watch_warns_once_when_exhaustion_is_projected():
+    from leantrain.memory import MemoryWatch, cadence
+
+    class Fake(MemoryWatch):
+        free = [1000, 900, 800, 700, 600]
+
+        def _read(self):
+            return "mem fake=1", self.free.pop(0)
+
+    lines = []
+    watch = Fake(every=10, total_steps=100, device=torch.device("cpu"), log=lines.append)
+    for done in (0, 5, 10, 20, 30, 40):  # step 5 is off-cadence: no sample
+        watch(done)
+    warnings = [ln for ln in lines if "warning" in ln]
+    # 10 bytes a step: at every sample, done + free/10 == 100, never before the last step
+    assert warnings == []
+    lines.clear()
+    fast = Fake(every=10, total_steps=1000, device=torch.device("cpu"), log=lines.append)
+    fast.free = [1000, 500, 400, 300]
+    for done in (0, 10, 20, 30):
+        fast(done)
+    warnings = [ln for ln in lines if "warning" in ln]
+    assert len(warnings) == 1 and "near step 20" in warnings[0]  # 500 bytes/step, 500 free at 10
+    assert cadence(0, 5000, torch.device("cuda")) == 500 and cadence(0, 5000, torch.device("cpu")) == 0
+    assert cadence(7, 10, torch.device("cpu")) == 7 and cadence(0, 999, torch.device("cuda")) == 0
