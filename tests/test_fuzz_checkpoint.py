@@ -58,6 +58,13 @@ EDITS = {
     "lost record": lambda m: m["optimizer"]["records"].pop("0"),
     "checksum": lambda m: m["checksums"].__setitem__("storage.0", 12345),
     "version": lambda m: m.__setitem__("version", 99),
+    "record tensors": lambda m: m["optimizer"]["records"]["0"].__setitem__("tensors", []),
+    "record scalar": lambda m: m["optimizer"]["records"]["0"]["scalars"].pop("step"),
+    "lr not a number": lambda m: m["optimizer"].__setitem__("lr", "fast"),
+    "records keys": lambda m: m["optimizer"].__setitem__("records", {"x": {}}),
+    "slots not objects": lambda m: m.__setitem__("slots", [1, 2, 3, 4]),
+    "claims rng": lambda m: m["rng"].__setitem__("torch", True),
+    "claims loader": lambda m: m.__setitem__("loader", {"seed": 1}),
 }
 
 
@@ -111,6 +118,18 @@ def test_mutated_files_are_rejected_and_change_nothing(valid, tmp_path, m):
         lt.load_checkpoint(path, dest, optimizer=optim.adam(0.1))
     for (h, mirror), s in zip(before, dest.storages()):
         assert torch.equal(h, s.host) and torch.equal(mirror, s.mirror)
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_every_resealed_manifest_edit_is_rejected(valid, tmp_path, edit):
+    """Edits that keep the manifest's own checksum valid must still fail validation."""
+    path = tmp_path / "e.ckpt"
+    path.write_bytes(edit_manifest(valid, EDITS[edit], reseal=True))
+    dest = build(frozen_value=9.0)
+    before = [t.clone() for t in dest.values()]
+    with pytest.raises(lt.CheckpointError):
+        lt.load_checkpoint(path, dest, optimizer=optim.adam(0.1))
+    assert all(torch.equal(a, b) for a, b in zip(before, dest.values()))
 
 
 def test_the_unmutated_file_loads(valid, tmp_path):

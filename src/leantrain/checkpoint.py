@@ -12,6 +12,7 @@ reported at once, and nothing is installed unless there is none.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -238,6 +239,18 @@ def _raise_all(op: str, path: Path, problems: list[str], fix: str = "") -> None:
         )
 
 
+def _tensor_problem(where: str, name: str, t: Optional[torch.Tensor], shape, dtype) -> Optional[str]:
+    """Why tensor ``name`` cannot fill a ``shape``/``dtype`` place, or ``None`` if it can."""
+    if t is None:
+        return f"{where}: missing tensor {name!r}"
+    if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
+        return (
+            f"{where}: tensor {name!r} is {shape_str(t.shape)} {dtype_name(t.dtype)}, "
+            f"destination is {shape_str(shape)} {dtype_name(dtype)}"
+        )
+    return None
+
+
 def _schema_problems(manifest: dict, tensors: dict, params: ParamList) -> list[str]:
     problems = []
     saved, here = manifest.get("slots"), slot_schema(params)
@@ -258,15 +271,14 @@ def _schema_problems(manifest: dict, tensors: dict, params: ParamList) -> list[s
             f"destination has {params.canonical_slot_indices()} (storages {[s['storage'] for s in here]})"
         )
     for k, s in enumerate(params.storages()):
-        t = tensors.get(f"storage.{k}")
-        if t is None:
-            problems.append(f"storage {k}: no tensor 'storage.{k}'")
-        elif tuple(t.shape) != s.shape or t.dtype != s.dtype:
-            problems.append(
-                f"storage {k}: checkpoint tensor is {shape_str(t.shape)} {dtype_name(t.dtype)}, "
-                f"destination is {shape_str(s.shape)} {dtype_name(s.dtype)}"
-            )
-    return problems
+        name = f"storage.{k}"
+        problems.append(_tensor_problem(f"storage {k}", name, tensors.get(name), s.shape, s.dtype))
+    if manifest.get("loader") is not None:
+        problems.append(_tensor_problem("loader", "loader.order", tensors.get("loader.order"),
+                                        tensors.get("loader.order", torch.zeros(0)).shape, torch.int64))
+    if manifest.get("rng", {}).get("torch") and "rng.torch" not in tensors:
+        problems.append("rng: missing tensor 'rng.torch'")
+    return [p for p in problems if p is not None]
 
 
 def _state_problems(manifest: dict, tensors: dict, params: ParamList, optimizer) -> tuple[list, Any]:
@@ -291,28 +303,38 @@ def _state_problems(manifest: dict, tensors: dict, params: ParamList, optimizer)
     reps = params.canonical_slot_indices()
     want = {i for i, c in enumerate(reps) if c == i}
     records = entry.get("records", {})
+    if not isinstance(records, dict) or not all(isinstance(k, str) and k.isdigit() for k in records):
+        return problems + [f"optimizer: records must map slot numbers to entries, got {records!r}"], None
     got = {int(i) for i in records}
     for i in sorted(want - got):
         problems.append(f"optimizer: {params.label(i)} has no saved state (missing entry)")
     for i in sorted(got - want):
         problems.append(f"optimizer: state entry for {slot_label(i, None)}, which does not own a history here")
-    expected_type = type(R.rule_for(saved.hyper).init(saved.hyper, torch.zeros(1))).__name__
+    for key, low in (("lr", 0.0), ("steps", 0)):
+        value = entry.get(key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= low:
+            problems.append(f"optimizer: {key} must be a number >= {low}, got {value!r}")
+    template = R.rule_for(saved.hyper).init(saved.hyper, torch.zeros(1))
+    names = sorted(template.tensors())
+    scalars = sorted(f.name for f in dataclasses.fields(template) if f.name not in names)
     for i in sorted(got & want):
-        rec = records[str(i)]
-        if rec.get("type") != expected_type:
-            problems.append(f"optimizer: {params.label(i)}: state type {rec.get('type')!r}, expected {expected_type!r}")
+        rec, where = records[str(i)], f"optimizer: {params.label(i)}"
+        if rec.get("type") != type(template).__name__ or sorted(rec.get("tensors", [])) != names:
+            problems.append(
+                f"{where}: state layout {rec.get('type')!r} {rec.get('tensors')!r}, expected "
+                f"{type(template).__name__!r} {names!r}"
+            )
             continue
-        for name in rec.get("tensors", []):
-            t = tensors.get(f"state.{i}.{name}")
-            v = params[i]
-            if t is None:
-                problems.append(f"optimizer: {params.label(i)}: missing state tensor {name!r}")
-            elif tuple(t.shape) != v.shape or t.dtype != v.dtype:
-                problems.append(
-                    f"optimizer: {params.label(i)}: state {name!r} is {shape_str(t.shape)} "
-                    f"{dtype_name(t.dtype)}, parameter is {shape_str(v.shape)} {dtype_name(v.dtype)}"
-                )
-    return problems, saved
+        values = rec.get("scalars", {})
+        if sorted(values) != scalars or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in values.values()
+        ):
+            problems.append(f"{where}: state scalars {values!r}, expected numbers for {scalars!r}")
+        v = params[i]
+        for name in names:
+            key = f"state.{i}.{name}"
+            problems.append(_tensor_problem(where, key, tensors.get(key), v.shape, v.dtype))
+    return [p for p in problems if p is not None], saved
 
 
 def load_checkpoint(
@@ -325,8 +347,12 @@ def load_checkpoint(
     path = Path(path)
     params = _params_of(target)
     manifest, tensors = read_checkpoint(path, op)
-    problems = _schema_problems(manifest, tensors, params)
-    state_problems, saved_opt = _state_problems(manifest, tensors, params, optimizer)
+    try:
+        problems = _schema_problems(manifest, tensors, params)
+        state_problems, saved_opt = _state_problems(manifest, tensors, params, optimizer)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        # a manifest of the wrong structure (sealed, so written that way, not corrupted)
+        raise CheckpointError(f"{op}: {path}: malformed manifest ({type(e).__name__}: {e})") from None
     _raise_all(op, path, problems + state_problems)
     # ---- everything checked; install
     for k, s in enumerate(params.storages()):
