@@ -15,6 +15,7 @@ import torch
 
 from .checkpoint import save_checkpoint
 from .config import LoaderTrainConfig, TrainReport, lr_for
+from .binding import rng_preserved
 from .data import DataLoader
 from .errors import ConfigError, DataError
 from .optim import OptState, Optimizer
@@ -86,11 +87,27 @@ def run_loader_epochs(
     return loader, state, logged, step, seen
 
 
-def _loader_items(op: str, loader: Loader) -> list[Sample]:
+def loader_generators(loader: object) -> list[torch.Generator]:
+    """The generators iterating ``loader`` draws from (a torch DataLoader's own, its
+    sampler's, its batch sampler's sampler's), each once."""
+    found: dict[int, torch.Generator] = {}
+    sampler = getattr(loader, "sampler", None)
+    inner = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
+    for owner in (loader, sampler, inner):
+        g = getattr(owner, "generator", None)
+        if isinstance(g, torch.Generator):
+            found.setdefault(id(g), g)
+    return list(found.values())
+
+
+def _loader_items(op: str, loader: Loader, device: torch.device) -> list[Sample]:
+    """Every item of one pass over ``loader``, read without consuming its randomness:
+    a shuffled torch DataLoader then yields the same epochs as in the user's own loop."""
     if isinstance(loader, DataLoader):
         items = loader.items(op)
     else:
-        items = [s for raw in loader for s in as_list_batch(op, raw)]
+        with rng_preserved(device, loader_generators(loader)):
+            items = [s for raw in loader for s in as_list_batch(op, raw)]
     if not items:
         raise DataError(f"{op}: empty dataset")
     return items
@@ -116,7 +133,7 @@ def train_loader(
     opt = cfg.optimizer
     runner.train()
     log, main = _main_only(log)
-    items = _loader_items(op, loader)
+    items = _loader_items(op, loader, runner.device)
     if cfg.resume_from is not None:
         ck = _resume(op, cfg, runner, opt, "loader", {"n_samples": len(items)})
         p, state = ck.progress, ck.state
@@ -160,7 +177,8 @@ def train_loader(
     )
     if cfg.checkpoint_path and "args" in last and last.get("saved") != steps:
         save(*last["args"])
-    after = runner.mean_loss(_loader_items(op, loader))
+    after = runner.mean_loss(_loader_items(op, loader, runner.device))
+    runner.sync()  # intentional, once: the module shows the trained values
     report = TrainReport(
         before, after, steps, seen, tuple(logged + new_logged), time.perf_counter() - start_time,
         interrupted=last.get("stopped", False), skipped_steps=skipped_total(skipped),

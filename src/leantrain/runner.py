@@ -1,23 +1,26 @@
 """The runner: a model, a loss and the parameter list it trains (spec §6).
 
-The module is evaluated at the pack's current values: every module location of a
-slot is bound to the storage's working tensor (its device mirror if it has one,
-else the host tensor). Gradients are per slot: when the layout has no aliases the
-working tensors themselves are differentiated (a storage used at one slot *is* its
-leaf); when it has aliases each occurrence gets its own leaf, so an alias receives
-its own occurrence gradient and ``canonical_gradients`` sums them in slot order.
+The module stays the user's: its Parameter objects, ties, buffers and
+``state_dict()`` keys are the same after every call; only the trained values and the
+buffers the contract advances change. Each call binds the module for its own length
+(see ``binding.py``): without ties or device mirrors the module's own tensors are
+differentiated directly; a tied Parameter's later occurrences get their own leaves
+over the same memory, so each occurrence has its own gradient and
+``canonical_gradients`` sums them in slot order. A parameter or buffer replaced on
+the module after the runner was built is refused at the next call (``ConfigError``
+naming the slot), never silently left untrained.
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Callable, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
 
-from .errors import ConfigError, DataError
-from .module_slots import bind, module_entries
+from .binding import MODEL_ERRORS, Binding, rng_preserved
+from .errors import ConfigError, DataError, slot_label
+from .module_slots import module_entries
 from .params import ParamList
 from .storage import canonical_device
 
@@ -42,7 +45,8 @@ def check_sample(op: str, sample: object, index: int = 0) -> Sample:
 
 
 class Runner:
-    """Wraps ``module`` and ``loss``; owns ``params`` (parameters, then buffers, frozen)."""
+    """Wraps ``module`` and ``loss``; owns ``params`` (parameters, then persistent
+    buffers as frozen slots: the entries of ``module.state_dict()``)."""
 
     def __init__(self, module: torch.nn.Module, loss: Union[str, LossFn] = "mse") -> None:
         if isinstance(loss, str):
@@ -55,15 +59,23 @@ class Runner:
             loss_fn = loss
         else:
             raise ConfigError(f"Runner: loss must be a name or a callable, got {type(loss).__name__}")
+        self.params = ParamList.from_module(module)  # validates the module first
         self.module = module
         self.loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom")
         self.loss_fn: LossFn = loss_fn
-        self.params = ParamList.from_module(module)
-        self._locations = [loc for _, _, loc in module_entries(module)]
-        self._bound: list = [None] * len(self.params)
+        entries = module_entries(module)
+        self._locations = [loc for _, _, loc in entries]
+        self._originals = [t for _, t, _ in entries]  # the module's own objects, per slot
         self._buffer_slots = [i for i, loc in enumerate(self._locations) if not loc.is_parameter]
+        self._scratch_locations = [loc for _, _, loc in module_entries(module, persistent=False)]
+        self._device_copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._active: Optional[Binding] = None
+        # Whether a train-mode forward writes any buffer: None until a step tells (by
+        # the tensors' version counters, see binding.py).
+        self.buffer_writes: Optional[bool] = None
         hosts = [v.storage.host.device for v in self.params]
         self.device: torch.device = hosts[0] if hosts else torch.device("cpu")
+        self._index_slots()
         self.mode = "train"
         module.train()
 
@@ -86,46 +98,106 @@ class Runner:
         """Compute on ``device``: every storage gets a mirror there (host stays the owner)."""
         self.device = canonical_device(device)
         self.params.to_device(self.device)
+        self._index_slots()
         return self
+
+    def sync(self) -> None:
+        """Copy newer device values back into the module's own tensors (a device sync
+        when a mirror is newer; the loops call it once, when they return)."""
+        for s in self.params.storages():
+            s.sync_to_host()
 
     @property
     def has_buffer_updates(self) -> bool:
         return self.mode == "train" and bool(self._buffer_slots)
 
     # --------------------------------------------------------------- binding
-    def _bind_working(self) -> list[Optional[torch.Tensor]]:
-        """Bind the module to the current values; return one gradient leaf per trainable slot.
+    def binding(self, op: str = "Runner") -> Binding:
+        """The module bound at the current values for one call (use as a context).
 
-        Without aliases the leaves are the working tensors and the binding is stable,
-        so this is a cheap identity check per slot on every step.
+        Checks first that the module still holds the objects the slots were read from.
         """
-        views = self.params
+        if self._active is not None:
+            return self._active
+        views, dev = self.params, self.device
         slots_map = views.canonical_slot_indices()
-        owners = {id(v.storage) for v, c in zip(views, slots_map) if c is not None}
         leaves: list[Optional[torch.Tensor]] = [None] * len(views)
-        for i, (v, c) in enumerate(zip(views, slots_map)):
-            w = v.storage.working(self.device)
-            if c is None:
-                if id(v.storage) in owners:
-                    w = w.detach()  # a frozen view of a trainable storage passes no gradient
-            elif c != i or not w.requires_grad:
-                # An alias occurrence gets its own leaf over the same memory, so its
-                # gradient is its own occurrence's (summed later in slot order).
-                w = w.detach().requires_grad_(True)
-            if c is not None:
+        working = list(self._originals)
+        swaps: list = []
+        leaf_ids: set[int] = set()
+        for i, (table, attr, orig, trainable, on_device) in enumerate(self._slot_info):
+            if table.get(attr) is not orig or (trainable is not None and orig.requires_grad is not trainable):
+                raise self._changed(op, i)
+            s = views[i].storage
+            m = s.mirror
+            if m is None and on_device:
+                w = orig  # the common case: the module's own tensor, nothing to bind
+            elif m is not None and m.device == dev:
+                w = m
+            elif orig.device == dev:
+                s.sync_to_host()  # a mirror elsewhere may be newer (a sync, rare)
+                w = orig
+            else:
+                w = s.make_mirror(dev)  # a host-to-device upload, never a read back
+            if slots_map[i] is not None:
+                if id(w) in leaf_ids or not w.requires_grad:
+                    # A later occurrence of a tie gets its own leaf over the same memory,
+                    # so its gradient is its own occurrence's (summed later in slot order).
+                    w = w.detach().requires_grad_(True)
+                leaf_ids.add(id(w))
                 leaves[i] = w
-            if self._bound[i] is not w:
-                bind(self._locations[i], w)
-                self._bound[i] = w
-        return leaves
+            elif w.requires_grad:
+                w = w.detach()  # a frozen view of a trainable storage passes no gradient
+            if w is not orig:
+                working[i] = w
+                swaps.append((self._locations[i], w, orig))
+        for j, loc in enumerate(self._scratch_locations):
+            cur = loc.current()
+            if cur is not None and cur.device != dev:
+                src, copy = self._device_copies.get(j, (None, None))
+                if src is not cur:
+                    copy = cur.to(dev)
+                    self._device_copies[j] = (cur, copy)
+                swaps.append((loc, copy, cur))
+        return Binding(self, leaves, working, swaps)
 
-    def _mark_buffers_stale(self) -> None:
+    def _index_slots(self) -> None:
+        """Per slot, what ``binding`` reads each call: the module's table and name, the
+        original object, its requires_grad at build (parameters), and whether it lives
+        on the runner's device."""
+        self._slot_info = [
+            (
+                loc.owner._parameters if loc.is_parameter else loc.owner._buffers,
+                loc.attr,
+                orig,
+                bool(orig.requires_grad) if loc.is_parameter else None,
+                orig.device == self.device,
+            )
+            for loc, orig in zip(self._locations, self._originals)
+        ]
+
+    def _changed(self, op: str, i: int) -> ConfigError:
+        where = slot_label(i, self.params[i].name)
+        cur = self._locations[i].current()
+        if cur is self._originals[i]:
+            what = f"its requires_grad was changed to {cur.requires_grad}"  # on the module
+        else:
+            kind = "parameter" if self._locations[i].is_parameter else "buffer"
+            what = f"the module's {kind} was replaced (or removed)"
+        return ConfigError(
+            f"{op}: {where}: {what} after the Runner was built, so the Runner would train "
+            f"something else than the module holds; build a new Runner (and optimizer state) "
+            f"for the changed module"
+        )
+
+    def mark_buffers_stale(self) -> None:
         for i in self._buffer_slots:
             s = self.params[i].storage
-            if s.mirror is not None:
+            if s.mirror is not None and s.mirror.device == self.device:
                 s.host_current = False  # the forward pass advanced the mirror in place
 
-    def _inputs(self, sample: Sample) -> Sample:
+    def inputs(self, sample: Sample) -> Sample:
+        """``sample`` on the runner's device (a host-to-device copy when needed)."""
         x, y = sample
         if x.device != self.device:
             x = x.to(self.device)
@@ -136,66 +208,62 @@ class Runner:
     # ------------------------------------------------------------ evaluation
     def loss(self, sample: Sample) -> torch.Tensor:
         """The scalar loss of one item at the current parameters (buffers may advance)."""
-        x, y = self._inputs(sample)
-        try:
-            loss = self.loss_fn(self.module(x), y)
-        except (RuntimeError, ValueError, TypeError, IndexError) as e:
-            raise DataError(
-                f"Runner.loss: the model or loss rejected the sample (x {tuple(x.shape)} {x.dtype}, "
-                f"y {tuple(y.shape)} {y.dtype}): {str(e).splitlines()[0]}"
-            ) from e
-        if loss.dim() != 0:
-            raise ConfigError(
-                f"Runner.loss: the loss must be a scalar, got shape {tuple(loss.shape)}"
-            )
+        x, y = self.inputs(sample)
+        with self.binding("Runner.loss"):
+            try:
+                loss = self.loss_fn(self.module(x), y)
+            except MODEL_ERRORS as e:
+                raise DataError(
+                    f"Runner.loss: the model or loss rejected the sample (x {tuple(x.shape)} "
+                    f"{x.dtype}, y {tuple(y.shape)} {y.dtype}): {str(e).splitlines()[0]}"
+                ) from e
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            got = f"shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise ConfigError(f"Runner.loss: the loss must be a scalar tensor, got {got}")
         return loss
 
     def update_buffers(self, sample: Sample) -> None:
         """Advance buffers (e.g. BatchNorm statistics) on ``sample``; train mode only."""
-        if not self.has_buffer_updates:
-            return
-        self._bind_working()
-        with torch.no_grad():
-            x, _ = self._inputs(check_sample("Runner.update_buffers", sample))
-            try:
-                self.module(x)
-            except (RuntimeError, ValueError, TypeError, IndexError) as e:
-                raise DataError(
-                    f"Runner.update_buffers: the model rejected the sample (x {tuple(x.shape)} "
-                    f"{x.dtype}): {str(e).splitlines()[0]}"
-                ) from e
-        self._mark_buffers_stale()
+        sample = check_sample("Runner.update_buffers", sample)
+        with self.binding("Runner.update_buffers") as bound:
+            bound.advance_buffers("Runner.update_buffers", [sample], force=True)
 
     @torch.no_grad()
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """The model's output at the current parameters (no gradients, buffers unchanged)."""
-        self._bind_working()
-        with self.frozen_buffers():
+        with self.binding("Runner.predict") as bound, bound.scratch_buffers():
             return self.module(x.to(self.device))
 
     def mean_loss(self, samples: Sequence[Sample]) -> float:
-        """``(l1 + ... + ln) / n`` under the current parameters and mode; buffers unchanged.
+        """``(l1 + ... + ln) / n`` under the current parameters and mode.
 
-        Reads one scalar back to the host (a device sync on CUDA), as asked.
+        Buffers and the random number generators are left as found (a measuring pass
+        does not change what training draws next). Reads one scalar back to the host (a
+        device sync on CUDA), as asked.
         """
         if len(samples) == 0:
             raise DataError("Runner.mean_loss: empty sample list")
         samples = [check_sample("Runner.mean_loss", s, i) for i, s in enumerate(samples)]
-        self._bind_working()
-        with torch.no_grad(), self.frozen_buffers():
-            total = self.loss(samples[0])
-            for s in samples[1:]:
-                total = total + self.loss(s)
+        with rng_preserved(self.device), torch.no_grad():
+            with self.binding("Runner.mean_loss") as bound, bound.scratch_buffers():
+                total = self.loss(samples[0])
+                for s in samples[1:]:
+                    total = total + self.loss(s)
         return float((total / len(samples)).item())  # intentional sync: the caller asked
 
     def loss_and_gradients(
         self, sample: Sample, leaves: Sequence[Optional[torch.Tensor]]
     ) -> tuple[torch.Tensor, list[Optional[torch.Tensor]]]:
-        """Loss and per-slot gradients of one item (``None`` at frozen slots)."""
+        """Loss and per-slot gradients of one item (``None`` at frozen slots); call it
+        inside ``binding()`` with that binding's ``leaves``."""
         return self._grads(self.loss(sample), leaves)
 
     def _grads(self, loss: torch.Tensor, leaves):
         wrt = [t for t in leaves if t is not None]
+        if not loss.requires_grad or not wrt:
+            # Nothing trainable reaches the loss (every slot frozen, or a constant loss):
+            # every trainable gradient is zero (upstream: frozen slots have none).
+            return loss.detach(), [None if t is None else torch.zeros_like(t) for t in leaves]
         grads = torch.autograd.grad(loss, wrt, allow_unused=True)
         it = iter(grads)
         out = []
@@ -206,13 +274,6 @@ class Runner:
                 g = next(it)
                 out.append(torch.zeros_like(t) if g is None else g)  # unused by the forward: zero
         return loss.detach(), out
-
-    def frozen_buffers(self, on_error_only: bool = False):
-        """A context that restores every buffer on exit (forward passes leave them as found);
-        with ``on_error_only``, only when the block raises. Free without buffer updates."""
-        if not self.has_buffer_updates:
-            return _NO_GUARD
-        return _BufferGuard(self, on_error_only)
 
     # ----------------------------------------------------------- vectorised
     def check_stackable(self, batch: Sequence[Sample]) -> None:
@@ -243,28 +304,8 @@ class Runner:
         and multiplied by ``scale`` (default ``1/n``). Refused when a layer couples the items.
         """
         self.check_stackable(batch)
-        xs, ys = self._inputs((torch.stack([x for x, _ in batch]), torch.stack([y for _, y in batch])))
-        per_item = torch.vmap(self.loss_fn)(self.module(xs), ys)
+        xs, ys = self.inputs((torch.stack([x for x, _ in batch]), torch.stack([y for _, y in batch])))
+        with self.binding("vectorized accumulation"):
+            per_item = torch.vmap(self.loss_fn)(self.module(xs), ys)
         total = per_item.sum()
         return self._grads(total * (1.0 / len(batch) if scale is None else scale), leaves)
-
-
-_NO_GUARD = contextlib.nullcontext()
-
-
-class _BufferGuard:
-    def __init__(self, runner: Runner, on_error_only: bool = False) -> None:
-        self.runner, self.on_error_only = runner, on_error_only
-        self.saved: list = []
-
-    def __enter__(self) -> None:
-        runner = self.runner
-        runner._bind_working()
-        self.saved = [(t, t.clone()) for i in runner._buffer_slots if (t := runner._bound[i]) is not None]
-
-    def __exit__(self, kind, *exc) -> None:
-        if self.on_error_only and kind is None:
-            return
-        with torch.no_grad():
-            for t, old in self.saved:
-                t.copy_(old)

@@ -17,6 +17,7 @@ from . import distributed
 from .errors import ConfigError, DataError, NonFiniteError
 from .optim import OptState, Optimizer
 from .optim.optimizer import GENERIC, NATIVE
+from .binding import BufferSnapshot, rng_state, set_rng_state
 from .runner import Runner, Sample, check_sample
 
 ACCUMULATION_MODES = ("exact", "vectorized")
@@ -34,15 +35,19 @@ def _check_batch(op: str, batch: Sequence[Sample], accumulation: str) -> list[Sa
     return [check_sample(op, s, i) for i, s in enumerate(batch)]
 
 
-def _sum_items(runner: Runner, batch: Sequence[Sample], leaves) -> tuple[torch.Tensor, Pack]:
-    """Loss and gradient sums over the items, left to right (autograd's own tensors for one)."""
+def _sum_items(runner: Runner, batch: Sequence[Sample], leaves, scratch) -> tuple[torch.Tensor, Pack]:
+    """Loss and gradient sums over the items, left to right (autograd's own tensors for one).
+
+    ``scratch.reset()`` before each item: every item sees the same advanced buffers."""
     loss, grads = runner.loss_and_gradients(batch[0], leaves)
     if len(batch) == 1:
         return loss, grads
+    scratch.reset()
     loss2, grads2 = runner.loss_and_gradients(batch[1], leaves)
     loss = loss + loss2
     grads = [None if g is None else g + h for g, h in zip(grads, grads2)]  # owned from here
     for sample in batch[2:]:
+        scratch.reset()
         loss_k, grads_k = runner.loss_and_gradients(sample, leaves)
         loss = loss + loss_k
         for g, h in zip(grads, grads_k):
@@ -58,42 +63,65 @@ def _scale(loss: torch.Tensor, grads: Pack, inv: float) -> tuple[torch.Tensor, P
     return loss * inv, grads
 
 
-def _accumulate(
-    op: str, runner: Runner, batch: Sequence[Sample], accumulation: str = "exact",
-    want_loss: bool = False,
+def _gradients(
+    runner: Runner, leaves, scratch, batch: Sequence[Sample], accumulation: str, want_loss: bool
 ) -> tuple[torch.Tensor, Pack]:
-    """(mean loss tensor, mean gradient pack) of a checked batch; nothing read to the host.
+    """(mean loss, mean gradients) at one parameter point: left-to-right sums times ``1/n``.
 
     Under ``torch.distributed`` each rank differentiates its share of the items and the
     sums are all-reduced (see ``distributed.py``); the loss joins only if ``want_loss``.
     """
+    n, group = len(batch), distributed.active()
+    if group is None:
+        if accumulation == "vectorized":
+            return runner.stacked_loss_and_gradients(batch, leaves, scale=1.0 / n)
+        loss, grads = _sum_items(runner, batch, leaves, scratch)
+        if n == 1:
+            return loss, grads  # g * (1/1) is g, bit for bit: skip the pass
+        return _scale(loss, grads, 1.0 / n)
+    mine = distributed.my_items(batch, *group)
+    if not mine:  # more ranks than items: this rank contributes zeros
+        loss = torch.zeros((), device=runner.device)
+        grads = [None if t is None else torch.zeros_like(t) for t in leaves]
+    elif accumulation == "vectorized":
+        loss, grads = runner.stacked_loss_and_gradients(mine, leaves, scale=1.0)
+    else:
+        loss, grads = _sum_items(runner, mine, leaves, scratch)
+    loss, grads = distributed.all_reduce_sum(loss if want_loss else None, grads)
+    if loss is None:
+        loss = torch.zeros((), device=runner.device)  # not asked for: never read
+    return _scale(loss, grads, 1.0 / n)
+
+
+def _accumulate(
+    op: str, runner: Runner, batch: Sequence[Sample], accumulation: str = "exact",
+    want_loss: bool = False,
+) -> tuple[torch.Tensor, Pack, Optional[BufferSnapshot]]:
+    """Buffers first, then (mean loss, mean gradients) of a checked batch; nothing read
+    to the host. Also returns the buffers as they were before the step when it advanced
+    any, so the caller can undo a rejected step; a model error undoes them here."""
     if accumulation == "vectorized":
         runner.check_stackable(batch)  # before the buffers move
-    with runner.frozen_buffers(on_error_only=True):  # a rejected item undoes the buffer updates
-        for sample in batch:  # buffers first, for every item, before any differentiation
-            runner.update_buffers(sample)
-    leaves = runner._bind_working()
-    n, group = len(batch), distributed.active()
-    with runner.frozen_buffers():  # the gradient passes must not advance buffers again
-        if group is None:
-            if accumulation == "vectorized":
-                return runner.stacked_loss_and_gradients(batch, leaves, scale=1.0 / n)
-            loss, grads = _sum_items(runner, batch, leaves)
-            if n == 1:
-                return loss, grads  # g * (1/1) is g, bit for bit: skip the pass
-            return _scale(loss, grads, 1.0 / n)
-        mine = distributed.my_items(batch, *group)
-        if not mine:  # more ranks than items: this rank contributes zeros
-            loss = torch.zeros((), device=runner.device)
-            grads = [None if t is None else torch.zeros_like(t) for t in leaves]
-        elif accumulation == "vectorized":
-            loss, grads = runner.stacked_loss_and_gradients(mine, leaves, scale=1.0)
-        else:
-            loss, grads = _sum_items(runner, mine, leaves)
-        loss, grads = distributed.all_reduce_sum(loss if want_loss else None, grads)
-        if loss is None:
-            loss = torch.zeros((), device=runner.device)  # not asked for: never read
-        return _scale(loss, grads, 1.0 / n)
+    with runner.binding(op) as bound:
+        rng = rng_state(runner.device) if runner.has_buffer_updates else None
+        while True:
+            ran, snapshot = bound.advance_buffers(op, batch)  # every item, before any gradient
+            try:
+                with bound.scratch_buffers() as scratch:  # gradient passes leave buffers be
+                    loss, grads = _gradients(runner, bound.leaves, scratch, batch, accumulation, want_loss)
+            except BaseException:
+                if snapshot is not None:
+                    snapshot.restore()
+                raise
+            if ran or not scratch.written:
+                if rng is not None and not ran:
+                    runner.buffer_writes = False  # seen: a forward writes no buffer
+                return loss, grads, snapshot
+            # The model wrote a buffer although none was seen written before: redo the
+            # step with the buffer pass (the real buffers were not touched; the
+            # generators replay, so the redone step draws the same numbers).
+            runner.buffer_writes = True
+            set_rng_state(runner.device, rng)
 
 
 def mean_gradients(runner: Runner, batch: Sequence[Sample], *, accumulation: str = "exact") -> Pack:
@@ -107,15 +135,16 @@ def mean_loss_and_gradients(
 ) -> tuple[float, Pack]:
     """Mean loss and mean gradients; reads the loss back to the host (a sync on CUDA)."""
     op = "mean_loss_and_gradients"
-    loss, grads = _accumulate(op, runner, _check_batch(op, batch, accumulation), accumulation, True)
+    loss, grads, _ = _accumulate(op, runner, _check_batch(op, batch, accumulation), accumulation, True)
     return float(loss.item()), grads  # intentional sync: the caller asked for the loss
 
 
 _FLAGS: dict = {}  # per device: (a reusable flag, a unit scale)
 
 
-def nonfinite_flag(loss: torch.Tensor, grads: Pack) -> torch.Tensor:
-    """A one-element device tensor: 1.0 when the loss or any gradient is NaN or infinite.
+def nonfinite_flag(loss: torch.Tensor, grads: Pack, buffers: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+    """A one-element device tensor: 1.0 when the loss, any gradient or any of
+    ``buffers`` (those the step's buffer pass wrote) is NaN or infinite.
 
     One fused kernel (the one ``GradScaler`` uses) with a unit scale, which leaves the
     values bit for bit as they are. Nothing is read to the host.
@@ -127,7 +156,7 @@ def nonfinite_flag(loss: torch.Tensor, grads: Pack) -> torch.Tensor:
     found, unit = pair
     found.zero_()  # reused every step: stream order keeps the last step's reads before this
     torch._amp_foreach_non_finite_check_and_unscale_(
-        [loss.detach().view(1)] + [g for g in grads if g is not None], found, unit
+        [loss.detach().view(1)] + [g for g in grads if g is not None] + list(buffers), found, unit
     )
     return found
 
@@ -166,15 +195,19 @@ def _update(op, runner, opt, state, use_native_singleton, batch, accumulation, w
         raise ConfigError(f"{op}: nonfinite must be one of {NONFINITE_MODES}, got {nonfinite!r}")
     batch = _check_batch(op, batch, accumulation)
     opt._check_state(op, state, runner.params, path)  # before buffers advance
-    loss, grads = _accumulate(op, runner, batch, accumulation, want_loss)
-    found = nonfinite_flag(loss, grads)
+    loss, grads, snapshot = _accumulate(op, runner, batch, accumulation, want_loss)
+    found = nonfinite_flag(loss, grads, snapshot.written if snapshot is not None else ())
     if nonfinite == "skip":
+        if snapshot is not None:
+            snapshot.restore_where(found)  # a skipped step leaves the buffers as they were
         return _masked_step(opt, state, runner.params, grads, path, found, skipped), loss
     # Intentional host read of one flag per step: raise mode must know before updating.
     if found.item():
+        if snapshot is not None:
+            snapshot.restore()
         raise NonFiniteError(
-            f"{op}: the loss or a gradient is NaN or infinite; nothing was updated "
-            f"(use nonfinite='skip' to skip such steps)"
+            f"{op}: the loss, a gradient or a buffer the step wrote is NaN or infinite; "
+            f"nothing was updated, buffers included (use nonfinite='skip' to skip such steps)"
         )
     # trusted: these gradients come from the runner's own slots (shapes and dtypes match)
     return opt._step(state, runner.params, grads, path, trusted=True), loss

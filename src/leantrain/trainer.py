@@ -207,6 +207,7 @@ def train_samples(
     if cfg.checkpoint_path and done == cfg.steps and not (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
         save(done, state)
     after = runner.mean_loss(samples)
+    runner.sync()  # intentional, once: the module shows the trained values
     return TrainReport(
         before, after, done, done * k, tuple(logged + new_logged),
         time.perf_counter() - start_time, interrupted=done < cfg.steps,

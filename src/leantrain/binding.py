@@ -1,0 +1,270 @@
+"""One call's view of the module: what it reads, which leaves are differentiated, and
+how buffers advance, all undone when the call ends.
+
+The module belongs to the user. Between calls it holds its own Parameter and buffer
+objects, its ties as written. For the length of one call (a step, a loss, a
+prediction) a ``Binding`` puts, at the few locations that need it:
+
+* the storage's device mirror, when the runner computes on another device;
+* a fresh leaf over the same memory, at the second and later occurrences of a tied
+  Parameter (each occurrence then gets its own gradient, summed in slot order);
+* a detached view, at a frozen slot whose tensor would otherwise pass a gradient;
+* a device copy of a non-persistent buffer that lives elsewhere.
+
+Everywhere else the module's own tensors are used and differentiated directly, so a
+model without ties or mirrors costs no binding at all. ``__exit__`` puts the
+originals back, even when the call raised.
+
+Buffers (spec §7.1): in train mode every item's forward first advances the buffers
+(``advance_buffers``), then the items are differentiated against scratch copies of
+the advanced buffers (``scratch_buffers``), so the gradient passes leave them as the
+buffer pass left them. The buffer pass replays the random number generators: item
+k's buffer forward and gradient forward draw the same numbers (the same dropout
+mask), and a step consumes the generators exactly as one plain forward per item.
+Whether the model writes any buffer at all is learned, not assumed: until a
+forward is seen writing one (a version counter moved, or a buffer was reassigned),
+a step skips the buffer pass and differentiates against scratch copies; if the
+scratch was written, the step is redone with the pass (the real buffers were not
+touched, the generators replay). So a model whose buffers never change never pays
+an extra forward, and a model that does pays it once, on its first step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Optional, Sequence
+
+import torch
+
+from . import distributed
+from .errors import ConfigError, DataError, slot_label
+from .module_slots import bind
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .runner import Runner
+
+MODEL_ERRORS = (RuntimeError, ValueError, TypeError, IndexError)
+
+
+def rng_state(device: torch.device):
+    """The generators a forward on ``device`` may draw from (CPU, and the device's)."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def set_rng_state(device: torch.device, state) -> None:
+    cpu, cuda = state
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda, device)
+
+
+@contextlib.contextmanager
+def rng_preserved(device: torch.device, generators: Sequence[torch.Generator] = ()):
+    """Run a block that must not consume the caller's randomness (a measuring pass):
+    the global generators and ``generators`` are put back as they were."""
+    saved = rng_state(device)
+    own = [(g, g.get_state()) for g in generators]
+    try:
+        yield
+    finally:
+        set_rng_state(device, saved)
+        for g, s in own:
+            g.set_state(s)
+
+
+class BufferSnapshot:
+    """Buffers as they were before a step's buffer pass (values and whether each
+    storage's host copy was current), to undo a rejected step."""
+
+    __slots__ = ("pairs", "flags", "written")
+
+    def __init__(self, tensors: Sequence[torch.Tensor], storages: Sequence = ()) -> None:
+        self.pairs = [(t, t.clone()) for t in tensors]
+        self.flags = [(s, s.host_current) for s in storages]
+        self.written: list[torch.Tensor] = []  # floating buffers the pass changed
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for t, old in self.pairs:
+                t.copy_(old)
+        for s, flag in self.flags:
+            s.host_current = flag
+
+    def restore_where(self, found: torch.Tensor) -> None:
+        """Undo on the device where ``found`` (a one-element flag) is set; no host read."""
+        keep = found[0] == 0
+        with torch.no_grad():
+            for t, old in self.pairs:
+                torch.where(keep, t, old, out=t)
+
+
+class Binding:
+    """The module bound for one call. Use as a context; re-entrant within one runner."""
+
+    __slots__ = ("runner", "leaves", "working", "swaps", "depth")
+
+    def __init__(self, runner: "Runner", leaves: list, working: list, swaps: list) -> None:
+        self.runner = runner
+        self.leaves: list[Optional[torch.Tensor]] = leaves  # one per trainable slot
+        self.working: list[torch.Tensor] = working  # what the module reads at each slot
+        self.swaps = swaps  # (location, bound tensor, original)
+        self.depth = 0
+
+    def __enter__(self) -> "Binding":
+        if self.depth == 0:
+            for loc, t, _ in self.swaps:
+                bind(loc, t)
+            self.runner._active = self
+        self.depth += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.depth -= 1
+        if self.depth == 0:
+            self.runner._active = None
+            for loc, _, orig in reversed(self.swaps):
+                bind(loc, orig)
+
+    # ---------------------------------------------------------------- buffers
+    def _buffers(self) -> list[tuple[int, torch.Tensor]]:
+        return [(i, self.working[i]) for i in self.runner._buffer_slots]
+
+    def _adopt_reassigned(self, op: str, bufs, bound: Sequence[torch.Tensor]) -> bool:
+        """A forward that *assigned* a new tensor to a buffer (``self.b = self.b + 1``)
+        wrote it: copy the value into the tensor bound there and bind that again."""
+        runner, wrote = self.runner, False
+        for (i, _), t in zip(bufs, bound):
+            loc = runner._locations[i]
+            new = loc.current()
+            if new is t:
+                continue
+            if not isinstance(new, torch.Tensor) or new.shape != t.shape or new.dtype != t.dtype:
+                got = "nothing" if new is None else f"{tuple(new.shape)} {new.dtype}"
+                raise ConfigError(
+                    f"{op}: {slot_label(i, runner.params[i].name)}: the model replaced this "
+                    f"buffer during forward with {got}; expected {tuple(t.shape)} {t.dtype}"
+                )
+            with torch.no_grad():
+                t.copy_(new)
+            bind(loc, t)
+            wrote = True
+        return wrote
+
+    def advance_buffers(
+        self, op: str, batch: Sequence, force: bool = False
+    ) -> tuple[bool, Optional[BufferSnapshot]]:
+        """The buffer pass: one no-gradient forward per item, in order (train mode).
+
+        Returns whether the pass ran, and a snapshot of the buffers before it when it
+        changed any (``None`` otherwise). Runs once the model is known to write buffers,
+        always under ``torch.distributed`` (every rank must take the same path), or when
+        ``force``d. A model error restores the buffers and the generators and raises.
+        """
+        runner = self.runner
+        if not runner.has_buffer_updates or not (
+            force or runner.buffer_writes or distributed.active() is not None
+        ):
+            return False, None
+        bufs = self._buffers()
+        tensors = [t for _, t in bufs]
+        snapshot = BufferSnapshot(tensors, [runner.params[i].storage for i, _ in bufs])
+        versions = [t._version for t in tensors]
+        rng = rng_state(runner.device)
+        reassigned = False
+        try:
+            with torch.no_grad():
+                for sample in batch:
+                    x, _ = runner.inputs(sample)
+                    try:
+                        runner.module(x)
+                    except MODEL_ERRORS as e:
+                        raise DataError(
+                            f"{op}: the model rejected the sample (x {tuple(x.shape)} "
+                            f"{x.dtype}): {str(e).splitlines()[0]}"
+                        ) from e
+                    reassigned |= self._adopt_reassigned(op, bufs, tensors)
+        except BaseException:
+            snapshot.restore()
+            set_rng_state(runner.device, rng)
+            raise
+        set_rng_state(runner.device, rng)  # replay: the gradient passes draw the same numbers
+        written = [t for t, v in zip(tensors, versions) if t._version != v]
+        if written or reassigned:
+            runner.buffer_writes = True
+        if not written:
+            return True, None
+        runner.mark_buffers_stale()
+        snapshot.written = [t for t in written if t.is_floating_point()]
+        return True, snapshot
+
+    def scratch_buffers(self) -> "_Scratch":
+        """A context in which the module's buffers are scratch copies (train mode), so
+        forward passes leave the real buffers as they are; ``.written`` tells afterwards
+        whether the model wrote any. Free when no buffer can move."""
+        return _Scratch(self) if self.runner.has_buffer_updates else _NO_SCRATCH
+
+
+class _Scratch:
+    """Scratch copies of the buffers, bound for the gradient passes (train mode)."""
+
+    __slots__ = ("binding", "bufs", "copies", "versions", "written")
+
+    def __init__(self, binding: Binding) -> None:
+        self.binding, self.written = binding, False
+        runner = binding.runner
+        self.bufs = binding._buffers() if runner.has_buffer_updates else []
+        self.copies: list[torch.Tensor] = []
+        self.versions: list[int] = []
+
+    def __enter__(self) -> "_Scratch":
+        locs = self.binding.runner._locations
+        self.copies = [t.clone() for _, t in self.bufs]
+        for (i, _), c in zip(self.bufs, self.copies):
+            bind(locs[i], c)
+        self.versions = [0] * len(self.copies)
+        return self
+
+    def _note_writes(self) -> None:
+        locs = self.binding.runner._locations
+        for (i, _), c, v in zip(self.bufs, self.copies, self.versions):
+            if c._version != v or locs[i].current() is not c:
+                self.written = True
+
+    def reset(self) -> None:
+        """Before the next item: the scratch buffers again hold the fully advanced
+        values, so every item is differentiated against the same buffers (only for a
+        model that writes buffers; a copy per buffer)."""
+        if not self.bufs or not self.binding.runner.buffer_writes:
+            return
+        self._note_writes()
+        locs = self.binding.runner._locations
+        with torch.no_grad():
+            for (i, t), c in zip(self.bufs, self.copies):
+                c.copy_(t)
+                bind(locs[i], c)
+        self.versions = [c._version for c in self.copies]
+
+    def __exit__(self, *exc) -> None:
+        self._note_writes()
+        locs = self.binding.runner._locations
+        for (i, t), c in zip(self.bufs, self.copies):
+            bind(locs[i], t)
+
+
+class _NoScratch:
+    """The scratch context when no buffer can move (eval mode, or no buffer slots)."""
+
+    written = False
+
+    def __enter__(self) -> "_NoScratch":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def reset(self) -> None:
+        return None
+
+
+_NO_SCRATCH = _NoScratch()
