@@ -11,7 +11,7 @@ import torch
 
 import leantrain as lt
 from leantrain import optim
-from leantrain.quickstart import HELDOUT, grid, mlp
+from leantrain.cli.quickstart import HELDOUT, grid, mlp
 
 
 def main() -> None:

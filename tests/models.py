@@ -6,13 +6,13 @@ from torch import nn
 
 def grid_samples(n=5):
     """The quickstart data (spec §11): a 5x5 grid on [-1, 1]^2, first coordinate outer."""
-    from leantrain.quickstart import grid
+    from leantrain.cli.quickstart import grid
 
     return grid(n)
 
 
 def quickstart_mlp(seed=0):
-    from leantrain.quickstart import mlp
+    from leantrain.cli.quickstart import mlp
 
     return mlp(seed)
 

@@ -13,8 +13,8 @@ from safetensors import safe_open
 
 import leantrain as lt
 from leantrain import Param, ParamList, optim
-from leantrain.atomic import atomic_write
-from leantrain.checkpoint import seal, unseal
+from leantrain.io.atomic import atomic_write
+from leantrain.io.checkpoint import seal, unseal
 import resume_cases as rc
 
 HERE = Path(__file__).parent

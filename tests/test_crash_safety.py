@@ -8,7 +8,7 @@ import time
 import torch
 
 import crash_child
-from leantrain.checkpoint import read_checkpoint
+from leantrain.io.checkpoint import read_checkpoint
 
 TRIALS = 50
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import leantrain as lt
 from leantrain import Param, ParamList, optim
-from leantrain.checkpoint import seal, unseal
+from leantrain.io.checkpoint import seal, unseal
 
 
 def build(frozen_value=0.5):

@@ -5,8 +5,9 @@ frozen slots, exact optimizers, and supervised loops that follow a written
 contract.
 """
 
+import sys as _sys
+
 from . import optim
-from .config import LoaderTrainConfig, TrainConfig, TrainReport
 from .data import DataLoader, Dataset
 from .errors import (
     AliasError,
@@ -19,15 +20,29 @@ from .errors import (
     PackError,
     PackTypeError,
 )
-from .packs import add_gradient_packs, canonical_gradient, canonical_gradients, scale_gradient_pack
-from .params import Param, ParamList
-from .runner import Runner
-from .schema import ParameterSchema
-from .steps import mean_gradients, mean_loss_and_gradients, step_batch, step_batch_and_loss
-from .storage import Storage
-from .checkpoint import Checkpoint, load_checkpoint, read_checkpoint, save_checkpoint
-from .loader_training import run_loader_epochs, train_loader
-from .trainer import StepEvent, run_sample_steps, train_dataset, train_samples
+from .io import torchlean as torchlean_io
+from .io import weights
+from .io.checkpoint import Checkpoint, load_checkpoint, read_checkpoint, save_checkpoint
+from .params import (
+    Param,
+    ParameterSchema,
+    ParamList,
+    Storage,
+    add_gradient_packs,
+    canonical_gradient,
+    canonical_gradients,
+    scale_gradient_pack,
+)
+from .training.config import LoaderTrainConfig, TrainConfig, TrainReport
+from .training.loader_loop import run_loader_epochs, train_loader
+from .training.loops import StepEvent, run_sample_steps, train_dataset, train_samples
+from .training.runner import Runner
+from .training.step import mean_gradients, mean_loss_and_gradients, step_batch, step_batch_and_loss
+
+# The documented module paths ``leantrain.weights`` and ``leantrain.torchlean_io`` name
+# modules that live in ``leantrain.io``; both spellings import the same module object.
+_sys.modules[__name__ + ".weights"] = weights
+_sys.modules[__name__ + ".torchlean_io"] = torchlean_io
 
 __version__ = "0.1.0"
 

@@ -26,8 +26,8 @@ from typing import Sequence
 import torch
 
 from ..errors import OptimizerStateError, PackError, slot_label
-from ..packs import canonical_gradients
-from ..params import ParamList
+from ..params.packs import canonical_gradients
+from ..params.paramlist import ParamList
 from .hyper import SGD, Adam, AdamW, Hyper, check_rate
 from .rules import SGDState, clone_record, rule_for
 

@@ -24,12 +24,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from . import optim
+from .. import optim
 from .atomic import PathLike, atomic_write
-from .errors import CheckpointError, shape_str, slot_label
-from .optim import OptState
-from .optim import rules as R
-from .params import ParamList
+from ..errors import CheckpointError, shape_str, slot_label
+from ..optim import OptState
+from ..optim import rules as R
+from ..params.paramlist import ParamList, params_of
 
 FORMAT, VERSION = "leantrain.checkpoint", 1
 RECORDS = {
@@ -40,15 +40,6 @@ RECORDS = {
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def _params_of(target) -> ParamList:
-    if isinstance(target, ParamList):
-        return target
-    params = getattr(target, "params", None)
-    if isinstance(params, ParamList):
-        return params
-    raise CheckpointError(f"checkpoint: expected a Runner or a ParamList, got {type(target).__name__}")
 
 
 def crc32(t: torch.Tensor) -> int:
@@ -103,7 +94,7 @@ def save_checkpoint(
 ) -> Path:
     """Write ``target``'s parameters (and optionally optimizer state, progress, loader
     state and RNG states) to ``path`` atomically. ``target`` is a Runner or a ParamList."""
-    params = _params_of(target)
+    params = params_of("save_checkpoint", target)
     tensors: dict[str, torch.Tensor] = {}
     for k, s in enumerate(params.storages()):
         tensors[f"storage.{k}"] = current_value(s).contiguous()
@@ -345,7 +336,7 @@ def load_checkpoint(
     optimizer state untouched."""
     op = "load_checkpoint"
     path = Path(path)
-    params = _params_of(target)
+    params = params_of(op, target)
     manifest, tensors = read_checkpoint(path, op)
     try:
         problems = _schema_problems(manifest, tensors, params)

@@ -13,16 +13,16 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from . import distributed
-from .cli import EXIT_INTERRUPTED, UserError
-from .config import LoaderTrainConfig
-from .data import DataLoader, Dataset
+from ..training import distributed
+from .main import EXIT_INTERRUPTED, UserError
+from ..training.config import LoaderTrainConfig
+from ..data import DataLoader, Dataset
 from .digits import PRESETS, accuracy, digits_split, stack_minibatches
-from .loader_training import train_loader
+from ..training.loader_loop import train_loader
 from .plotting import plot_metrics
 from .runconfig import RunConfig
-from .runner import Runner
-from .trainer import StepEvent
+from ..training.runner import Runner
+from ..training.loops import StepEvent
 
 FLAGS = ("preset", "epochs", "batch_size", "accumulate", "optimizer", "lr", "scheduler", "seed",
          "device", "out", "log_every", "checkpoint_every")
@@ -91,7 +91,7 @@ def _train(args) -> int:
     )
     start_step = 0
     if resuming:
-        from .checkpoint import read_checkpoint
+        from ..io.checkpoint import read_checkpoint
 
         start_step = int(read_checkpoint(ckpt, f"--resume {out}")[0]["progress"].get("step", 0))
     if main:

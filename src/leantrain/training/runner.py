@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from .binding import MODEL_ERRORS, Binding, rng_preserved
-from .errors import ConfigError, DataError, slot_label
-from .module_slots import module_entries
-from .params import ParamList
-from .storage import canonical_device
+from ..errors import ConfigError, DataError, slot_label
+from ..params.module_slots import module_entries
+from ..params.paramlist import ParamList
+from ..params.storage import canonical_device
 
 Sample = tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

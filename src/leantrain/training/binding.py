@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import torch
 
 from . import distributed
-from .errors import ConfigError, DataError, slot_label
-from .module_slots import bind
+from ..errors import ConfigError, DataError, slot_label
+from ..params.module_slots import bind
 
 if TYPE_CHECKING:  # pragma: no cover
     from .runner import Runner

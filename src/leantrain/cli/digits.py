@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from .data import lcg_permutation
+from ..data import lcg_permutation
 
 DATA = Path(__file__).parent / "datasets" / "digits.safetensors"
 TEST_SIZE, SPLIT_SEED = 360, 2024

@@ -1,9 +1,8 @@
 """Shape-indexed parameter lists (seed: Trainer Parameters, spec §1-§2).
 
-A ``Param`` is one *view* of a ``Storage``: the storage plus ``requires_grad``
-and an optional name. A ``ParamList`` is an ordered list of views; the same
-storage may sit at several slots (tied weights), trainable or frozen. Slot
-indices are never compressed: every map, pack and schema has one entry per slot.
+A ``ParamList`` is an ordered list of ``Param`` views; the same storage may sit at
+several slots (tied weights), trainable or frozen. Slot indices are never
+compressed: every map, pack and schema has one entry per slot.
 """
 
 from __future__ import annotations
@@ -12,63 +11,14 @@ from typing import Iterator, Optional, Sequence, Union
 
 import torch
 
-from .errors import PackError, PackTypeError, shape_str, slot_label
+from ..errors import PackError, PackTypeError, shape_str, slot_label
+from .module_slots import module_slots
+from .param import Param
+from .schema import ParameterSchema
 from .storage import Storage, canonical_device
 
 Shape = tuple[int, ...]
 Device = Union[str, torch.device]
-
-
-class Param:
-    """One view of a parameter storage.
-
-    ``Param(value)`` allocates a fresh storage holding a copy of ``value``;
-    ``p.view(...)`` returns another view of the *same* storage (a tied slot, or a
-    frozen view of a trainable storage).
-    """
-
-    __slots__ = ("storage", "requires_grad", "name")
-
-    def __init__(
-        self, value: torch.Tensor, *, name: Optional[str] = None, requires_grad: bool = True
-    ) -> None:
-        if not isinstance(value, torch.Tensor):
-            raise PackTypeError(f"Param: expected a torch.Tensor, got {type(value).__name__}")
-        self.storage = Storage(value.detach().clone())
-        self.requires_grad = bool(requires_grad)
-        self.name = name
-
-    @classmethod
-    def of_storage(
-        cls, storage: Storage, *, requires_grad: bool = True, name: Optional[str] = None
-    ) -> "Param":
-        view = cls.__new__(cls)
-        view.storage, view.requires_grad, view.name = storage, bool(requires_grad), name
-        return view
-
-    def view(self, *, requires_grad: Optional[bool] = None, name: Optional[str] = None) -> "Param":
-        """Another view of this storage; unspecified fields are copied from this view."""
-        return Param.of_storage(
-            self.storage,
-            requires_grad=self.requires_grad if requires_grad is None else requires_grad,
-            name=self.name if name is None else name,
-        )
-
-    @property
-    def shape(self) -> Shape:
-        return self.storage.shape
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.storage.dtype
-
-    def value(self) -> torch.Tensor:
-        """A snapshot of the host value; never syncs, so it may be stale."""
-        return self.storage.host.detach().clone()
-
-    def __repr__(self) -> str:
-        flag = "trainable" if self.requires_grad else "frozen"
-        return f"Param({self.name or '?'}, shape={shape_str(self.shape)}, {flag})"
 
 
 class ParamList:
@@ -116,8 +66,6 @@ class ParamList:
         Tensors over the same memory with the same view are one storage; a partial
         overlap between slots is an ``AliasError`` naming both.
         """
-        from .module_slots import module_slots
-
         return cls(module_slots(module))
 
     # ---------------------------------------------------------------- sequence
@@ -236,8 +184,6 @@ class ParamList:
 
     def schema(self):
         """The checkpoint parameter schema of spec §9.1 for this list."""
-        from .schema import ParameterSchema
-
         return ParameterSchema.of_params(self)
 
 
@@ -263,3 +209,14 @@ def _check_tensors(op: str, pack: Sequence[object]) -> None:
     for i, t in enumerate(pack):
         if not isinstance(t, torch.Tensor):
             raise PackTypeError(f"{op}: slot {i}: expected a torch.Tensor, got {type(t).__name__}")
+
+
+def params_of(op: str, target: object) -> ParamList:
+    """The parameter list of ``target``: a ``ParamList``, or anything holding one as
+    ``.params`` (a ``Runner``)."""
+    if isinstance(target, ParamList):
+        return target
+    params = getattr(target, "params", None)
+    if isinstance(params, ParamList):
+        return params
+    raise PackTypeError(f"{op}: expected a Runner or a ParamList, got {type(target).__name__}")

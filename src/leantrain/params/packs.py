@@ -10,7 +10,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .errors import PackError, PackTypeError, shape_str, slot_label
+from ..errors import PackError, PackTypeError, shape_str, slot_label
 
 Pack = Sequence[Optional[torch.Tensor]]
 

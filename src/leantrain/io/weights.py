@@ -17,13 +17,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .atomic import PathLike, atomic_write
-from .checkpoint import _params_of, current_value, dtype_name
-from .errors import CheckpointError, shape_str, slot_label
+from ..params.paramlist import params_of
+from .checkpoint import current_value, dtype_name
+from ..errors import CheckpointError, shape_str, slot_label
 
 
 def export_state_dict(target) -> dict[str, torch.Tensor]:
     """``{slot name: current value}`` on the CPU; aliased names share one tensor."""
-    params = _params_of(target)
+    params = params_of("export_state_dict", target)
     values = {id(s): current_value(s) for s in params.storages()}
     out = {}
     for i, v in enumerate(params):
@@ -35,7 +36,7 @@ def export_state_dict(target) -> dict[str, torch.Tensor]:
 
 def save_weights(path: PathLike, target) -> Path:
     """Write a safetensors weights file: each storage once, aliases in the metadata."""
-    params = _params_of(target)
+    params = params_of("save_weights", target)
     first: dict[int, str] = {}
     tensors, aliases = {}, {}
     for name, t in export_state_dict(params).items():
@@ -70,7 +71,7 @@ def import_state_dict(
     """Write ``state_dict[name]`` into every slot with that name; returns the names
     not found (empty under ``strict``, where missing or extra names are errors).
     Aliased slots must receive equal values (they are one storage)."""
-    params = _params_of(target)
+    params = params_of("import_state_dict", target)
     problems, plan = [], {}
     names = set()
     for i, v in enumerate(params):

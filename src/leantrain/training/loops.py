@@ -15,14 +15,14 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from . import distributed
-from .checkpoint import load_checkpoint, save_checkpoint
+from ..io.checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig, TrainReport, lr_for
-from .data import Dataset
-from .errors import CheckpointError, ConfigError, DataError, NonFiniteError
+from ..data import Dataset
+from ..errors import CheckpointError, ConfigError, DataError, NonFiniteError
 from .memory import MemoryWatch, cadence
-from .optim import OptState, Optimizer
+from ..optim import OptState, Optimizer
 from .runner import Runner, Sample, check_sample
-from .steps import step_batch, step_batch_and_loss
+from .step import step_batch, step_batch_and_loss
 
 Log = Callable[[str], None]
 ScheduleState = Callable[[int, OptState], OptState]

@@ -13,15 +13,15 @@ from typing import Callable, Iterable, Optional, Union
 
 import torch
 
-from .checkpoint import save_checkpoint
+from ..io.checkpoint import save_checkpoint
 from .config import LoaderTrainConfig, TrainReport, lr_for
 from .binding import rng_preserved
-from .data import DataLoader
-from .errors import ConfigError, DataError
-from .optim import OptState, Optimizer
+from ..data import DataLoader
+from ..errors import ConfigError, DataError
+from ..optim import OptState, Optimizer
 from .runner import Runner, Sample
 from . import distributed
-from .trainer import (
+from .loops import (
     Callback, Log, ScheduleState, StepEvent, _check_inputs, _main_only, _one_update, _resume,
     skip_counter, skipped_total, uses_native,
 )

@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from .errors import PackError, shape_str
+from ..errors import PackError, shape_str
 
 
 def canonical_device(device) -> torch.device:

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .errors import LeantrainError
+from ..errors import LeantrainError
 
 EXIT_USER, EXIT_INTERRUPTED = 2, 130
 
@@ -89,7 +89,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command == "quickstart-mlp":
             return cmd_quickstart(args)
         if args.command == "train":
-            from .cli_train import cmd_train
+            from .train import cmd_train
 
             return cmd_train(args)
         if args.command == "inspect":
@@ -110,7 +110,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def cmd_quickstart(args) -> int:
-    from . import Runner, TrainConfig, optim, train_samples
+    from .. import Runner, TrainConfig, optim, train_samples
     from .quickstart import HELDOUT, grid, mlp
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -132,7 +132,7 @@ def cmd_quickstart(args) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from .checkpoint import read_checkpoint
+    from ..io.checkpoint import read_checkpoint
 
     path = Path(args.checkpoint)
     manifest, tensors = read_checkpoint(path, "inspect")  # checks format and every checksum

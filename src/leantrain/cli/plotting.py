@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def read_metrics(path: str | Path) -> list[dict]:

@@ -20,8 +20,9 @@ from pathlib import Path
 import torch
 
 from .atomic import PathLike, atomic_write_bytes
-from .checkpoint import _params_of, current_value
-from .errors import CheckpointError, shape_str
+from ..params.paramlist import params_of
+from .checkpoint import current_value
+from ..errors import CheckpointError, shape_str
 
 MAGIC_F32, VERSION_F32 = b"TLPF32B", 2
 BITS_FORMAT = "torchlean_paramlist_bits_v1"
@@ -35,7 +36,7 @@ def _u64(n: int) -> bytes:
 
 
 def encode_f32(target) -> bytes:
-    params = _params_of(target)
+    params = params_of("encode_f32", target)
     out = [MAGIC_F32, _u64(VERSION_F32), _u64(len(params))]
     for v in params:
         t = current_value(v.storage).to(torch.float32).contiguous().reshape(-1)
@@ -70,7 +71,7 @@ class _Reader:
 
 def read_torchlean_f32(path: PathLike, target) -> None:
     """Validate the float32 stream against ``target``'s slots, then host-write every slot."""
-    params = _params_of(target)
+    params = params_of("read_torchlean_f32", target)
     op = f"read_torchlean_f32: {path}"
     r = _Reader(Path(path).read_bytes(), op)
     if r.take(len(MAGIC_F32)) != MAGIC_F32:
@@ -99,7 +100,7 @@ def read_torchlean_f32(path: PathLike, target) -> None:
 
 def write_torchlean_bits(path: PathLike, target) -> Path:
     """Write the JSON bit-pattern file (binary64 bits of every value, row-major)."""
-    params = _params_of(target)
+    params = params_of("write_torchlean_bits", target)
     records = []
     for v in params:
         t = current_value(v.storage).to(torch.float64).contiguous().reshape(-1)
@@ -111,7 +112,7 @@ def write_torchlean_bits(path: PathLike, target) -> Path:
 
 def read_torchlean_bits(path: PathLike, target) -> None:
     """Validate the JSON bit-pattern file against ``target``, then host-write every slot."""
-    params = _params_of(target)
+    params = params_of("read_torchlean_bits", target)
     op = f"read_torchlean_bits: {path}"
     try:
         doc = json.loads(Path(path).read_text())

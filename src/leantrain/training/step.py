@@ -14,9 +14,9 @@ from typing import Optional, Sequence
 import torch
 
 from . import distributed
-from .errors import ConfigError, DataError, NonFiniteError
-from .optim import OptState, Optimizer
-from .optim.optimizer import GENERIC, NATIVE
+from ..errors import ConfigError, DataError, NonFiniteError
+from ..optim import OptState, Optimizer
+from ..optim.optimizer import GENERIC, NATIVE
 from .binding import BufferSnapshot, rng_state, set_rng_state
 from .runner import Runner, Sample, check_sample
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from . import optim
+from .. import optim
 from .digits import PRESETS
-from .errors import ConfigError
+from ..errors import ConfigError
 
 SCHEDULERS = ("none", "step", "exponential", "cosine")
 DEVICES = ("cpu", "cuda")

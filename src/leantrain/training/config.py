@@ -7,9 +7,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from .errors import ConfigError
-from .optim import Optimizer, Schedule, sgd
-from .steps import ACCUMULATION_MODES, NONFINITE_MODES
+from ..errors import ConfigError
+from ..optim import Optimizer, Schedule, sgd
+from .step import ACCUMULATION_MODES, NONFINITE_MODES
 
 PathArg = Union[str, os.PathLike]
 

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from .errors import LeantrainError
+from ..errors import LeantrainError
 
 
 class ReplicaError(LeantrainError, RuntimeError):
@@ -88,7 +88,7 @@ def check_replicas(params, op: str = "check_replicas") -> None:
 
     Reads every value to the host once (a sync on CUDA): run at start and after resume.
     """
-    from .checkpoint import crc32, current_value
+    from ..io.checkpoint import crc32, current_value
 
     sums = [crc32(current_value(s)) for s in params.storages()]
     gathered: list = [None] * dist.get_world_size()

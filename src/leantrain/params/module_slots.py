@@ -19,8 +19,8 @@ from typing import NamedTuple
 
 import torch
 
-from .errors import AliasError, ConfigError, PackTypeError, shape_str, slot_label
-from .params import Param
+from ..errors import AliasError, ConfigError, PackTypeError, shape_str, slot_label
+from .param import Param
 from .storage import Storage
 
 # Above this many elements in a strided (non-dense) view, overlap is not enumerated

@@ -1,0 +1,1 @@
+"""Files: atomic writes, checkpoints, weights, and TorchLean's formats."""
