@@ -114,7 +114,7 @@ CASES = [
     ("adam eps = 0", lambda c: optim.adam(0.1, eps=0.0), lt.ConfigError, "eps must be finite and > 0"),
     ("adamw wd nan", lambda c: optim.adamw(0.1, weight_decay=float("nan")), lt.ConfigError, "weight_decay must be finite"),
     ("eps rounds to 0", lambda c: optim.adam(0.1, eps=1e-50).init(c.params), lt.ConfigError, "after conversion to float32"),
-    ("schedule step 0", lambda c: optim.step(0.1, 0), lt.ConfigError, "step_size must be an integer > 0"),
+    ("schedule step 0", lambda c: optim.step(0.1, 0), lt.ConfigError, "step_size must be an integer >= 1"),
     ("schedule min > peak", lambda c: optim.warmup_cosine(0.1, 0.2, 1, 10), lt.ConfigError, "min must be <= peak"),
     ("schedule gamma > 1", lambda c: optim.exponential(0.1, 1.5), lt.ConfigError, r"gamma must be in \[0, 1\]"),
     ("with_lr < 0", lambda c: c.state.with_lr(-0.5), lt.ConfigError, "lr must be finite and >= 0"),

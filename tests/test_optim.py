@@ -377,7 +377,7 @@ def test_warmup_cosine_edge_cases():
 @pytest.mark.parametrize(
     "make, message",
     [
-        (lambda: optim.step(0.1, 0), "optim.step: step_size must be an integer > 0, got 0"),
+        (lambda: optim.step(0.1, 0), "optim.step: step_size must be an integer >= 1, got 0"),
         (lambda: optim.step(0.1, 2, gamma=1.5), r"optim.step: gamma must be in \[0, 1\], got 1.5"),
         (lambda: optim.exponential(0.1, -0.1), r"optim.exponential: gamma must be in \[0, 1\], got -0.1"),
         (lambda: optim.exponential(float("inf"), 0.5), "optim.exponential: base must be finite and >= 0, got inf"),

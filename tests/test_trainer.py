@@ -111,7 +111,7 @@ def test_no_host_reads_between_log_points(monkeypatch, kind, mirrors):
         r.to("cpu")
     opt = getattr(optim, kind)(0.01)
     data = regression_batches(4, 3)
-    state = opt.init(r.params, native=lt.training.loops.uses_native(r, opt))
+    state = opt.init(r.params, native=lt.training.session.uses_native(r, opt))
     batches = lt.training.loops.cyclic_batches("t", data, 2)
     reads = HostReads(monkeypatch)
 

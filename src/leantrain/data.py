@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Generic, Iterable, Iterator, Optional, TypeVar
 
 from .errors import ConfigError, DataError
+from .validate import check_bool, check_count
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -97,12 +98,6 @@ class Dataset(Generic[T]):
         return [list(self.samples[i : i + batch_size]) for i in range(0, n, batch_size)]
 
 
-def _check_int(op: str, name: str, value: object, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{op}: {name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
 @dataclass(frozen=True)
 class DataLoader(Generic[T]):
     """Batches over a dataset with the seeded, persistent shuffle. Immutable: ``epoch``
@@ -128,11 +123,10 @@ class DataLoader(Generic[T]):
                     f"{type(self.dataset).__name__}"
                 )
             object.__setattr__(self, "dataset", Dataset(self.dataset))
-        _check_int(op, "batch_size", self.batch_size, 1)
-        _check_int(op, "seed", self.seed, 0)
+        check_count(op, "batch_size", self.batch_size, 1)
+        check_count(op, "seed", self.seed, 0)
         for name in ("shuffle", "drop_last"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{op}: {name} must be a bool, got {getattr(self, name)!r}")
+            check_bool(op, name, getattr(self, name))
 
     def epoch(self, tag: str = "DataLoader.epoch") -> tuple["DataLoader[T]", list[list[T]]]:
         """One pass: ``(next loader, batches)``. A short last batch is dropped with ``drop_last``."""

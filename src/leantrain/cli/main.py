@@ -16,60 +16,30 @@ from typing import Optional, Sequence
 import torch
 
 from ..errors import LeantrainError
-
-EXIT_USER, EXIT_INTERRUPTED = 2, 130
-
-
-class UserError(Exception):
-    """A mistake in how the command was called: one line, exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line instead of usage + error
-        raise UserError(f"{self.prog}: {message}")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a natural number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value}")
-    return value
-
-
-def _natural(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a natural number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
-    return value
-
+from .train import cmd_train
+from .usage import EXIT_USER, UserError, natural, OneLineParser, positive
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="leantrain", description="The TorchLean trainer runtime on PyTorch.")
-    sub = ap.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    ap = OneLineParser(prog="leantrain", description="The TorchLean trainer runtime on PyTorch.")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     q = sub.add_parser("quickstart-mlp", help="the TorchLean quickstart: a 2-8-1 MLP on a 5x5 grid")
-    q.add_argument("--steps", type=_positive, default=200, help="optimizer steps (default 200)")
-    q.add_argument("--seed", type=_natural, default=0, help="model initialisation seed (default 0)")
+    q.add_argument("--steps", type=positive, default=200, help="optimizer steps (default 200)")
+    q.add_argument("--seed", type=natural, default=0, help="model initialisation seed (default 0)")
     q.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     t = sub.add_parser("train", help="train a preset on the bundled digits data set")
     t.add_argument("config", nargs="?", help="a TOML file with the same keys as the flags")
     t.add_argument("--preset", help="digits-mlp (tied weights) or digits-cnn (BatchNorm)")
-    t.add_argument("--epochs", type=_positive)
-    t.add_argument("--batch-size", type=_positive, help="items stacked into one forward pass")
-    t.add_argument("--accumulate", type=_positive, help="minibatches averaged into one update")
+    t.add_argument("--epochs", type=positive)
+    t.add_argument("--batch-size", type=positive, help="items stacked into one forward pass")
+    t.add_argument("--accumulate", type=positive, help="minibatches averaged into one update")
     t.add_argument("--optimizer", help="sgd, adagrad, rmsprop, adam, adamw or adadelta")
     t.add_argument("--lr", type=float)
     t.add_argument("--scheduler", help="none, step, exponential or cosine (per epoch)")
-    t.add_argument("--seed", type=_natural)
+    t.add_argument("--seed", type=natural)
     t.add_argument("--device", help="cpu or cuda")
     t.add_argument("--out", help="output folder (default runs/latest)")
-    t.add_argument("--log-every", type=_natural, help="read the loss every N steps (0: never)")
-    t.add_argument("--checkpoint-every", type=_natural, help="save every N steps (0: only at the end)")
+    t.add_argument("--log-every", type=natural, help="read the loss every N steps (0: never)")
+    t.add_argument("--checkpoint-every", type=natural, help="save every N steps (0: only at the end)")
     t.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR exactly")
     i = sub.add_parser("inspect", help="show a checkpoint's slots, optimizer, progress and integrity")
     i.add_argument("checkpoint")
@@ -89,8 +59,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command == "quickstart-mlp":
             return cmd_quickstart(args)
         if args.command == "train":
-            from .train import cmd_train
-
             return cmd_train(args)
         if args.command == "inspect":
             return cmd_inspect(args)

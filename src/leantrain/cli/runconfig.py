@@ -16,6 +16,7 @@ from typing import Any, Optional
 from .. import optim
 from .digits import PRESETS
 from ..errors import ConfigError
+from ..validate import is_int, is_number
 
 SCHEDULERS = ("none", "step", "exponential", "cosine")
 DEVICES = ("cpu", "cuda")
@@ -45,11 +46,11 @@ class RunConfig:
         for name, low in (("epochs", 1), ("batch_size", 1), ("accumulate", 1), ("seed", 0),
                           ("log_every", 0), ("checkpoint_every", 0)):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            if not is_int(v) or v < low:
                 raise bad(name, f"expected an integer >= {low}")
         if self.optimizer not in optim.OPTIMIZERS:
             raise bad("optimizer", f"expected one of {', '.join(optim.OPTIMIZERS)}")
-        if not isinstance(self.lr, (int, float)) or isinstance(self.lr, bool) or not (math.isfinite(self.lr) and self.lr > 0):
+        if not is_number(self.lr) or not (math.isfinite(self.lr) and self.lr > 0):
             raise bad("lr", "expected a finite number > 0")
         if self.scheduler not in SCHEDULERS:
             raise bad("scheduler", f"expected one of {', '.join(SCHEDULERS)}")

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from ..training import distributed
-from .main import EXIT_INTERRUPTED, UserError
+from .usage import EXIT_INTERRUPTED, UserError
 from ..training.config import LoaderTrainConfig
 from ..data import DataLoader, Dataset
 from .digits import PRESETS, accuracy, digits_split, stack_minibatches
@@ -22,7 +22,7 @@ from ..training.loader_loop import train_loader
 from .plotting import plot_metrics
 from .runconfig import RunConfig
 from ..training.runner import Runner
-from ..training.loops import StepEvent
+from ..training.session import StepEvent
 
 FLAGS = ("preset", "epochs", "batch_size", "accumulate", "optimizer", "lr", "scheduler", "seed",
          "device", "out", "log_every", "checkpoint_every")

@@ -12,7 +12,6 @@ reported at once, and nothing is installed unless there is none.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -24,18 +23,15 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .. import optim
 from .atomic import PathLike, atomic_write
+from ..validate import is_number
 from ..errors import CheckpointError, shape_str, slot_label
-from ..optim import OptState
+from ..optim import OptState, Optimizer
 from ..optim import rules as R
 from ..params.paramlist import ParamList, params_of
+from ..params.schema import ParameterSchema
 
 FORMAT, VERSION = "leantrain.checkpoint", 1
-RECORDS = {
-    cls.__name__: cls
-    for cls in (R.SGDState, R.MomentumState, R.AdagradState, R.RMSPropState, R.AdamState, R.AdadeltaState)
-}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -68,20 +64,6 @@ def unseal(sealed: str) -> Optional[str]:
     return text if crc == f"{zlib.crc32(text.encode()):08x}" else None
 
 
-def slot_schema(params: ParamList) -> list[dict]:
-    index = {id(s): k for k, s in enumerate(params.storages())}
-    return [
-        {
-            "name": v.name,
-            "shape": list(v.shape),
-            "dtype": dtype_name(v.dtype),
-            "requires_grad": v.requires_grad,
-            "storage": index[id(v.storage)],
-        }
-        for v in params
-    ]
-
-
 # ------------------------------------------------------------------------ save
 def save_checkpoint(
     path: PathLike,
@@ -95,14 +77,15 @@ def save_checkpoint(
     """Write ``target``'s parameters (and optionally optimizer state, progress, loader
     state and RNG states) to ``path`` atomically. ``target`` is a Runner or a ParamList."""
     params = params_of("save_checkpoint", target)
+    schema = params.schema()
     tensors: dict[str, torch.Tensor] = {}
     for k, s in enumerate(params.storages()):
         tensors[f"storage.{k}"] = current_value(s).contiguous()
     manifest: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
-        "slots": slot_schema(params),
-        "representatives": params.canonical_slot_indices(),
+        "slots": schema.slots_manifest(),
+        "representatives": schema.representatives_list(),
         "optimizer": None,
         "progress": progress or {},
         "loader": None,
@@ -143,10 +126,7 @@ def _state_manifest(state: OptState, tensors: dict, params: ParamList) -> dict:
     for i, rec in enumerate(state.slots):
         if rec is None or reps[i] != i:
             continue  # aliases share their representative's record; frozen slots own none
-        entry = {"type": type(rec).__name__, "scalars": {}, "tensors": sorted(rec.tensors())}
-        for f in ("step", "beta1_power", "beta2_power"):
-            if hasattr(rec, f):
-                entry["scalars"][f] = getattr(rec, f)
+        entry = {"type": type(rec).__name__, "scalars": R.record_scalars(rec), "tensors": sorted(rec.tensors())}
         for name, t in rec.tensors().items():
             # Intentional device-to-host read of optimizer state: saving asks for it.
             tensors[f"state.{i}.{name}"] = t.detach().to("cpu").contiguous()
@@ -243,24 +223,10 @@ def _tensor_problem(where: str, name: str, t: Optional[torch.Tensor], shape, dty
 
 
 def _schema_problems(manifest: dict, tensors: dict, params: ParamList) -> list[str]:
-    problems = []
-    saved, here = manifest.get("slots"), slot_schema(params)
-    if not isinstance(saved, list):
+    if not isinstance(manifest.get("slots"), list):
         return ["manifest has no slot schema"]
-    if len(saved) != len(here):
-        return [f"slot count: checkpoint has {len(saved)} slots, destination has {len(here)}"]
-    for i, (a, b) in enumerate(zip(saved, here)):
-        where = slot_label(i, b["name"])
-        for key in ("name", "shape", "dtype", "requires_grad"):
-            if a.get(key) != b[key]:
-                what = "frozen mask" if key == "requires_grad" else key
-                problems.append(f"{where}: {what}: checkpoint has {a.get(key)!r}, destination has {b[key]!r}")
-    reps = manifest.get("representatives")
-    if reps != params.canonical_slot_indices() or [s.get("storage") for s in saved] != [s["storage"] for s in here]:
-        problems.append(
-            f"storage alias map: checkpoint has {reps} (storages {[s.get('storage') for s in saved]}), "
-            f"destination has {params.canonical_slot_indices()} (storages {[s['storage'] for s in here]})"
-        )
+    saved = ParameterSchema.from_manifest(manifest["slots"], manifest.get("representatives"))
+    problems = saved.differences(params.schema())
     for k, s in enumerate(params.storages()):
         name = f"storage.{k}"
         problems.append(_tensor_problem(f"storage {k}", name, tensors.get(name), s.shape, s.dtype))
@@ -278,10 +244,10 @@ def _state_problems(manifest: dict, tensors: dict, params: ParamList, optimizer)
         return [], None
     problems = []
     kind = entry.get("kind")
-    if kind not in optim.OPTIMIZERS:
+    if kind not in R.HYPERS:
         return [f"optimizer: unknown kind {kind!r}"], None
     try:
-        saved = optim.OPTIMIZERS[kind](**entry["hyper"])
+        saved = Optimizer(R.HYPERS[kind](**entry["hyper"]))
     except Exception as e:
         return [f"optimizer: invalid hyperparameters {entry.get('hyper')!r} ({e})"], None
     if optimizer is not None and optimizer.hyper.without_lr() != saved.hyper.without_lr():
@@ -303,11 +269,11 @@ def _state_problems(manifest: dict, tensors: dict, params: ParamList, optimizer)
         problems.append(f"optimizer: state entry for {slot_label(i, None)}, which does not own a history here")
     for key, low in (("lr", 0.0), ("steps", 0)):
         value = entry.get(key)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= low:
+        if not is_number(value) or not value >= low:
             problems.append(f"optimizer: {key} must be a number >= {low}, got {value!r}")
     template = R.rule_for(saved.hyper).init(saved.hyper, torch.zeros(1))
     names = sorted(template.tensors())
-    scalars = sorted(f.name for f in dataclasses.fields(template) if f.name not in names)
+    scalars = sorted(R.record_scalars(template))
     for i in sorted(got & want):
         rec, where = records[str(i)], f"optimizer: {params.label(i)}"
         if rec.get("type") != type(template).__name__ or sorted(rec.get("tensors", [])) != names:
@@ -318,7 +284,7 @@ def _state_problems(manifest: dict, tensors: dict, params: ParamList, optimizer)
             continue
         values = rec.get("scalars", {})
         if sorted(values) != scalars or not all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) for x in values.values()
+            is_number(x) for x in values.values()
         ):
             problems.append(f"{where}: state scalars {values!r}, expected numbers for {scalars!r}")
         v = params[i]
@@ -376,7 +342,7 @@ def _rebuild_state(entry: dict, tensors: dict, params: ParamList, opt) -> OptSta
             s = params[i].storage
             device = (s.mirror if native and s.mirror is not None else s.host).device
             fields = {n: tensors[f"state.{i}.{n}"].to(device).clone() for n in rec["tensors"]}
-            slots[i] = RECORDS[rec["type"]](**fields, **rec["scalars"])
+            slots[i] = R.RECORDS[rec["type"]](**fields, **rec["scalars"])
         elif c is not None and not native:
             slots[i] = slots[c]
     return OptState(opt.hyper, float(entry["lr"]), entry["path"], tuple(slots), int(entry["steps"]))

@@ -23,6 +23,7 @@ from .atomic import PathLike, atomic_write_bytes
 from ..params.paramlist import params_of
 from .checkpoint import current_value
 from ..errors import CheckpointError, shape_str
+from ..validate import is_int
 
 MAGIC_F32, VERSION_F32 = b"TLPF32B", 2
 BITS_FORMAT = "torchlean_paramlist_bits_v1"
@@ -83,11 +84,12 @@ def read_torchlean_f32(path: PathLike, target) -> None:
     if count != len(params):
         raise CheckpointError(f"{op}: parameter count: file has {count}, destination has {len(params)}")
     values = []
+    shapes = params.schema().shapes  # the layout the stream must match
     for i, v in enumerate(params):
         shape = tuple(r.u64() for _ in range(r.u64()))
         n = r.u64()
-        if shape != v.shape:
-            raise CheckpointError(f"{op}: slot {i}: expected shape {shape_str(v.shape)}, got {shape_str(shape)}")
+        if shape != shapes[i]:
+            raise CheckpointError(f"{op}: slot {i}: expected shape {shape_str(shapes[i])}, got {shape_str(shape)}")
         if n != v.storage.host.numel():
             raise CheckpointError(f"{op}: slot {i}: element count {n} does not match the shape")
         payload = bytearray(r.take(4 * n))
@@ -126,18 +128,19 @@ def read_torchlean_bits(path: PathLike, target) -> None:
     if len(records) > len(params):
         raise CheckpointError(f"{op}: unexpected {len(records) - len(params)} trailing parameter record(s)")
     values = []
+    shapes = params.schema().shapes  # the layout the file must match
     for i, v in enumerate(params):
         if i >= len(records):
             raise CheckpointError(f"{op}: missing parameter {i}/{len(params)}")
         rec = records[i]
-        if not isinstance(rec, dict) or tuple(rec.get("shape", ())) != v.shape:
+        if not isinstance(rec, dict) or tuple(rec.get("shape", ())) != shapes[i]:
             got = rec.get("shape") if isinstance(rec, dict) else rec
-            raise CheckpointError(f"{op}: slot {i}: expected shape {shape_str(v.shape)}, got {got!r}")
+            raise CheckpointError(f"{op}: slot {i}: expected shape {shape_str(shapes[i])}, got {got!r}")
         bits = rec.get("values")
         n = v.storage.host.numel()
         if not isinstance(bits, list) or len(bits) != n:
             raise CheckpointError(f"{op}: slot {i}: expected {n} values, got {len(bits) if isinstance(bits, list) else bits!r}")
-        if any(not isinstance(b, int) or isinstance(b, bool) or not 0 <= b < 2**64 for b in bits):
+        if any(not is_int(b) or not 0 <= b < 2**64 for b in bits):
             raise CheckpointError(f"{op}: slot {i}: every value must be a natural number below 2^64")
         signed = [b - 2**64 if b >= 2**63 else b for b in bits]
         values.append(torch.tensor(signed, dtype=torch.int64).view(torch.float64).reshape(v.shape))

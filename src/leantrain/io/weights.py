@@ -73,20 +73,20 @@ def import_state_dict(
     Aliased slots must receive equal values (they are one storage)."""
     params = params_of("import_state_dict", target)
     problems, plan = [], {}
-    names = set()
-    for i, v in enumerate(params):
-        names.add(v.name)
-        t = state_dict.get(v.name)
-        where = slot_label(i, v.name)
+    schema = params.schema()  # the names, shapes and dtypes the weights must match
+    names = set(schema.names)
+    for i, (v, name, shape, dtype) in enumerate(zip(params, schema.names, schema.shapes, schema.dtypes)):
+        t = state_dict.get(name)
+        where = slot_label(i, name)
         if t is None:
             if strict:
                 problems.append(f"{where}: missing from the weights")
             continue
         if not isinstance(t, torch.Tensor):
             problems.append(f"{where}: expected a tensor, got {type(t).__name__}")
-        elif tuple(t.shape) != v.shape or t.dtype != v.dtype:
+        elif tuple(t.shape) != shape or dtype_name(t.dtype) != dtype:
             problems.append(
-                f"{where}: expected {shape_str(v.shape)} {dtype_name(v.dtype)}, got "
+                f"{where}: expected {shape_str(shape)} {dtype}, got "
                 f"{shape_str(t.shape)} {dtype_name(t.dtype)}"
             )
         elif id(v.storage) in plan and not torch.equal(plan[id(v.storage)][1], t):

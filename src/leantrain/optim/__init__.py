@@ -12,6 +12,7 @@ from __future__ import annotations
 from .hyper import SGD, Adadelta, Adagrad, Adam, AdamW, Hyper, RMSProp
 from .optimizer import OptState, Optimizer
 from .rules import (
+    HYPERS,
     AdadeltaState,
     AdagradState,
     AdamState,
@@ -69,14 +70,9 @@ def warmup_cosine(peak: float, min: float, warmup_steps: int, total_steps: int) 
     return WarmupCosine(peak, min, warmup_steps, total_steps)
 
 
-OPTIMIZERS = {
-    "sgd": sgd,
-    "adagrad": adagrad,
-    "rmsprop": rmsprop,
-    "adam": adam,
-    "adamw": adamw,
-    "adadelta": adadelta,
-}
+# Constructors by kind: each registered rule's kinds (see ``rules.RULES``), each
+# reached through the constructor of the same name above.
+OPTIMIZERS = {kind: globals()[kind] for kind in HYPERS}
 
 __all__ = [
     "Optimizer", "OptState", "Hyper", "SGD", "Adagrad", "RMSProp", "Adam", "AdamW", "Adadelta",

@@ -15,6 +15,7 @@ from typing import ClassVar
 import torch
 
 from ..errors import ConfigError
+from ..validate import is_number
 
 
 def _rounded(value: float, dtype: torch.dtype) -> float:
@@ -23,7 +24,7 @@ def _rounded(value: float, dtype: torch.dtype) -> float:
 
 
 def check_rate(op: str, name: str, value: object) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
+    if not is_number(value):
         raise ConfigError(f"{op}: {name} must be a number, got {value!r}")
     if not (math.isfinite(value) and value >= 0):
         raise ConfigError(f"{op}: {name} must be finite and >= 0, got {value!r}")
@@ -31,7 +32,7 @@ def check_rate(op: str, name: str, value: object) -> float:
 
 
 def check_unit(op: str, name: str, value: object) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
+    if not is_number(value):
         raise ConfigError(f"{op}: {name} must be a number, got {value!r}")
     if not (0.0 <= value < 1.0):
         raise ConfigError(f"{op}: {name} must be in [0, 1), got {value!r}")
@@ -39,7 +40,7 @@ def check_unit(op: str, name: str, value: object) -> float:
 
 
 def check_eps(op: str, name: str, value: object) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
+    if not is_number(value):
         raise ConfigError(f"{op}: {name} must be a number, got {value!r}")
     if not (math.isfinite(value) and value > 0):
         raise ConfigError(f"{op}: {name} must be finite and > 0, got {value!r}")

@@ -21,14 +21,14 @@ with ``torch.optim``. Pass back the state a step returned.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
 from ..errors import OptimizerStateError, PackError, slot_label
 from ..params.packs import canonical_gradients
 from ..params.paramlist import ParamList
-from .hyper import SGD, Adam, AdamW, Hyper, check_rate
+from .hyper import Hyper, check_rate
 from .rules import SGDState, clone_record, rule_for
 
 GENERIC, NATIVE = "generic", "native"
@@ -83,8 +83,7 @@ class Optimizer:
     @property
     def native(self) -> bool:
         """Whether this kind has the device-resident path (SGD without momentum, Adam, AdamW)."""
-        h = self.hyper
-        return isinstance(h, (Adam, AdamW)) or (isinstance(h, SGD) and h.momentum == 0.0)
+        return rule_for(self.hyper).native(self.hyper)
 
     def __repr__(self) -> str:
         return self.hyper.describe()
@@ -117,29 +116,76 @@ class Optimizer:
     # --------------------------------------------------------------------- step
     def step(self, state: OptState, params: ParamList, gradients: Sequence) -> OptState:
         """One generic (host) update: sync mirrors, update host tensors, drop mirrors."""
-        return self._step(state, params, gradients, GENERIC)
+        self.check(f"{self.kind}.step", state, params, GENERIC)
+        params.check_pack(f"{self.kind}.step", gradients, allow_none_frozen=True)
+        return self.apply(state, params, gradients, GENERIC)
 
     def step_native(self, state: OptState, params: ParamList, gradients: Sequence) -> OptState:
         """One native update: write only the mirrors, keep state beside them, no host read."""
-        return self._step(state, params, gradients, NATIVE)
+        self.check(f"{self.kind}.step_native", state, params, NATIVE)
+        params.check_pack(f"{self.kind}.step_native", gradients, allow_none_frozen=True)
+        return self.apply(state, params, gradients, NATIVE)
 
-    def _step(
+    def check(self, op: str, state: OptState, params: ParamList, path: str) -> None:
+        """Raise unless ``state`` is this optimizer's history on ``path`` for ``params``."""
+        if not isinstance(state, OptState):
+            raise OptimizerStateError(f"{op}: expected an OptState, got {type(state).__name__}")
+        if state.hyper is not self.hyper and state.hyper.without_lr() != self.hyper.without_lr():
+            raise OptimizerStateError(
+                f"{op}: state belongs to a different optimizer configuration: state has "
+                f"{state.hyper.describe()}, optimizer is {self.hyper.describe()}; call init"
+            )
+        if state.path != path:
+            raise OptimizerStateError(
+                f"{op}: cannot mix generic and native optimizer updates: this history is "
+                f"{state.path}, the call is {path}; call init to start a fresh optimizer history"
+            )
+        if path == NATIVE and not self.native:
+            raise OptimizerStateError(f"{op}: {self.kind} has no native path")
+        if len(state.slots) != len(params):
+            raise OptimizerStateError(
+                f"{op}: state has {len(state.slots)} slots, parameter list has {len(params)}"
+            )
+
+    def apply(
         self, state: OptState, params: ParamList, gradients: Sequence, path: str,
-        trusted: bool = False,
+        found_inf: Optional[torch.Tensor] = None,
     ) -> OptState:
-        """Validate everything, then update. ``trusted`` is for the loops: the state was
-        checked by the caller and the gradients were just produced from these very slots
-        (same shapes and dtypes), so those two checks are not repeated."""
+        """The update, for a state and gradients the caller has checked (``check``, and a
+        pack with the slots' shapes and dtypes, as the runner's own gradients are).
+
+        With ``found_inf`` (a one-element device flag, as ``torch.optim``'s fused kernels
+        take it) every tensor the update writes is put back where the flag is set, on the
+        device, with no host read: one copy of the updated tensors per step. Host-side
+        counters (Adam's ``t``) still advance on a skipped step.
+        """
+        op = f"{self.kind}.{'step_native' if path == NATIVE else 'step'}"
+        plan = self._plan(op, state, params, gradients, path)  # the last checks; nothing written
+        if found_inf is None:
+            return self._run(state, params, plan, path)
+        targets = [_target(storage, path) for _, storage, _, _ in plan]
+        targets += [t for rec in state.records().values() for t in rec.tensors().values()]
+        saved = [t.detach().clone() for t in targets]
+        new = self._run(state, params, plan, path)
+        keep = found_inf[0] == 0
+        with torch.no_grad():
+            for t, old in zip(targets, saved):
+                torch.where(keep, t, old, out=t)
+            known = {id(t) for t in targets}
+            for rec in new.records().values():  # a history this very step created
+                for t in rec.tensors().values():
+                    if id(t) not in known:
+                        torch.where(keep, t, torch.zeros_like(t), out=t)
+        return new
+
+    def _plan(self, op: str, state: OptState, params: ParamList, gradients: Sequence, path: str) -> list:
+        """Per representative: (slot, storage, record or None for a fresh one, summed
+        gradient on the target's device). Raises before anything is written."""
         native = path == NATIVE
-        op = f"{self.kind}.{'step_native' if native else 'step'}"
-        if not trusted:
-            self._check_state(op, state, params, path)
-            params.check_pack(op, gradients, allow_none_frozen=True)
         slots_map = params.canonical_slot_indices()
         sums = canonical_gradients(slots_map, gradients, names=params)
-        records = list(state.slots)
-        rule, hyper = rule_for(self.hyper), self.hyper
-        plan = []  # (slot, storage, record or None for a fresh one, gradient)
+        records = state.slots
+        plan = []
         owned: set[int] = set()  # ids of records some representative updates this step
         for i, c in enumerate(slots_map):
             rec = records[i]
@@ -170,21 +216,21 @@ class Optimizer:
                     rec = clone_record(rec)
                 owned.add(id(rec))
             plan.append((i, storage, rec, g))
-        # ---- validation is complete; from here on we mutate
+        return plan
+
+    def _run(self, state: OptState, params: ParamList, plan: list, path: str) -> OptState:
+        """Write: one multi-tensor call per (device, dtype) group, then the alias records."""
+        native = path == NATIVE
+        rule, hyper = rule_for(self.hyper), self.hyper
+        records = list(state.slots)
         groups: dict[tuple, tuple[list, list, list, list]] = {}
         for i, storage, rec, g in plan:
-            if native:
-                p = storage.mirror
-            elif storage.host_current and storage.mirror is None:
-                p = storage.host  # already a plain host tensor: nothing to sync or drop
-            else:
-                p = storage.begin_host_update()
+            p = _target(storage, path)
+            if not native and not (storage.host_current and storage.mirror is None):
+                p = storage.begin_host_update()  # sync a newer mirror, then drop it
             if rec is None:
                 rec = rule.init(hyper, p)
-            key = (p.get_device(), p.dtype)
-            group = groups.get(key)
-            if group is None:
-                group = groups[key] = ([], [], [], [])
+            group = groups.setdefault((p.get_device(), p.dtype), ([], [], [], []))
             group[0].append(i), group[1].append(rec), group[2].append(p), group[3].append(g)
         with torch.no_grad():
             for idx, recs, ps, gs in groups.values():
@@ -193,6 +239,7 @@ class Optimizer:
         if native:
             for _, storage, _, _ in plan:
                 storage.host_current = False  # the mirror is newer now
+        slots_map = params.canonical_slot_indices()
         if len(plan) != len(slots_map):
             for i, c in enumerate(slots_map):
                 if c is None:
@@ -202,25 +249,10 @@ class Optimizer:
                     records[i] = None if native else records[c]
         return OptState(state.hyper, state.lr, state.path, tuple(records), state.steps + 1)
 
-    def _check_state(self, op: str, state: OptState, params: ParamList, path: str) -> None:
-        if not isinstance(state, OptState):
-            raise OptimizerStateError(f"{op}: expected an OptState, got {type(state).__name__}")
-        if state.hyper is not self.hyper and state.hyper.without_lr() != self.hyper.without_lr():
-            raise OptimizerStateError(
-                f"{op}: state belongs to a different optimizer configuration: state has "
-                f"{state.hyper.describe()}, optimizer is {self.hyper.describe()}; call init"
-            )
-        if state.path != path:
-            raise OptimizerStateError(
-                f"{op}: cannot mix generic and native optimizer updates: this history is "
-                f"{state.path}, the call is {path}; call init to start a fresh optimizer history"
-            )
-        if path == NATIVE and not self.native:
-            raise OptimizerStateError(f"{op}: {self.kind} has no native path")
-        if len(state.slots) != len(params):
-            raise OptimizerStateError(
-                f"{op}: state has {len(state.slots)} slots, parameter list has {len(params)}"
-            )
+
+def _target(storage, path: str) -> torch.Tensor:
+    """The tensor an update on ``path`` writes: the mirror (native) or the host."""
+    return storage.mirror if path == NATIVE else storage.host
 
 
 def _no_mirror(op: str, params: ParamList, i: int) -> OptimizerStateError:

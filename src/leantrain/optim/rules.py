@@ -25,7 +25,7 @@ Operation order is leantrain's definition (chosen for speed, fixed for exactness
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Sequence
 
 import torch
@@ -94,9 +94,21 @@ def clone_record(rec):
     return replace(rec, **{k: t.clone() for k, t in rec.tensors().items()})
 
 
+def record_scalars(rec) -> dict:
+    """A record's non-tensor fields by name (``step``, ``beta1_power``...): what a
+    checkpoint stores beside the tensors."""
+    tensors = rec.tensors()
+    return {f.name: getattr(rec, f.name) for f in fields(rec) if f.name not in tensors}
+
+
 # ------------------------------------------------------------------------- rules
 class SGDRule:
-    native = True
+    hypers = (SGD,)
+    records = (SGDState, MomentumState)
+
+    @staticmethod
+    def native(h: SGD) -> bool:
+        return h.momentum == 0.0  # plain SGD only: momentum has no device path
 
     @staticmethod
     def init(h: SGD, p: torch.Tensor):
@@ -126,7 +138,12 @@ class SGDRule:
 
 
 class AdagradRule:
-    native = False
+    hypers = (Adagrad,)
+    records = (AdagradState,)
+
+    @staticmethod
+    def native(h) -> bool:
+        return False
 
     @staticmethod
     def init(h: Adagrad, p):
@@ -149,7 +166,12 @@ class AdagradRule:
 
 
 class RMSPropRule:
-    native = False
+    hypers = (RMSProp,)
+    records = (RMSPropState,)
+
+    @staticmethod
+    def native(h) -> bool:
+        return False
 
     @staticmethod
     def init(h: RMSProp, p):
@@ -180,7 +202,12 @@ def _adam_scalars(h, s: AdamState) -> tuple[AdamState, float, float]:
 
 
 class AdamRule:
-    native = True
+    hypers = (Adam, AdamW)
+    records = (AdamState,)
+
+    @staticmethod
+    def native(h) -> bool:
+        return True
 
     @staticmethod
     def init(h, p):
@@ -217,7 +244,12 @@ class AdamRule:
 
 
 class AdadeltaRule:
-    native = False
+    hypers = (Adadelta,)
+    records = (AdadeltaState,)
+
+    @staticmethod
+    def native(h) -> bool:
+        return False
 
     @staticmethod
     def init(h: Adadelta, p):
@@ -249,15 +281,17 @@ class AdadeltaRule:
         return ss
 
 
-RULES: dict[type, type] = {
-    SGD: SGDRule,
-    Adagrad: AdagradRule,
-    RMSProp: RMSPropRule,
-    Adam: AdamRule,
-    AdamW: AdamRule,
-    Adadelta: AdadeltaRule,
-}
+# ---------------------------------------------------------------------- registry
+# The one table of rules. Each declares the hyperparameter records it serves, the
+# state records it makes (their class names are their checkpoint names) and whether
+# it has a native (device) path; checkpoints, the optimizer and the constructor table
+# read everything from here. A new optimizer: a Hyper record, a rule here, a constructor.
+RULES = (SGDRule, AdagradRule, RMSPropRule, AdamRule, AdadeltaRule)
+
+_BY_HYPER = {h: rule for rule in RULES for h in rule.hypers}
+HYPERS: dict[str, type] = {h.kind: h for rule in RULES for h in rule.hypers}
+RECORDS: dict[str, type] = {r.__name__: r for rule in RULES for r in rule.records}
 
 
 def rule_for(h: Hyper):
-    return RULES[type(h)]
+    return _BY_HYPER[type(h)]

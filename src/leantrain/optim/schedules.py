@@ -10,18 +10,16 @@ import math
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..validate import check_count, is_number
 from .hyper import check_rate
 
 
 def _check_count(op: str, name: str, value: object, positive: bool = False) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < (1 if positive else 0):
-        rule = "> 0" if positive else ">= 0"
-        raise ConfigError(f"{op}: {name} must be an integer {rule}, got {value!r}")
-    return value
+    return check_count(op, name, value, 1 if positive else 0)
 
 
 def _check_factor(op: str, name: str, value: object) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
+    if not is_number(value) or not 0.0 <= value <= 1.0:
         raise ConfigError(f"{op}: {name} must be in [0, 1], got {value!r}")
     return float(value)
 

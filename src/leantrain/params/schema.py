@@ -1,4 +1,11 @@
-"""The checkpoint parameter schema (spec §9.1): shapes, trainability, alias map."""
+"""The parameter schema (spec §9.1): shapes, trainability and the alias map, plus the
+names, dtypes and storage indices leantrain's files record.
+
+The one description of a slot layout that checkpoints, weights files and the
+TorchLean formats write and check against: ``params.schema()`` describes a list,
+``ParameterSchema.from_manifest`` reads a checkpoint's, ``differences`` names every
+way two layouts disagree.
+"""
 
 from __future__ import annotations
 
@@ -13,20 +20,89 @@ class ParameterSchema:
     """Shapes and ``requires_grad`` per slot, plus the alias map when there are aliases.
 
     ``representatives`` is ``None`` for a layout without aliases (the plain layout),
-    otherwise the canonical slot map (``None`` at frozen slots).
+    otherwise the canonical slot map (``None`` at frozen slots). ``names``, ``dtypes``
+    (``"float32"``...) and ``storages`` (the storage index of each slot, in order of
+    first occurrence) are set for a schema read from a parameter list or a file.
     """
 
     shapes: tuple[Shape, ...]
     requires_grad: tuple[bool, ...]
     representatives: Optional[tuple[Optional[int], ...]] = None
+    names: Optional[tuple[Optional[str], ...]] = None
+    dtypes: Optional[tuple[str, ...]] = None
+    storages: Optional[tuple[int, ...]] = None
 
     @classmethod
     def of_params(cls, params) -> "ParameterSchema":
         shapes = tuple(tuple(s) for s in params.shapes)
         flags = tuple(params.requires_grad_array())
         reps = tuple(params.canonical_slot_indices())
-        schema = cls(shapes, flags, reps)
-        return schema if schema.has_aliases() else cls(shapes, flags, None)
+        index = {id(s): k for k, s in enumerate(params.storages())}
+        extra = dict(
+            names=tuple(params.names),
+            dtypes=tuple(str(d).removeprefix("torch.") for d in params.dtypes),
+            storages=tuple(index[id(v.storage)] for v in params),
+        )
+        schema = cls(shapes, flags, reps, **extra)
+        return schema if schema.has_aliases() else cls(shapes, flags, None, **extra)
+
+    # ----------------------------------------------------------- files
+    def slots_manifest(self) -> list[dict]:
+        """One entry per slot, as a checkpoint manifest stores it."""
+        return [
+            {"name": self.names[i] if self.names else None, "shape": list(self.shapes[i]),
+             "dtype": self.dtypes[i] if self.dtypes else None,
+             "requires_grad": self.requires_grad[i],
+             "storage": self.storages[i] if self.storages else None}
+            for i in range(len(self))
+        ]
+
+    def representatives_list(self) -> list[Optional[int]]:
+        """The canonical slot map, one entry per slot (written even without aliases)."""
+        return [self.representative(i) for i in range(len(self))]
+
+    @classmethod
+    def from_manifest(cls, slots: object, representatives: object) -> "ParameterSchema":
+        """The schema a checkpoint manifest describes; ``ValueError`` when it is malformed."""
+        if not isinstance(slots, list) or not all(isinstance(e, dict) for e in slots):
+            raise ValueError("the slot schema must be a list of slot entries")
+        if not isinstance(representatives, list) or len(representatives) != len(slots):
+            raise ValueError("the alias map must be a list with one entry per slot")
+        try:
+            return cls(
+                tuple(tuple(int(d) for d in e["shape"]) for e in slots),
+                tuple(bool(e["requires_grad"]) for e in slots),
+                tuple(representatives),
+                names=tuple(e.get("name") for e in slots),
+                dtypes=tuple(e.get("dtype") for e in slots),
+                storages=tuple(e.get("storage") for e in slots),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"malformed slot entry ({type(e).__name__}: {e})") from None
+
+    def differences(self, here: "ParameterSchema") -> list[str]:
+        """Every way ``here`` (the destination) differs from this (saved) layout."""
+        if len(self) != len(here):
+            return [f"slot count: checkpoint has {len(self)} slots, destination has {len(here)}"]
+        out = []
+        fields = (("name", "names"), ("shape", "shapes"), ("dtype", "dtypes"),
+                  ("frozen mask", "requires_grad"))
+        for i in range(len(self)):
+            where = f"slot {i} ({here.names[i]!r})" if here.names and here.names[i] else f"slot {i}"
+            for what, attr in fields:
+                a, b = getattr(self, attr), getattr(here, attr)
+                a_i = a[i] if a is not None else None
+                b_i = b[i] if b is not None else None
+                if a_i != b_i:
+                    a_i, b_i = (list(a_i), list(b_i)) if attr == "shapes" else (a_i, b_i)
+                    out.append(f"{where}: {what}: checkpoint has {a_i!r}, destination has {b_i!r}")
+        if self.representatives_list() != here.representatives_list() or self.storages != here.storages:
+            out.append(
+                f"storage alias map: checkpoint has {self.representatives_list()} (storages "
+                f"{list(self.storages or ())}), destination has {here.representatives_list()} "
+                f"(storages {list(here.storages or ())})"
+            )
+        return out
 
     def __len__(self) -> int:
         return len(self.shapes)

@@ -115,27 +115,27 @@ class Binding:
         if self.depth == 0:
             for loc, t, _ in self.swaps:
                 bind(loc, t)
-            self.runner._active = self
+            self.runner.bound = self
         self.depth += 1
         return self
 
     def __exit__(self, *exc) -> None:
         self.depth -= 1
         if self.depth == 0:
-            self.runner._active = None
+            self.runner.bound = None
             for loc, _, orig in reversed(self.swaps):
                 bind(loc, orig)
 
     # ---------------------------------------------------------------- buffers
     def _buffers(self) -> list[tuple[int, torch.Tensor]]:
-        return [(i, self.working[i]) for i in self.runner._buffer_slots]
+        return [(i, self.working[i]) for i in self.runner.buffer_slots]
 
     def _adopt_reassigned(self, op: str, bufs, bound: Sequence[torch.Tensor]) -> bool:
         """A forward that *assigned* a new tensor to a buffer (``self.b = self.b + 1``)
         wrote it: copy the value into the tensor bound there and bind that again."""
         runner, wrote = self.runner, False
         for (i, _), t in zip(bufs, bound):
-            loc = runner._locations[i]
+            loc = runner.locations[i]
             new = loc.current()
             if new is t:
                 continue
@@ -218,7 +218,7 @@ class _Scratch:
         self.versions: list[int] = []
 
     def __enter__(self) -> "_Scratch":
-        locs = self.binding.runner._locations
+        locs = self.binding.runner.locations
         self.copies = [t.clone() for _, t in self.bufs]
         for (i, _), c in zip(self.bufs, self.copies):
             bind(locs[i], c)
@@ -226,7 +226,7 @@ class _Scratch:
         return self
 
     def _note_writes(self) -> None:
-        locs = self.binding.runner._locations
+        locs = self.binding.runner.locations
         for (i, _), c, v in zip(self.bufs, self.copies, self.versions):
             if c._version != v or locs[i].current() is not c:
                 self.written = True
@@ -238,7 +238,7 @@ class _Scratch:
         if not self.bufs or not self.binding.runner.buffer_writes:
             return
         self._note_writes()
-        locs = self.binding.runner._locations
+        locs = self.binding.runner.locations
         with torch.no_grad():
             for (i, t), c in zip(self.bufs, self.copies):
                 c.copy_(t)
@@ -247,7 +247,7 @@ class _Scratch:
 
     def __exit__(self, *exc) -> None:
         self._note_writes()
-        locs = self.binding.runner._locations
+        locs = self.binding.runner.locations
         for (i, t), c in zip(self.bufs, self.copies):
             bind(locs[i], t)
 

@@ -9,14 +9,12 @@ from typing import Optional, Union
 
 from ..errors import ConfigError
 from ..optim import Optimizer, Schedule, sgd
-from .step import ACCUMULATION_MODES, NONFINITE_MODES
+from ..validate import check_bool, check_choice, check_count
+
+ACCUMULATION_MODES = ("exact", "vectorized")
+NONFINITE_MODES = ("raise", "skip")
 
 PathArg = Union[str, os.PathLike]
-
-
-def _count(op: str, name: str, value: object, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{op}: {name} must be an integer >= {minimum}, got {value!r}")
 
 
 def _common(op: str, cfg) -> None:
@@ -30,22 +28,17 @@ def _common(op: str, cfg) -> None:
             f"{op}: scheduler must be a leantrain.optim schedule or None, got "
             f"{type(cfg.scheduler).__name__}"
         )
-    _count(op, "log_every", cfg.log_every, 0)
-    _count(op, "checkpoint_every", cfg.checkpoint_every, 0)
+    check_count(op, "log_every", cfg.log_every, 0)
+    check_count(op, "checkpoint_every", cfg.checkpoint_every, 0)
     for name in ("checkpoint_path", "resume_from"):
         value = getattr(cfg, name)
         if value is not None and not isinstance(value, (str, os.PathLike)):
             raise ConfigError(f"{op}: {name} must be a path or None, got {type(value).__name__}")
     if cfg.checkpoint_every and cfg.checkpoint_path is None:
         raise ConfigError(f"{op}: checkpoint_every={cfg.checkpoint_every} needs a checkpoint_path")
-    if cfg.nonfinite not in NONFINITE_MODES:
-        raise ConfigError(f"{op}: nonfinite must be one of {NONFINITE_MODES}, got {cfg.nonfinite!r}")
-    if not isinstance(cfg.replica_check, bool):
-        raise ConfigError(f"{op}: replica_check must be a bool, got {cfg.replica_check!r}")
-    if cfg.accumulation not in ACCUMULATION_MODES:
-        raise ConfigError(
-            f"{op}: accumulation must be one of {ACCUMULATION_MODES}, got {cfg.accumulation!r}"
-        )
+    check_choice(op, "nonfinite", cfg.nonfinite, NONFINITE_MODES)
+    check_bool(op, "replica_check", cfg.replica_check)
+    check_choice(op, "accumulation", cfg.accumulation, ACCUMULATION_MODES)
 
 
 def lr_for(cfg, t: int) -> float:
@@ -90,9 +83,9 @@ class TrainConfig(LoopOptions):
 
     def __post_init__(self) -> None:
         op = "TrainConfig"
-        _count(op, "steps", self.steps, 0)
-        _count(op, "batch_size", self.batch_size, 1)
-        _count(op, "mem_watch", self.mem_watch, 0)
+        check_count(op, "steps", self.steps, 0)
+        check_count(op, "batch_size", self.batch_size, 1)
+        check_count(op, "mem_watch", self.mem_watch, 0)
         _common(op, self)
 
 
@@ -108,7 +101,7 @@ class LoaderTrainConfig(LoopOptions):
 
     def __post_init__(self) -> None:
         op = "LoaderTrainConfig"
-        _count(op, "epochs", self.epochs, 0)
+        check_count(op, "epochs", self.epochs, 0)
         _common(op, self)
 
 

@@ -64,12 +64,14 @@ class Runner:
         self.loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom")
         self.loss_fn: LossFn = loss_fn
         entries = module_entries(module)
-        self._locations = [loc for _, _, loc in entries]
+        # Where each slot lives in the module, and which slots are buffers: what a
+        # Binding reads and rebinds for one call.
+        self.locations = [loc for _, _, loc in entries]
         self._originals = [t for _, t, _ in entries]  # the module's own objects, per slot
-        self._buffer_slots = [i for i, loc in enumerate(self._locations) if not loc.is_parameter]
+        self.buffer_slots = [i for i, loc in enumerate(self.locations) if not loc.is_parameter]
         self._scratch_locations = [loc for _, _, loc in module_entries(module, persistent=False)]
         self._device_copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._active: Optional[Binding] = None
+        self.bound: Optional[Binding] = None  # the Binding in force during a call
         # Whether a train-mode forward writes any buffer: None until a step tells (by
         # the tensors' version counters, see binding.py).
         self.buffer_writes: Optional[bool] = None
@@ -109,7 +111,7 @@ class Runner:
 
     @property
     def has_buffer_updates(self) -> bool:
-        return self.mode == "train" and bool(self._buffer_slots)
+        return self.mode == "train" and bool(self.buffer_slots)
 
     # --------------------------------------------------------------- binding
     def binding(self, op: str = "Runner") -> Binding:
@@ -117,8 +119,8 @@ class Runner:
 
         Checks first that the module still holds the objects the slots were read from.
         """
-        if self._active is not None:
-            return self._active
+        if self.bound is not None:
+            return self.bound
         views, dev = self.params, self.device
         slots_map = views.canonical_slot_indices()
         leaves: list[Optional[torch.Tensor]] = [None] * len(views)
@@ -150,7 +152,7 @@ class Runner:
                 w = w.detach()  # a frozen view of a trainable storage passes no gradient
             if w is not orig:
                 working[i] = w
-                swaps.append((self._locations[i], w, orig))
+                swaps.append((self.locations[i], w, orig))
         for j, loc in enumerate(self._scratch_locations):
             cur = loc.current()
             if cur is not None and cur.device != dev:
@@ -173,16 +175,16 @@ class Runner:
                 bool(orig.requires_grad) if loc.is_parameter else None,
                 orig.device == self.device,
             )
-            for loc, orig in zip(self._locations, self._originals)
+            for loc, orig in zip(self.locations, self._originals)
         ]
 
     def _changed(self, op: str, i: int) -> ConfigError:
         where = slot_label(i, self.params[i].name)
-        cur = self._locations[i].current()
+        cur = self.locations[i].current()
         if cur is self._originals[i]:
             what = f"its requires_grad was changed to {cur.requires_grad}"  # on the module
         else:
-            kind = "parameter" if self._locations[i].is_parameter else "buffer"
+            kind = "parameter" if self.locations[i].is_parameter else "buffer"
             what = f"the module's {kind} was replaced (or removed)"
         return ConfigError(
             f"{op}: {where}: {what} after the Runner was built, so the Runner would train "
@@ -191,7 +193,7 @@ class Runner:
         )
 
     def mark_buffers_stale(self) -> None:
-        for i in self._buffer_slots:
+        for i in self.buffer_slots:
             s = self.params[i].storage
             if s.mirror is not None and s.mirror.device == self.device:
                 s.host_current = False  # the forward pass advanced the mirror in place

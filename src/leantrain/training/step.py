@@ -14,20 +14,18 @@ from typing import Optional, Sequence
 import torch
 
 from . import distributed
-from ..errors import ConfigError, DataError, NonFiniteError
+from ..errors import DataError, NonFiniteError
+from ..validate import check_choice
 from ..optim import OptState, Optimizer
 from ..optim.optimizer import GENERIC, NATIVE
 from .binding import BufferSnapshot, rng_state, set_rng_state
+from .config import ACCUMULATION_MODES, NONFINITE_MODES
 from .runner import Runner, Sample, check_sample
 
-ACCUMULATION_MODES = ("exact", "vectorized")
-NONFINITE_MODES = ("raise", "skip")
 Pack = list[Optional[torch.Tensor]]
 
 
-def _check_batch(op: str, batch: Sequence[Sample], accumulation: str) -> list[Sample]:
-    if accumulation not in ACCUMULATION_MODES:
-        raise ConfigError(f"{op}: accumulation must be one of {ACCUMULATION_MODES}, got {accumulation!r}")
+def _check_batch(op: str, batch: Sequence[Sample]) -> list[Sample]:
     if not isinstance(batch, (list, tuple)):
         raise DataError(f"{op}: a batch is a list of (x, y) samples, got {type(batch).__name__}")
     if len(batch) == 0:
@@ -127,7 +125,8 @@ def _accumulate(
 def mean_gradients(runner: Runner, batch: Sequence[Sample], *, accumulation: str = "exact") -> Pack:
     """Mean per-slot gradients of a nonempty batch at one parameter point (``None`` at frozen)."""
     op = "mean_gradients"
-    return _accumulate(op, runner, _check_batch(op, batch, accumulation), accumulation)[1]
+    check_choice(op, "accumulation", accumulation, ACCUMULATION_MODES)
+    return _accumulate(op, runner, _check_batch(op, batch), accumulation)[1]
 
 
 def mean_loss_and_gradients(
@@ -135,7 +134,8 @@ def mean_loss_and_gradients(
 ) -> tuple[float, Pack]:
     """Mean loss and mean gradients; reads the loss back to the host (a sync on CUDA)."""
     op = "mean_loss_and_gradients"
-    loss, grads, _ = _accumulate(op, runner, _check_batch(op, batch, accumulation), accumulation, True)
+    check_choice(op, "accumulation", accumulation, ACCUMULATION_MODES)
+    loss, grads, _ = _accumulate(op, runner, _check_batch(op, batch), accumulation, True)
     return float(loss.item()), grads  # intentional sync: the caller asked for the loss
 
 
@@ -161,46 +161,24 @@ def nonfinite_flag(loss: torch.Tensor, grads: Pack, buffers: Sequence[torch.Tens
     return found
 
 
-def _masked_step(opt, state, params, grads, path, found, skipped):
-    """Run the update, then put back every tensor it wrote where ``found`` is set.
-
-    Costs one copy of the updated parameters and optimizer tensors per step (skip mode
-    only). Host-side counters (Adam's ``t``) still advance on a skipped step.
-    """
-    native = path == NATIVE
-    reps = [i for i, c in enumerate(params.canonical_slot_indices()) if c == i]
-    targets = [params[i].storage.mirror if native else params[i].storage.host for i in reps]
-    targets += [t for rec in state.records().values() for t in rec.tensors().values()]
-    targets = [t for t in targets if t is not None]
-    saved = [t.detach().clone() for t in targets]
-    new = opt._step(state, params, grads, path, trusted=True)
-    ok = found[0] == 0
-    with torch.no_grad():
-        for t, old in zip(targets, saved):
-            torch.where(ok, t, old, out=t)
-        known = {id(t) for t in targets}
-        for rec in new.records().values():  # a history created by this very step
-            for t in rec.tensors().values():
-                if id(t) not in known:
-                    torch.where(ok, t, torch.zeros_like(t), out=t)
-    if skipped is not None:
-        skipped.add_(found[0])
-    return new
-
-
-def _update(op, runner, opt, state, use_native_singleton, batch, accumulation, want_loss=False,
-            nonfinite="raise", skipped=None):
-    path = NATIVE if use_native_singleton else GENERIC
-    if nonfinite not in NONFINITE_MODES:
-        raise ConfigError(f"{op}: nonfinite must be one of {NONFINITE_MODES}, got {nonfinite!r}")
-    batch = _check_batch(op, batch, accumulation)
-    opt._check_state(op, state, runner.params, path)  # before buffers advance
+def update(
+    op: str, runner: Runner, opt: Optimizer, state: OptState, native: bool, batch: list[Sample],
+    accumulation: str = "exact", *, want_loss: bool = False, nonfinite: str = "raise",
+    skipped: Optional[torch.Tensor] = None,
+) -> tuple[OptState, torch.Tensor]:
+    """One update over a list batch (the modes already validated, as the loops' configs
+    are); returns the new state and the mean loss tensor (read only if the caller does)."""
+    path = NATIVE if native else GENERIC
+    batch = _check_batch(op, batch)
+    opt.check(op, state, runner.params, path)  # before buffers advance
     loss, grads, snapshot = _accumulate(op, runner, batch, accumulation, want_loss)
     found = nonfinite_flag(loss, grads, snapshot.written if snapshot is not None else ())
     if nonfinite == "skip":
         if snapshot is not None:
             snapshot.restore_where(found)  # a skipped step leaves the buffers as they were
-        return _masked_step(opt, state, runner.params, grads, path, found, skipped), loss
+        if skipped is not None:
+            skipped.add_(found[0])
+        return opt.apply(state, runner.params, grads, path, found_inf=found), loss
     # Intentional host read of one flag per step: raise mode must know before updating.
     if found.item():
         if snapshot is not None:
@@ -209,8 +187,13 @@ def _update(op, runner, opt, state, use_native_singleton, batch, accumulation, w
             f"{op}: the loss, a gradient or a buffer the step wrote is NaN or infinite; "
             f"nothing was updated, buffers included (use nonfinite='skip' to skip such steps)"
         )
-    # trusted: these gradients come from the runner's own slots (shapes and dtypes match)
-    return opt._step(state, runner.params, grads, path, trusted=True), loss
+    # The gradients come from the runner's own slots: their shapes and dtypes fit.
+    return opt.apply(state, runner.params, grads, path), loss
+
+
+def _check_modes(op: str, accumulation: str, nonfinite: str) -> None:
+    check_choice(op, "accumulation", accumulation, ACCUMULATION_MODES)
+    check_choice(op, "nonfinite", nonfinite, NONFINITE_MODES)
 
 
 def step_batch(
@@ -236,7 +219,8 @@ def step_batch(
     ``"skip"`` never reads the host: the update is undone on the device where the flag
     is set, and ``skipped`` (a device tensor) counts the skips.
     """
-    return _update(
+    _check_modes("step_batch", accumulation, nonfinite)
+    return update(
         "step_batch", runner, opt, state, use_native_singleton, batch, accumulation,
         nonfinite=nonfinite, skipped=skipped,
     )[0]
@@ -254,8 +238,9 @@ def step_batch_and_loss(
     skipped: Optional[torch.Tensor] = None,
 ) -> tuple[OptState, float]:
     """One update and the batch's mean loss, measured before the update."""
-    state, loss = _update(
-        "step_batch_and_loss", runner, opt, state, use_native_singleton, batch, accumulation, True,
-        nonfinite=nonfinite, skipped=skipped,
+    _check_modes("step_batch_and_loss", accumulation, nonfinite)
+    state, loss = update(
+        "step_batch_and_loss", runner, opt, state, use_native_singleton, batch, accumulation,
+        want_loss=True, nonfinite=nonfinite, skipped=skipped,
     )
     return state, float(loss.item())  # intentional sync: the caller asked for the loss

@@ -1,0 +1,171 @@
+"""One training run: what the fixed-step and loader loops share.
+
+A ``Session`` starts the run (a fresh optimizer history and the ``before`` loss, or
+the state and progress of the checkpoint it resumes from), performs each update (the
+loss read back only when a log line is due), hears the callback after each update,
+keeps the logged losses and the skip counter, saves checkpoints on their cadence and
+when the run stops, and finishes with the ``after`` loss and the ``TrainReport``.
+The loops themselves only say what a batch is and in which order they come.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from ..errors import CheckpointError, NonFiniteError
+from ..io.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from ..optim import OptState, Optimizer
+from ..optim.optimizer import GENERIC, NATIVE
+from . import distributed
+from .config import TrainReport
+from .runner import Runner, Sample
+from .step import update
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """What a callback sees after each update. ``loss`` is set on logged steps only.
+
+    ``step`` counts updates completed so far (from 1); the log line of that same
+    update reads ``step {step - 1}`` (the index of the update, from 0, as upstream)."""
+
+    step: int
+    state: OptState
+    loss: Optional[float] = None
+    epoch: Optional[int] = None
+    batch: Optional[int] = None  # batches completed in this epoch (loaders)
+
+
+# A callback returning True asks the loop to stop after this step (saving a checkpoint
+# when one is configured); the CLI uses it for Ctrl-C, progress bars and metrics.
+Callback = Callable[[StepEvent], Optional[bool]]
+
+
+def log_line(step: int, loss: float) -> str:
+    return f"step {step}: loss={loss:.6f}"
+
+
+def uses_native(runner: Runner, opt: Optimizer) -> bool:
+    """The loop's path, decided once: native when the optimizer has one and the
+    parameters live on device mirrors; never switched mid-run (not even for a short
+    last batch), so one history stays on one path."""
+    return opt.native and runner.params.has_mirrors()
+
+
+def _silent(line: str) -> None:
+    return None
+
+
+class Session:
+    """The shared state of one run of a loop (``kind``: ``"samples"`` or ``"loader"``)."""
+
+    def __init__(self, op: str, runner: Runner, cfg, kind: str, *, log: Log = print,
+                 callback: Optional[Callback] = None) -> None:
+        self.op, self.runner, self.cfg, self.kind = op, runner, cfg, kind
+        self.opt: Optimizer = cfg.optimizer
+        self.main = distributed.is_main()  # under torch.distributed only rank 0 logs and writes
+        self.log: Log = log if self.main else _silent
+        self.callback = callback
+        self.started = time.perf_counter()
+        self.before = float("nan")
+        self.logged: list[tuple[int, float]] = []  # (step, pre-update loss), resumed ones first
+        # The device-side count of skipped steps (skip mode), read once, at the end.
+        self.skipped = torch.zeros((), device=runner.device) if cfg.nonfinite == "skip" else None
+        self.stopped = False
+        self.expect: dict = {}  # what a resume must match; saved in every progress
+        self.pending: Optional[tuple[dict, OptState, Optional[dict]]] = None  # the newest step
+        self.saved = True  # whether ``pending`` is on disk
+
+    # ------------------------------------------------------------------ start
+    def start(self, items: list[Sample], expect: dict) -> tuple[OptState, Optional[Checkpoint]]:
+        """A fresh history and the ``before`` loss over ``items``, or, with
+        ``cfg.resume_from``, the checkpoint's state (its progress must match ``expect``)."""
+        self.runner.train()
+        self.expect = dict(expect)
+        if self.cfg.resume_from is None:
+            distributed.start_replicas(self.runner, self.cfg.replica_check)
+            self.before = self.runner.mean_loss(items)
+            return self.opt.init(self.runner.params, native=uses_native(self.runner, self.opt)), None
+        ck = self._resume(expect)
+        self.before = ck.progress["before"]
+        self.logged = [tuple(x) for x in ck.progress["losses"]]
+        distributed.start_replicas(self.runner, self.cfg.replica_check)
+        return ck.state, ck
+
+    def _resume(self, expect: dict) -> Checkpoint:
+        op, path = self.op, self.cfg.resume_from
+        ck = load_checkpoint(path, self.runner, optimizer=self.opt)
+        p = ck.progress
+        if p.get("kind") != self.kind or ck.state is None:
+            raise CheckpointError(f"{op}: {path}: not a {self.kind} training checkpoint with optimizer state")
+        for key, value in expect.items():
+            if p.get(key) != value:
+                raise CheckpointError(f"{op}: {path}: {key}: checkpoint has {p.get(key)!r}, this run has {value!r}")
+        if ck.state.path != (NATIVE if uses_native(self.runner, self.opt) else GENERIC):
+            raise CheckpointError(
+                f"{op}: {path}: the checkpoint's optimizer history is {ck.state.path}; "
+                f"resume with parameters on the same kind of device"
+            )
+        return ck
+
+    # ----------------------------------------------------------------- steps
+    def update(self, state: OptState, batch: list[Sample], step: int) -> tuple[OptState, Optional[float]]:
+        """One update at index ``step``; the loss is read (one host read) only when a log
+        line is due."""
+        cfg = self.cfg
+        want = bool(cfg.log_every) and step % cfg.log_every == 0
+        try:
+            state, loss = update(
+                self.op, self.runner, self.opt, state, state.path == NATIVE, batch,
+                cfg.accumulation, want_loss=want, nonfinite=cfg.nonfinite, skipped=self.skipped,
+            )
+        except NonFiniteError as e:
+            raise NonFiniteError(f"step {step}: {e}") from None
+        if not want:
+            return state, None
+        value = float(loss.item())  # intentional sync: a log line is due
+        self.logged.append((step, value))
+        self.log(log_line(step, value))
+        return state, value
+
+    def after_update(self, event: StepEvent, progress: dict, loader_state: Optional[dict] = None) -> bool:
+        """Hear the callback; save on the cadence, or when asked to stop. True: stop."""
+        stop = bool(self.callback and self.callback(event))
+        self.pending, self.saved = (dict(progress, step=event.step), event.state, loader_state), False
+        every = self.cfg.checkpoint_every
+        if self.cfg.checkpoint_path and (stop or (every and event.step % every == 0)):
+            self.save()
+        self.stopped = stop
+        return stop
+
+    def save(self) -> None:
+        """Write the newest step's checkpoint (rank 0 only)."""
+        if self.pending is None:
+            return
+        progress, state, loader_state = self.pending
+        if self.main:
+            progress = dict(self.expect, **progress, kind=self.kind, before=self.before,
+                            losses=list(self.logged))
+            save_checkpoint(self.cfg.checkpoint_path, self.runner, state=state, progress=progress,
+                            loader_state=loader_state)
+        self.saved = True
+
+    # ---------------------------------------------------------------- finish
+    def finish(self, items: list[Sample], steps: int, seen: int) -> TrainReport:
+        """The final checkpoint (unless the newest step is saved), the ``after`` loss over
+        ``items``, the module synced to the trained values, and the report."""
+        if self.cfg.checkpoint_path and not self.saved:
+            self.save()
+        after = self.runner.mean_loss(items)
+        self.runner.sync()  # intentional, once: the module shows the trained values
+        skipped = 0 if self.skipped is None else int(self.skipped.item())  # intentional, end of run
+        return TrainReport(
+            self.before, after, steps, seen, tuple(self.logged), time.perf_counter() - self.started,
+            interrupted=self.stopped, skipped_steps=skipped,
+        )
