@@ -4,6 +4,7 @@ Child usage: python resume_cases.py WORKDIR CASE [CASE ...] resumes each case fr
 WORKDIR/CASE.mid and writes WORKDIR/CASE.resumed.
 """
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -94,4 +95,5 @@ if __name__ == "__main__":
     torch.set_num_threads(int(os.environ.get("LEANTRAIN_THREADS", "1")))
     for case in sys.argv[2:]:
         report = resume(work, case)
-        (work / f"{case}.report").write_text(repr((report.before, report.after, report.losses, report.steps)))
+        fields = {"before": report.before, "after": report.after, "losses": report.losses, "steps": report.steps}
+        (work / f"{case}.report").write_text(json.dumps(fields))

@@ -1,49 +1,51 @@
-"""SIGKILL a checkpointing run at random moments: the newest complete checkpoint always
-loads and verifies, and resuming from it reproduces the uninterrupted run exactly."""
+"""SIGKILL a checkpointing run at explicit points, between steps and inside each stage
+of a checkpoint write: the newest complete checkpoint always verifies, holds the step it
+should, and resuming from it reproduces the uninterrupted run exactly (parameters,
+BatchNorm buffers and logged losses). Every trial must resume."""
 
 import multiprocessing as mp
-import random
-import time
 
+import pytest
 import torch
 
 import crash_child
 from leantrain.io.checkpoint import read_checkpoint
 
-TRIALS = 50
+KILL_STEPS = (1, 2, 7, crash_child.STEPS)
 
 
-def test_sigkill_during_checkpoint_writes(tmp_path):
-    torch.set_num_threads(1)
+@pytest.fixture(scope="module")
+def ctx():
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "leantrain", "crash_child"])
-    reference = crash_child.straight()
-    # how long an uninterrupted child takes, start-up included
-    start = time.perf_counter()
-    p = ctx.Process(target=crash_child.train_and_checkpoint, args=(str(tmp_path / "timing.ckpt"),))
+    return ctx
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return crash_child.straight()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", crash_child.STAGES)
+@pytest.mark.parametrize("kill_step", KILL_STEPS)
+def test_sigkill_at_a_point_resumes_exactly(tmp_path, ctx, reference, kill_step, stage):
+    path = tmp_path / "run.ckpt"
+    p = ctx.Process(target=crash_child.train_and_checkpoint, args=(str(path), kill_step, stage))
     p.start()
     p.join()
-    duration = time.perf_counter() - start
-    assert p.exitcode == 0
-    rng = random.Random(20261129)
-    resumed = leftovers = 0
-    for trial in range(TRIALS):
-        folder = tmp_path / f"t{trial}"
-        folder.mkdir()
-        path = folder / "run.ckpt"
-        p = ctx.Process(target=crash_child.train_and_checkpoint, args=(str(path),))
-        p.start()
-        time.sleep(rng.uniform(0.1, 1.0) * duration)
-        p.kill()
-        p.join()
-        leftovers += sum(1 for f in folder.iterdir() if f.name != "run.ckpt")
-        if not path.exists():
-            continue  # killed before the first checkpoint was complete: nothing to verify
-        read_checkpoint(path)  # complete and intact: every checksum verifies
-        values = crash_child.resume(str(path))
-        for a, b in zip(values, reference):
-            assert torch.equal(a, b), f"trial {trial}: the resumed run differs"
-        assert [f.name for f in folder.iterdir()] == ["run.ckpt"], "stale temporaries were not cleaned up"
-        resumed += 1
-    print(f"{TRIALS} kills: {resumed} resumed exactly, {leftovers} temporaries left by killed writers")
-    assert resumed >= TRIALS // 2
+    assert p.exitcode == -9, "the child was to die at its injection point"
+    # the checkpoint of step k exists only once its rename happened
+    expected = kill_step if stage == "after-rename" else kill_step - 1
+    if expected == 0:
+        assert not path.exists()
+        return
+    manifest, _ = read_checkpoint(path)  # complete and intact: every checksum verifies
+    assert manifest["progress"]["step"] == expected
+    values, losses = crash_child.resume(str(path))
+    ref_values, ref_losses = reference
+    for a, b in zip(values, ref_values):
+        assert torch.equal(a, b), "the resumed run differs"
+    assert losses == ref_losses
+    if expected < crash_child.STEPS:  # the resumed run saved: that removed the killed writer's scratch
+        assert [f.name for f in tmp_path.iterdir()] == ["run.ckpt"]

@@ -37,7 +37,7 @@ def test_a_native_step_never_syncs(kind):
     opt = getattr(optim, kind)(0.01)
     state = opt.init(r.params, native=True)
     data = on_cuda(regression_batches(4, 5))
-    batches = lt.training.loops.cyclic_batches("t", data, 2)
+    batches = lt.training.sample_loop.cyclic_batches("t", data, 2)
     cfg = lt.TrainConfig(steps=6, batch_size=2, optimizer=opt, log_every=0, nonfinite="skip")
     lt.run_sample_steps(r, cfg, lambda: next(batches), lambda d: None, opt, state,
                         lambda t, s: s.with_lr(0.01), log=lambda s: None)  # warm-up (allocations)

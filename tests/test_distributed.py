@@ -60,6 +60,7 @@ def test_round_robin_split_rule():
     assert distributed.active() is None and distributed.is_main()
 
 
+@pytest.mark.slow
 def test_torchrun_runs_the_train_command(tmp_path):
     import json
     import shutil

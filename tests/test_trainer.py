@@ -112,7 +112,7 @@ def test_no_host_reads_between_log_points(monkeypatch, kind, mirrors):
     opt = getattr(optim, kind)(0.01)
     data = regression_batches(4, 3)
     state = opt.init(r.params, native=lt.training.session.uses_native(r, opt))
-    batches = lt.training.loops.cyclic_batches("t", data, 2)
+    batches = lt.training.sample_loop.cyclic_batches("t", data, 2)
     reads = HostReads(monkeypatch)
 
     def run(**kw):

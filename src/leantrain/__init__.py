@@ -35,7 +35,7 @@ from .params import (
 )
 from .training.config import LoaderTrainConfig, TrainConfig, TrainReport
 from .training.loader_loop import run_loader_epochs, train_loader
-from .training.loops import run_sample_steps, train_dataset, train_samples
+from .training.sample_loop import run_sample_steps, train_dataset, train_samples
 from .training.session import StepEvent
 from .training.runner import Runner
 from .training.step import mean_gradients, mean_loss_and_gradients, step_batch, step_batch_and_loss

@@ -27,6 +27,7 @@ from .atomic import PathLike, atomic_write
 from ..validate import is_number
 from ..errors import CheckpointError, shape_str, slot_label
 from ..optim import OptState, Optimizer
+from ..optim.optimizer import GENERIC, NATIVE
 from ..optim import rules as R
 from ..params.paramlist import ParamList, params_of
 from ..params.schema import ParameterSchema
@@ -255,7 +256,7 @@ def _state_problems(manifest: dict, tensors: dict, params: ParamList, optimizer)
             f"optimizer: checkpoint has {saved.hyper.describe()}, destination uses "
             f"{optimizer.hyper.describe()}; load with the same optimizer or without one"
         )
-    if entry.get("path") not in ("generic", "native"):
+    if entry.get("path") not in (GENERIC, NATIVE):
         problems.append(f"optimizer: unknown update path {entry.get('path')!r}")
     reps = params.canonical_slot_indices()
     want = {i for i, c in enumerate(reps) if c == i}
@@ -333,7 +334,7 @@ def load_checkpoint(
 
 
 def _rebuild_state(entry: dict, tensors: dict, params: ParamList, opt) -> OptState:
-    native = entry["path"] == "native"
+    native = entry["path"] == NATIVE
     reps = params.canonical_slot_indices()
     slots: list = [None] * len(params)
     for i, c in enumerate(reps):

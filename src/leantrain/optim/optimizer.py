@@ -160,13 +160,13 @@ class Optimizer:
         counters (Adam's ``t``) still advance on a skipped step.
         """
         op = f"{self.kind}.{'step_native' if path == NATIVE else 'step'}"
-        plan = self._plan(op, state, params, gradients, path)  # the last checks; nothing written
+        slots_map, plan = self._plan(op, state, params, gradients, path)  # nothing written yet
         if found_inf is None:
-            return self._run(state, params, plan, path)
+            return self._run(state, slots_map, plan, path)
         targets = [_target(storage, path) for _, storage, _, _ in plan]
         targets += [t for rec in state.records().values() for t in rec.tensors().values()]
         saved = [t.detach().clone() for t in targets]
-        new = self._run(state, params, plan, path)
+        new = self._run(state, slots_map, plan, path)
         keep = found_inf[0] == 0
         with torch.no_grad():
             for t, old in zip(targets, saved):
@@ -178,9 +178,10 @@ class Optimizer:
                         torch.where(keep, t, torch.zeros_like(t), out=t)
         return new
 
-    def _plan(self, op: str, state: OptState, params: ParamList, gradients: Sequence, path: str) -> list:
-        """Per representative: (slot, storage, record or None for a fresh one, summed
-        gradient on the target's device). Raises before anything is written."""
+    def _plan(self, op: str, state: OptState, params: ParamList, gradients: Sequence, path: str) -> tuple:
+        """The canonical slot map and, per representative, (slot, storage, record or None
+        for a fresh one, summed gradient on the target's device). Raises before anything
+        is written."""
         native = path == NATIVE
         slots_map = params.canonical_slot_indices()
         sums = canonical_gradients(slots_map, gradients, names=params)
@@ -216,9 +217,9 @@ class Optimizer:
                     rec = clone_record(rec)
                 owned.add(id(rec))
             plan.append((i, storage, rec, g))
-        return plan
+        return slots_map, plan
 
-    def _run(self, state: OptState, params: ParamList, plan: list, path: str) -> OptState:
+    def _run(self, state: OptState, slots_map: list, plan: list, path: str) -> OptState:
         """Write: one multi-tensor call per (device, dtype) group, then the alias records."""
         native = path == NATIVE
         rule, hyper = rule_for(self.hyper), self.hyper
@@ -230,7 +231,10 @@ class Optimizer:
                 p = storage.begin_host_update()  # sync a newer mirror, then drop it
             if rec is None:
                 rec = rule.init(hyper, p)
-            group = groups.setdefault((p.get_device(), p.dtype), ([], [], [], []))
+            key = (p.get_device(), p.dtype)
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = ([], [], [], [])
             group[0].append(i), group[1].append(rec), group[2].append(p), group[3].append(g)
         with torch.no_grad():
             for idx, recs, ps, gs in groups.values():
@@ -239,7 +243,6 @@ class Optimizer:
         if native:
             for _, storage, _, _ in plan:
                 storage.host_current = False  # the mirror is newer now
-        slots_map = params.canonical_slot_indices()
         if len(plan) != len(slots_map):
             for i, c in enumerate(slots_map):
                 if c is None:

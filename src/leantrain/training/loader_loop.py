@@ -18,9 +18,8 @@ from ..errors import ConfigError, DataError
 from ..optim import OptState, Optimizer
 from .binding import rng_preserved
 from .config import LoaderTrainConfig, TrainReport, lr_for
-from .loops import ScheduleState, check_inputs
 from .runner import Runner, Sample
-from .session import Callback, Log, Session, StepEvent
+from .session import Callback, Log, ScheduleState, Session, StepEvent, check_inputs
 
 Loader = Union[DataLoader, Iterable]
 

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..errors import CheckpointError, NonFiniteError
+from ..errors import CheckpointError, ConfigError, NonFiniteError
 from ..io.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from ..optim import OptState, Optimizer
 from ..optim.optimizer import GENERIC, NATIVE
@@ -26,6 +26,14 @@ from .runner import Runner, Sample
 from .step import update
 
 Log = Callable[[str], None]
+ScheduleState = Callable[[int, OptState], OptState]
+
+
+def check_inputs(op: str, runner: object, cfg: object, kind: type) -> None:
+    if not isinstance(runner, Runner):
+        raise ConfigError(f"{op}: expected a Runner, got {type(runner).__name__}")
+    if not isinstance(cfg, kind):
+        raise ConfigError(f"{op}: expected a {kind.__name__}, got {type(cfg).__name__}")
 
 
 @dataclass(frozen=True)

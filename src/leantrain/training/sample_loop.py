@@ -17,17 +17,7 @@ from ..optim import OptState, Optimizer
 from .config import TrainConfig, TrainReport, lr_for
 from .memory import MemoryWatch, cadence
 from .runner import Runner, Sample, check_sample
-from .session import Callback, Log, Session, StepEvent
-
-ScheduleState = Callable[[int, OptState], OptState]
-
-
-def check_inputs(op: str, runner: object, cfg: object, kind: type) -> None:
-    if not isinstance(runner, Runner):
-        raise ConfigError(f"{op}: expected a Runner, got {type(runner).__name__}")
-    if not isinstance(cfg, kind):
-        raise ConfigError(f"{op}: expected a {kind.__name__}, got {type(cfg).__name__}")
-
+from .session import Callback, Log, ScheduleState, Session, StepEvent, check_inputs
 
 def cyclic_batches(op: str, samples: Sequence[Sample], k: int, cursor: int = 0):
     """``k`` samples per call, continuing where the last call stopped and wrapping."""
