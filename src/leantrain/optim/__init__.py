@@ -23,21 +23,28 @@ from .rules import (
 from .schedules import Constant, Exponential, Schedule, Step, WarmupCosine
 
 
-def sgd(lr: float, momentum: float = 0.0) -> Optimizer:
+# Every constructor takes ``numerics``: "fast" (the default: leantrain's fused order) or
+# "torchlean" (upstream's per-tensor formulas, one rounding per written operation, on
+# the host path; slower; for replaying a run against TorchLean bit for bit).
+
+
+def sgd(lr: float, momentum: float = 0.0, *, numerics: str = "fast") -> Optimizer:
     """SGD; plain when ``momentum`` is exactly 0, else heavy-ball momentum (no dampening)."""
-    return Optimizer(SGD(lr, momentum))
+    return Optimizer(SGD(lr, momentum, numerics=numerics))
 
 
-def adagrad(lr: float, eps: float = 1e-10) -> Optimizer:
-    return Optimizer(Adagrad(lr, eps))
+def adagrad(lr: float, eps: float = 1e-10, *, numerics: str = "fast") -> Optimizer:
+    return Optimizer(Adagrad(lr, eps, numerics=numerics))
 
 
-def rmsprop(lr: float, decay: float = 0.99, eps: float = 1e-8) -> Optimizer:
-    return Optimizer(RMSProp(lr, decay, eps))
+def rmsprop(lr: float, decay: float = 0.99, eps: float = 1e-8, *, numerics: str = "fast") -> Optimizer:
+    return Optimizer(RMSProp(lr, decay, eps, numerics=numerics))
 
 
-def adam(lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8) -> Optimizer:
-    return Optimizer(Adam(lr, beta1, beta2, eps))
+def adam(
+    lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8, *, numerics: str = "fast"
+) -> Optimizer:
+    return Optimizer(Adam(lr, beta1, beta2, eps, numerics=numerics))
 
 
 def adamw(
@@ -46,12 +53,14 @@ def adamw(
     beta1: float = 0.9,
     beta2: float = 0.999,
     eps: float = 1e-8,
+    *,
+    numerics: str = "fast",
 ) -> Optimizer:
-    return Optimizer(AdamW(lr, weight_decay, beta1, beta2, eps))
+    return Optimizer(AdamW(lr, weight_decay, beta1, beta2, eps, numerics=numerics))
 
 
-def adadelta(lr: float = 1.0, rho: float = 0.9, eps: float = 1e-6) -> Optimizer:
-    return Optimizer(Adadelta(lr, rho, eps))
+def adadelta(lr: float = 1.0, rho: float = 0.9, eps: float = 1e-6, *, numerics: str = "fast") -> Optimizer:
+    return Optimizer(Adadelta(lr, rho, eps, numerics=numerics))
 
 
 def constant(lr: float) -> Constant:

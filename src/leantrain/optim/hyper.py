@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 import torch
 
 from ..errors import ConfigError
-from ..validate import is_number
+from ..validate import check_choice, is_number
+
+NUMERICS = ("fast", "torchlean")
 
 
 def _rounded(value: float, dtype: torch.dtype) -> float:
@@ -52,6 +54,8 @@ class Hyper:
     """Base of the per-kind records; ``lr`` is the base learning rate."""
 
     lr: float
+    # "fast" (leantrain's fused order) or "torchlean" (upstream's formulas, host only).
+    numerics: str = field(default="fast", kw_only=True)
 
     kind: ClassVar[str] = "?"
     _units: ClassVar[tuple[str, ...]] = ()
@@ -60,6 +64,7 @@ class Hyper:
 
     def __post_init__(self) -> None:
         op = f"optim.{self.kind}"
+        check_choice(op, "numerics", self.numerics, NUMERICS)
         for name in self._rates:
             object.__setattr__(self, name, check_rate(op, name, getattr(self, name)))
         for name in self._units:
@@ -72,7 +77,8 @@ class Hyper:
         if not dtype.is_floating_point:
             raise ConfigError(f"optim.{self.kind}: parameters must be floating point, got {dtype}")
         op = f"optim.{self.kind}"
-        suffix = f" after conversion to {str(dtype).removeprefix('torch.')}"
+        name = str(dtype).removeprefix("torch.")
+        suffix = f" after conversion to {name}" + (" (binary32)" if dtype == torch.float32 else "")
         for name in self._eps:
             r = _rounded(getattr(self, name), dtype)
             if not (math.isfinite(r) and r > 0):
@@ -84,6 +90,13 @@ class Hyper:
             r = _rounded(getattr(self, name), dtype)
             if not math.isfinite(r):
                 raise ConfigError(f"{op}: {name} must be finite{suffix}, got {getattr(self, name)!r}")
+        for name in self._units:  # 0.999999999 is below 1 in binary64 but 1.0 in binary32
+            r = _rounded(getattr(self, name), dtype)
+            if not 0.0 <= r < 1.0:
+                raise ConfigError(
+                    f"{op}: {name} must be in [0, 1){suffix}, got {getattr(self, name)!r} "
+                    f"(rounds to {r!r})"
+                )
 
     @functools.cached_property
     def _binding(self) -> tuple:
@@ -93,7 +106,7 @@ class Hyper:
         """The hyperparameters a history is bound to (the lr is the schedule's business)."""
         return self._binding
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, object]:
         """The hyperparameters by name (the constructor's keyword arguments)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 

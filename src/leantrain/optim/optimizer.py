@@ -29,6 +29,7 @@ from ..errors import OptimizerStateError, PackError, slot_label
 from ..params.packs import canonical_gradients
 from ..params.paramlist import ParamList
 from .hyper import Hyper, check_rate
+from .reference import reference_update
 from .rules import SGDState, clone_record, rule_for
 
 GENERIC, NATIVE = "generic", "native"
@@ -83,7 +84,7 @@ class Optimizer:
     @property
     def native(self) -> bool:
         """Whether this kind has the device-resident path (SGD without momentum, Adam, AdamW)."""
-        return rule_for(self.hyper).native(self.hyper)
+        return self.hyper.numerics == "fast" and rule_for(self.hyper).native(self.hyper)
 
     def __repr__(self) -> str:
         return self.hyper.describe()
@@ -95,7 +96,7 @@ class Optimizer:
         if native and not self.native:
             raise OptimizerStateError(
                 f"{op}: {self.kind} has no native path (only sgd without momentum, adam and "
-                f"adamw); use the generic path"
+                f"adamw, with numerics='fast'); use the generic path"
             )
         rule = rule_for(self.hyper)
         slots_map = params.canonical_slot_indices()
@@ -238,7 +239,11 @@ class Optimizer:
             group[0].append(i), group[1].append(rec), group[2].append(p), group[3].append(g)
         with torch.no_grad():
             for idx, recs, ps, gs in groups.values():
-                for i, r in zip(idx, rule.update_many(hyper, state.lr, recs, ps, gs)):
+                if hyper.numerics == "torchlean":  # upstream's order, tensor by tensor
+                    news = [reference_update(hyper, state.lr, r, p, g) for r, p, g in zip(recs, ps, gs)]
+                else:
+                    news = rule.update_many(hyper, state.lr, recs, ps, gs)
+                for i, r in zip(idx, news):
                     records[i] = r
         if native:
             for _, storage, _, _ in plan:

@@ -194,11 +194,23 @@ class RMSPropRule:
         return ss
 
 
-def _adam_scalars(h, s: AdamState) -> tuple[AdamState, float, float]:
-    """Advance ``t`` and the powers; return (record, step size, eps term)."""
+def _adam_scalars(h, s: AdamState) -> tuple[AdamState, float, float, float]:
+    """Advance ``t`` and the powers; return (record, step size, eps term, ``1/sqrt(c2)``)."""
     b1p, b2p = s.beta1_power * h.beta1, s.beta2_power * h.beta2
     c1, root_c2 = 1.0 - b1p, math.sqrt(1.0 - b2p)
-    return AdamState(s.step + 1, s.m, s.v, b1p, b2p), root_c2 / c1, h.eps * root_c2
+    return AdamState(s.step + 1, s.m, s.v, b1p, b2p), root_c2 / c1, h.eps * root_c2, 1.0 / root_c2
+
+
+_ZERO_BELOW: dict = {}  # dtype -> the largest float that rounds to 0 in it
+
+
+def _underflows(x: float, dtype: torch.dtype) -> bool:
+    """Whether the positive ``x`` rounds to 0 in ``dtype`` (half the smallest subnormal)."""
+    limit = _ZERO_BELOW.get(dtype)
+    if limit is None:
+        info = torch.finfo(dtype)
+        limit = _ZERO_BELOW[dtype] = info.smallest_normal * info.eps / 2
+    return x <= limit
 
 
 class AdamRule:
@@ -213,33 +225,48 @@ class AdamRule:
     def init(h, p):
         return AdamState(0, torch.zeros_like(p), torch.zeros_like(p))
 
+    # The folded form ``m / (sqrt(v) + eps*sqrt(c2))`` saves a pass, but ``eps*sqrt(c2)``
+    # can round to 0 in the parameter's dtype (eps=1e-45 in binary32), where a zero
+    # gradient would give 0/0. Such a tensor takes upstream's form instead:
+    # ``(lr/c1) * m / (sqrt(v)*(1/sqrt(c2)) + eps)``, which keeps it finite.
     @staticmethod
     def update(h, lr, s: AdamState, p, g):
         if isinstance(h, AdamW):
             p.mul_(1.0 - lr * h.weight_decay)
-        s, scale, eps = _adam_scalars(h, s)
+        s, scale, eps, inv_root_c2 = _adam_scalars(h, s)
         s.m.lerp_(g, 1.0 - h.beta1)
         s.v.mul_(h.beta2).addcmul_(g, g, value=1.0 - h.beta2)
-        p.addcdiv_(s.m, s.v.sqrt().add_(eps), value=-(lr * scale))
+        if _underflows(eps, p.dtype):
+            p.addcdiv_(s.m, s.v.sqrt().mul_(inv_root_c2).add_(h.eps), value=-(lr * (scale * inv_root_c2)))
+        else:
+            p.addcdiv_(s.m, s.v.sqrt().add_(eps), value=-(lr * scale))
         return s
 
     @staticmethod
     def update_many(h, lr, ss: list, ps, gs):
         if isinstance(h, AdamW):
             torch._foreach_mul_(ps, 1.0 - lr * h.weight_decay)
-        news, scales, epss = [], [], []
-        for s in ss:
-            n, scale, eps = _adam_scalars(h, s)
+        news, scalars = [], []
+        for s, p in zip(ss, ps):
+            n, scale, eps, inv_root_c2 = _adam_scalars(h, s)
             news.append(n)
-            scales.append(-(lr * scale))
-            epss.append(eps)
+            scalars.append((scale, eps, inv_root_c2, _underflows(eps, p.dtype)))
         ms, vs = [s.m for s in ss], [s.v for s in ss]
         torch._foreach_lerp_(ms, gs, 1.0 - h.beta1)
         torch._foreach_mul_(vs, h.beta2)
         torch._foreach_addcmul_(vs, gs, gs, value=1.0 - h.beta2)
-        denom = torch._foreach_sqrt(vs)
-        torch._foreach_add_(denom, epss)
-        torch._foreach_addcdiv_(ps, ms, denom, scales)
+        folded = [k for k, x in enumerate(scalars) if not x[3]]
+        if len(folded) == len(ss):  # the usual case: one pass per operation
+            denom = torch._foreach_sqrt(vs)
+            torch._foreach_add_(denom, [x[1] for x in scalars])
+            torch._foreach_addcdiv_(ps, ms, denom, [-(lr * x[0]) for x in scalars])
+            return news
+        for k, (scale, eps, inv_root_c2, tiny) in enumerate(scalars):  # rare: a tiny eps
+            if tiny:
+                denom = vs[k].sqrt().mul_(inv_root_c2).add_(h.eps)
+                ps[k].addcdiv_(ms[k], denom, value=-(lr * (scale * inv_root_c2)))
+            else:
+                ps[k].addcdiv_(ms[k], vs[k].sqrt().add_(eps), value=-(lr * scale))
         return news
 
 

@@ -30,6 +30,10 @@ class Schedule:
     def lr_at(self, t: int) -> float:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def max_rate(self) -> float:  # pragma: no cover - abstract
+        """The largest rate any index gives (checked against the parameters' dtype)."""
+        raise NotImplementedError
+
 
 @dataclass(frozen=True)
 class Constant(Schedule):
@@ -39,6 +43,9 @@ class Constant(Schedule):
         object.__setattr__(self, "lr", check_rate("optim.constant", "lr", self.lr))
 
     def lr_at(self, t: int) -> float:
+        return self.lr
+
+    def max_rate(self) -> float:
         return self.lr
 
 
@@ -58,6 +65,9 @@ class Step(Schedule):
     def lr_at(self, t: int) -> float:
         return self.base * self.gamma ** (t // self.step_size)
 
+    def max_rate(self) -> float:
+        return self.base  # gamma <= 1: index 0 is the largest
+
 
 @dataclass(frozen=True)
 class Exponential(Schedule):
@@ -72,6 +82,9 @@ class Exponential(Schedule):
 
     def lr_at(self, t: int) -> float:
         return self.base * self.gamma**t
+
+    def max_rate(self) -> float:
+        return self.base  # gamma <= 1: index 0 is the largest
 
 
 @dataclass(frozen=True)
@@ -97,8 +110,11 @@ class WarmupCosine(Schedule):
             return self.min
         w = min(self.warmup_steps, self.total_steps)
         if t < w:
-            return self.peak * (t + 1) / w
+            return self.peak * ((t + 1) / w)  # upstream's newer form: the ratio first
         d = self.total_steps - w
         if d == 0:
             return self.min
-        return self.min + (self.peak - self.min) * (1 + math.cos(math.pi * (t - w) / d)) / 2
+        return self.min + (self.peak - self.min) * (1 + math.cos(math.pi * ((t - w) / d))) / 2
+
+    def max_rate(self) -> float:
+        return self.peak  # warm-up reaches peak at most; the cosine stays between min and peak

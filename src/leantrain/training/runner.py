@@ -240,11 +240,11 @@ class Runner:
         """``(l1 + ... + ln) / n`` under the current parameters and mode.
 
         Buffers and the random number generators are left as found (a measuring pass
-        does not change what training draws next). Reads one scalar back to the host (a
-        device sync on CUDA), as asked.
+        does not change what training draws next). An empty list gives 0.0, upstream's
+        rule. Reads one scalar back to the host (a device sync on CUDA), as asked.
         """
         if len(samples) == 0:
-            raise DataError("Runner.mean_loss: empty sample list")
+            return 0.0
         samples = [check_sample("Runner.mean_loss", s, i) for i, s in enumerate(samples)]
         with rng_preserved(self.device), torch.no_grad():
             with self.binding("Runner.mean_loss") as bound, bound.scratch_buffers():

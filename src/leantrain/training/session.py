@@ -10,6 +10,7 @@ The loops themselves only say what a batch is and in which order they come.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -66,6 +67,20 @@ def uses_native(runner: Runner, opt: Optimizer) -> bool:
     return opt.native and runner.params.has_mirrors()
 
 
+def check_schedule(op: str, cfg, runner: Runner) -> None:
+    """Refuse, before training starts, a schedule whose largest rate does not survive
+    rounding to a trainable parameter's dtype (``1e308`` is infinite in binary32)."""
+    if cfg.scheduler is None:
+        return
+    peak = cfg.scheduler.max_rate()
+    for i, (v, c) in enumerate(zip(runner.params, runner.params.canonical_slot_indices())):
+        if c == i and not math.isfinite(float(torch.tensor(peak, dtype=torch.float64).to(v.dtype))):
+            raise ConfigError(
+                f"{op}: scheduler: its largest rate {peak!r} is not finite after conversion to "
+                f"{str(v.dtype).removeprefix('torch.')} ({runner.params.label(i)})"
+            )
+
+
 def _silent(line: str) -> None:
     return None
 
@@ -94,6 +109,7 @@ class Session:
     def start(self, items: list[Sample], expect: dict) -> tuple[OptState, Optional[Checkpoint]]:
         """A fresh history and the ``before`` loss over ``items``, or, with
         ``cfg.resume_from``, the checkpoint's state (its progress must match ``expect``)."""
+        check_schedule(self.op, self.cfg, self.runner)
         self.runner.train()
         self.expect = dict(expect)
         if self.cfg.resume_from is None:
