@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 from ..errors import ConfigError
 from ..validate import check_count, is_number
@@ -30,9 +31,10 @@ class Schedule:
     def lr_at(self, t: int) -> float:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def max_rate(self) -> float:  # pragma: no cover - abstract
-        """The largest rate any index gives (checked against the parameters' dtype)."""
-        raise NotImplementedError
+    def max_rate(self) -> Optional[float]:
+        """The largest rate any index gives (checked against the parameters' dtype before
+        training starts), or ``None`` when unknown (a user's own schedule)."""
+        return None
 
 
 @dataclass(frozen=True)

@@ -70,9 +70,9 @@ def uses_native(runner: Runner, opt: Optimizer) -> bool:
 def check_schedule(op: str, cfg, runner: Runner) -> None:
     """Refuse, before training starts, a schedule whose largest rate does not survive
     rounding to a trainable parameter's dtype (``1e308`` is infinite in binary32)."""
-    if cfg.scheduler is None:
+    peak = None if cfg.scheduler is None else cfg.scheduler.max_rate()
+    if peak is None:
         return
-    peak = cfg.scheduler.max_rate()
     for i, (v, c) in enumerate(zip(runner.params, runner.params.canonical_slot_indices())):
         if c == i and not math.isfinite(float(torch.tensor(peak, dtype=torch.float64).to(v.dtype))):
             raise ConfigError(
