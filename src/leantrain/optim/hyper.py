@@ -107,11 +107,15 @@ class Hyper:
         return self._binding
 
     def as_dict(self) -> dict[str, object]:
-        """The hyperparameters by name (the constructor's keyword arguments)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The hyperparameters by name (the constructor's keyword arguments); ``numerics``
+        only when it is not the default, so default checkpoints keep their exact bytes."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        if out["numerics"] == "fast":
+            del out["numerics"]
+        return out
 
     def describe(self) -> str:
-        args = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
+        args = ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items())
         return f"{self.kind}({args})"
 
 
