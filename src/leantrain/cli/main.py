@@ -1,4 +1,4 @@
-"""The ``leantrain`` command: quickstart-mlp, train, inspect, plot.
+"""The ``leantrain`` command: quickstart-mlp, train, inspect, export, plot.
 
 A user error (bad flag or value, missing or corrupt file, a resume into another
 model) prints one line and exits with status 2; Ctrl-C during training saves a
@@ -16,6 +16,9 @@ from typing import Optional, Sequence
 import torch
 
 from ..errors import LeantrainError
+from ..errors import CheckpointError
+from ..io.torchlean import detect_format
+from .torchlean import cmd_export, inspect_torchlean
 from .train import cmd_train
 from .usage import EXIT_USER, UserError, natural, OneLineParser, positive
 
@@ -43,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR exactly")
     i = sub.add_parser("inspect", help="show a checkpoint's slots, optimizer, progress and integrity")
     i.add_argument("checkpoint")
+    e = sub.add_parser("export", help="export a checkpoint in TorchLean's formats")
+    e.add_argument("checkpoint")
+    e.add_argument("--torchlean", action="store_true", required=True,
+                   help="TLPF32B parameters at -o FILE, Adam/AdamW state as TLADAMF at FILE.adam")
+    e.add_argument("-o", "--output", required=True, help="the parameter file to write")
     p = sub.add_parser("plot", help="plot a metrics.jsonl file")
     p.add_argument("metrics")
     p.add_argument("-o", "--output", required=True, help="PNG file to write")
@@ -62,6 +70,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return cmd_train(args)
         if args.command == "inspect":
             return cmd_inspect(args)
+        if args.command == "export":
+            return cmd_export(args)
         return cmd_plot(args)
     except BrokenPipeError:  # output piped into a closed reader (e.g. `| head`)
         sys.stderr.close()
@@ -103,6 +113,10 @@ def cmd_inspect(args) -> int:
     from ..io.checkpoint import read_checkpoint
 
     path = Path(args.checkpoint)
+    fmt = _torchlean_format(path)
+    if fmt is not None:
+        inspect_torchlean(path, fmt)
+        return 0
     manifest, tensors = read_checkpoint(path, "inspect")  # checks format and every checksum
     slots, reps = manifest["slots"], manifest["representatives"]
     print(f"{path}: {manifest['format']} v{manifest['version']}, {path.stat().st_size:,} bytes")
@@ -125,6 +139,14 @@ def cmd_inspect(args) -> int:
     progress = {k: v for k, v in manifest.get("progress", {}).items() if k != "losses"}
     print(f"progress: {json.dumps(progress, sort_keys=True)}")
     return 0
+
+
+def _torchlean_format(path: Path):
+    """The TorchLean format of ``path`` (by magic or JSON tag), or ``None``."""
+    try:
+        return detect_format(path)
+    except (CheckpointError, OSError):
+        return None
 
 
 def cmd_plot(args) -> int:

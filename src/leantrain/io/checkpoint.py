@@ -29,7 +29,9 @@ from ..errors import CheckpointError, shape_str, slot_label
 from ..optim import OptState, Optimizer
 from ..optim.optimizer import GENERIC, NATIVE
 from ..optim import rules as R
+from ..params.param import Param
 from ..params.paramlist import ParamList, params_of
+from ..params.storage import Storage
 from ..params.schema import ParameterSchema
 
 FORMAT, VERSION = "leantrain.checkpoint", 1
@@ -347,3 +349,31 @@ def _rebuild_state(entry: dict, tensors: dict, params: ParamList, opt) -> OptSta
         elif c is not None and not native:
             slots[i] = slots[c]
     return OptState(opt.hyper, float(entry["lr"]), entry["path"], tuple(slots), int(entry["steps"]))
+
+
+def params_from_checkpoint(path: PathLike, op: str = "params_from_checkpoint") -> ParamList:
+    """The parameter list a checkpoint describes (its slots, names, frozen flags and ties),
+    holding the saved values: what exporting a checkpoint needs without the model."""
+    manifest, tensors = read_checkpoint(path, op)
+    try:
+        schema = ParameterSchema.from_manifest(manifest.get("slots"), manifest.get("representatives"))
+        storages: dict[int, Storage] = {}
+        views = []
+        for i in range(len(schema)):
+            k = schema.storages[i]
+            storage = storages.get(k)
+            if storage is None:
+                storage = storages[k] = Storage(tensors[f"storage.{k}"].clone())
+            views.append(Param.of_storage(storage, requires_grad=schema.requires_grad[i], name=schema.names[i]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{op}: {path}: malformed manifest ({type(e).__name__}: {e})") from None
+    return ParamList(views)
+
+
+def optimizer_of(manifest: dict) -> Optional[Optimizer]:
+    """The optimizer a checkpoint manifest records (with its saved rate), or ``None``."""
+    entry = manifest.get("optimizer")
+    if not entry:
+        return None
+    hyper = R.HYPERS[entry["kind"]](**entry["hyper"])
+    return Optimizer(hyper)

@@ -8,32 +8,34 @@
   [{"shape": [...], "values": [...]}]}``, values being the binary64 bit patterns.
 
 Both readers validate the whole file first (header, count, every shape and
-payload length, no trailing data) and only then write the parameters.
+payload length, no trailing data) and only then write the parameters. The optimizer
+file ``TLADAMF`` lives in ``tladam.py``, the trainer-state JSON in ``tlstate.py``;
+``load`` reads any of them. ``leantrain.torchlean_io`` is this module.
 """
 
 from __future__ import annotations
 
-import json
-import struct
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 
-from .atomic import PathLike, atomic_write_bytes
-from ..params.paramlist import params_of
-from .checkpoint import current_value
 from ..errors import CheckpointError, shape_str
-from ..validate import is_int
+from ..params.paramlist import params_of
+from .atomic import PathLike, atomic_write_bytes
+from .framing import ByteReader, u64
+from .bits import bits_document, read_bits_records, read_json
+from .checkpoint import current_value
+from .tladam import AdamFile, read_torchlean_adam, write_torchlean_adam
+from .tlstate import STATE_FORMATS, read_torchlean_state, write_torchlean_state
 
 MAGIC_F32, VERSION_F32 = b"TLPF32B", 2
 BITS_FORMAT = "torchlean_paramlist_bits_v1"
-U64 = struct.Struct("<Q")
 
 
 def _u64(n: int) -> bytes:
-    if not 0 <= n < 2**64:
-        raise CheckpointError(f"torchlean: value {n} does not fit in an unsigned 64-bit field")
-    return U64.pack(n)
+    return u64(n, "torchlean")
 
 
 def encode_f32(target) -> bytes:
@@ -53,28 +55,11 @@ def write_torchlean_f32(path: PathLike, target) -> Path:
     return atomic_write_bytes(path, encode_f32(target))
 
 
-class _Reader:
-    def __init__(self, data: bytes, op: str) -> None:
-        self.data, self.pos, self.op = data, 0, op
-
-    def take(self, n: int) -> bytes:
-        if self.pos + n > len(self.data):
-            raise CheckpointError(
-                f"{self.op}: truncated checkpoint (wanted {n} bytes, got {len(self.data) - self.pos})"
-            )
-        chunk = self.data[self.pos : self.pos + n]
-        self.pos += n
-        return chunk
-
-    def u64(self) -> int:
-        return U64.unpack(self.take(8))[0]
-
-
 def read_torchlean_f32(path: PathLike, target) -> None:
     """Validate the float32 stream against ``target``'s slots, then host-write every slot."""
     params = params_of("read_torchlean_f32", target)
     op = f"read_torchlean_f32: {path}"
-    r = _Reader(Path(path).read_bytes(), op)
+    r = ByteReader(Path(path).read_bytes(), op)
     if r.take(len(MAGIC_F32)) != MAGIC_F32:
         raise CheckpointError(f"{op}: unsupported checkpoint family")
     version = r.u64()
@@ -94,55 +79,72 @@ def read_torchlean_f32(path: PathLike, target) -> None:
             raise CheckpointError(f"{op}: slot {i}: element count {n} does not match the shape")
         payload = bytearray(r.take(4 * n))
         values.append(torch.frombuffer(payload, dtype=torch.float32).reshape(shape) if n else torch.zeros(shape))
-    if r.pos != len(r.data):
-        raise CheckpointError(f"{op}: {len(r.data) - r.pos} trailing bytes after the last slot")
+    if r.trailing():
+        raise CheckpointError(f"{op}: {r.trailing()} trailing bytes after the last slot")
     for v, t in zip(params, values):  # all validated: install
         v.storage.write_host(t.to(v.dtype))
 
 
-def write_torchlean_bits(path: PathLike, target) -> Path:
+def write_torchlean_bits(path: PathLike, target, *, pretty: bool = True) -> Path:
     """Write the JSON bit-pattern file (binary64 bits of every value, row-major)."""
     params = params_of("write_torchlean_bits", target)
     records = []
     for v in params:
         t = current_value(v.storage).to(torch.float64).contiguous().reshape(-1)
-        bits = t.view(torch.int64).tolist()
-        records.append({"shape": list(v.shape), "values": [b & (2**64 - 1) for b in bits]})
-    text = json.dumps({"format": BITS_FORMAT, "params": records}, separators=(",", ":"))
-    return atomic_write_bytes(path, text.encode())
+        records.append((list(v.shape), [b & (2**64 - 1) for b in t.view(torch.int64).tolist()]))
+    return atomic_write_bytes(path, bits_document(BITS_FORMAT, records, pretty))
 
 
 def read_torchlean_bits(path: PathLike, target) -> None:
     """Validate the JSON bit-pattern file against ``target``, then host-write every slot."""
     params = params_of("read_torchlean_bits", target)
     op = f"read_torchlean_bits: {path}"
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{op}: not a readable JSON file ({e})") from None
-    if not isinstance(doc, dict) or doc.get("format") != BITS_FORMAT:
-        raise CheckpointError(f"{op}: format tag must be {BITS_FORMAT!r}")
-    records = doc.get("params")
-    if not isinstance(records, list):
-        raise CheckpointError(f"{op}: 'params' must be a list")
-    if len(records) > len(params):
-        raise CheckpointError(f"{op}: unexpected {len(records) - len(params)} trailing parameter record(s)")
-    values = []
-    shapes = params.schema().shapes  # the layout the file must match
-    for i, v in enumerate(params):
-        if i >= len(records):
-            raise CheckpointError(f"{op}: missing parameter {i}/{len(params)}")
-        rec = records[i]
-        if not isinstance(rec, dict) or tuple(rec.get("shape", ())) != shapes[i]:
-            got = rec.get("shape") if isinstance(rec, dict) else rec
-            raise CheckpointError(f"{op}: slot {i}: expected shape {shape_str(shapes[i])}, got {got!r}")
-        bits = rec.get("values")
-        n = v.storage.host.numel()
-        if not isinstance(bits, list) or len(bits) != n:
-            raise CheckpointError(f"{op}: slot {i}: expected {n} values, got {len(bits) if isinstance(bits, list) else bits!r}")
-        if any(not is_int(b) or not 0 <= b < 2**64 for b in bits):
-            raise CheckpointError(f"{op}: slot {i}: every value must be a natural number below 2^64")
-        signed = [b - 2**64 if b >= 2**63 else b for b in bits]
-        values.append(torch.tensor(signed, dtype=torch.int64).view(torch.float64).reshape(v.shape))
-    for v, t in zip(params, values):
+    doc = read_json(op, path)
+    shapes = list(params.schema().shapes)  # the layout the file must match
+    words = read_bits_records(op, doc, BITS_FORMAT, shapes, 64)
+    values = [
+        torch.tensor([w - 2**64 if w >= 2**63 else w for w in ws], dtype=torch.int64)
+        .view(torch.float64).reshape(shape)
+        for ws, shape in zip(words, shapes)
+    ]
+    for v, t in zip(params, values):  # all validated: install
         v.storage.write_host(t.to(v.dtype))
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What ``load`` read: the format, and for ``TLADAMF`` the optimizer file."""
+
+    format: str
+    adam: Optional[AdamFile] = None
+
+
+def detect_format(path: PathLike) -> str:
+    """``"TLPF32B"``, ``"TLADAMF"`` or the JSON format tag, from the file's first bytes."""
+    with open(path, "rb") as f:
+        head = f.read(7)
+    if head in (MAGIC_F32, b"TLADAMF"):
+        return head.decode()
+    if head.lstrip()[:1] == b"{":
+        doc = read_json(f"load: {path}", path)
+        if isinstance(doc, dict) and isinstance(doc.get("format"), str):
+            return doc["format"]
+    raise CheckpointError(f"load: {path}: not a TorchLean file (no known magic or format tag)")
+
+
+def load(path: PathLike, target, optimizer=None) -> Loaded:
+    """Read any TorchLean file into ``target``, choosing the reader by the file's magic or
+    format tag (as upstream's ``NN/API/Checkpoint.lean`` does). Parameter files are
+    installed; a ``TLADAMF`` file returns its optimizer state in ``Loaded.adam``."""
+    fmt = detect_format(path)
+    if fmt == "TLPF32B":
+        read_torchlean_f32(path, target)
+    elif fmt == "TLADAMF":
+        return Loaded(fmt, read_torchlean_adam(path, target, optimizer))
+    elif fmt == BITS_FORMAT:
+        read_torchlean_bits(path, target)
+    elif fmt in STATE_FORMATS:
+        read_torchlean_state(path, target)
+    else:
+        raise CheckpointError(f"load: {path}: unknown TorchLean format {fmt!r}")
+    return Loaded(fmt)
