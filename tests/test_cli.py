@@ -148,3 +148,65 @@ def test_ctrl_c_saves_and_resume_continues_exactly(tmp_path):
     ra = json.loads((straight / "report.json").read_text())
     rb = json.loads((broken / "report.json").read_text())
     assert ra["test_accuracy"] == rb["test_accuracy"] and ra["loss_after"] == rb["loss_after"]
+
+
+MODEL_FILE = '''
+import torch
+from torch import nn
+
+def make():
+    return nn.Sequential(nn.Linear(3, 16), nn.Tanh(), nn.Linear(16, 2))
+
+def data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(48, 3, generator=g)
+    y = (x[:, 0] > 0).long()
+    return [(a, b) for a, b in zip(x[:40], y[:40])], [(a, b) for a, b in zip(x[40:], y[40:])]
+
+NOT_CALLABLE = 3
+
+def not_a_module():
+    return 42
+'''
+
+
+def _user_project(tmp_path, monkeypatch, name):
+    (tmp_path / f"{name}.py").write_text(MODEL_FILE)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.toml").write_text(
+        f'model = "{name}:make"\ndata = "{name}:data"\nloss = "cross_entropy"\nepochs = 2\n'
+        f'batch_size = 8\noptimizer = "adamw"\nweight_decay = 0.05\nlr = 0.01\ncheckpoint_every = 3\n'
+    )
+
+
+def test_train_a_user_model_from_the_command_and_resume_exactly(tmp_path, monkeypatch, capsys):
+    _user_project(tmp_path, monkeypatch, "usermodel_a")
+    assert main(["train", "run.toml", "--out", "straight"]) == 0
+    out = capsys.readouterr().out
+    assert "usermodel_a:make" in out and "test accuracy" in out
+    report = json.loads((tmp_path / "straight" / "report.json").read_text())
+    assert report["model"] == "usermodel_a:make" and report["steps"] == 10
+    assert main(["train", "run.toml", "--out", "half", "--epochs", "1"]) == 0
+    assert main(["train", "--resume", "half", "--epochs", "2"]) == 0
+    a, b = tensors(tmp_path / "straight" / "checkpoint.ckpt"), tensors(tmp_path / "half" / "checkpoint.ckpt")
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    records = [json.loads(line) for line in (tmp_path / "half" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records if r["kind"] == "epoch"] == [0, 1]
+
+
+@pytest.mark.parametrize("flag, ref, message", [
+    ("--model", "no_such_module_xyz:make", "cannot import 'no_such_module_xyz'"),
+    ("--model", "usermodel_b:missing", "has no attribute 'missing'"),
+    ("--model", "usermodel_b:NOT_CALLABLE", "is a int, not a callable"),
+    ("--model", "usermodel_b:not_a_module", "returned a int, expected a torch.nn.Module"),
+    ("--model", "usermodel_b", "expected 'package.module:name'"),
+    ("--data", "usermodel_b:make", "must return (train, test)"),
+    ("--loss", "usermodel_b:gone", "has no attribute 'gone'"),
+])
+def test_bad_references_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, flag, ref, message):
+    _user_project(tmp_path, monkeypatch, "usermodel_b")
+    assert main(["train", "run.toml", flag, ref, "--out", "r"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err

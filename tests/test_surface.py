@@ -14,6 +14,9 @@ def test_top_level_names():
         "StepEvent", "save_checkpoint", "load_checkpoint", "read_checkpoint", "Checkpoint",
         "LeantrainError", "PackError", "PackTypeError", "AliasError", "ConfigError",
         "OptimizerStateError", "DataError", "CheckpointError", "NonFiniteError", "__version__",
+        # deliberately added: evaluation, callbacks, and the file modules as attributes
+        "evaluate", "metrics", "Callback", "EarlyStopping", "ProgressBar", "JSONLLogger", "CSVLogger",
+        "TensorBoardLogger", "weights", "torchlean_io",
     }
     assert set(lt.__all__) == expected
     for name in expected:

@@ -7,7 +7,7 @@ contract.
 
 import sys as _sys
 
-from . import optim
+from . import metrics, optim
 from .data import DataLoader, Dataset
 from .errors import (
     AliasError,
@@ -33,10 +33,12 @@ from .params import (
     canonical_gradients,
     scale_gradient_pack,
 )
+from .training.callbacks import Callback, CSVLogger, EarlyStopping, JSONLLogger, ProgressBar, TensorBoardLogger
 from .training.config import LoaderTrainConfig, TrainConfig, TrainReport
+from .training.evaluation import evaluate
 from .training.loader_loop import run_loader_epochs, train_loader
 from .training.sample_loop import run_sample_steps, train_dataset, train_samples
-from .training.session import StepEvent
+from .training.events import StepEvent
 from .training.runner import Runner
 from .training.step import mean_gradients, mean_loss_and_gradients, step_batch, step_batch_and_loss
 
@@ -58,5 +60,7 @@ __all__ = [
     "StepEvent", "save_checkpoint", "load_checkpoint", "read_checkpoint", "Checkpoint",
     "LeantrainError", "PackError", "PackTypeError", "AliasError", "ConfigError",
     "OptimizerStateError", "DataError", "CheckpointError", "NonFiniteError",
+    "evaluate", "metrics", "Callback", "EarlyStopping", "ProgressBar", "JSONLLogger", "CSVLogger",
+    "TensorBoardLogger", "weights", "torchlean_io",
     "__version__",
 ]

@@ -87,14 +87,3 @@ def stack_minibatches(batch_size: int) -> Callable[[list[Sample]], list[Sample]]
         return out
 
     return collate
-
-
-def accuracy(runner, samples: list[Sample]) -> float:
-    """Fraction of correct argmax predictions in the runner's current mode (chunks of 512)."""
-    correct = 0
-    for i in range(0, len(samples), 512):
-        chunk = samples[i : i + 512]
-        pred = runner.predict(torch.stack([s[0] for s in chunk]))
-        y = torch.stack([s[1] for s in chunk]).to(pred.device)
-        correct += int((pred.argmax(-1) == y).sum().item())  # intentional host read
-    return correct / len(samples)

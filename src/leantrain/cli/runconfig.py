@@ -36,6 +36,11 @@ class RunConfig:
     out: str = "runs/latest"
     log_every: int = 5
     checkpoint_every: int = 100
+    model: Optional[str] = None  # "package.module:factory" instead of a preset
+    data: Optional[str] = None  # "package.module:function" -> (train, test); default: digits
+    loss: str = "cross_entropy"  # "mse", "cross_entropy" or "package.module:function"
+    weight_decay: Optional[float] = None  # adamw only
+    warmup: int = 1  # warm-up epochs of the cosine schedule
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ConfigError:
@@ -58,6 +63,19 @@ class RunConfig:
             raise bad("device", f"expected one of {', '.join(DEVICES)}")
         if not isinstance(self.out, str) or not self.out:
             raise bad("out", "expected a folder path")
+        for name in ("model", "data"):
+            ref = getattr(self, name)
+            if ref is not None and (not isinstance(ref, str) or ":" not in ref):
+                raise bad(name, "expected 'package.module:name'")
+        if not isinstance(self.loss, str) or (self.loss not in ("mse", "cross_entropy") and ":" not in self.loss):
+            raise bad("loss", "expected mse, cross_entropy or 'package.module:function'")
+        if self.weight_decay is not None:
+            if self.optimizer != "adamw":
+                raise bad("weight_decay", "only adamw takes a weight decay")
+            if not is_number(self.weight_decay) or not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+                raise bad("weight_decay", "expected a finite number >= 0")
+        if not is_int(self.warmup) or self.warmup < 0:
+            raise bad("warmup", "expected an integer >= 0")
 
     @classmethod
     def build(cls, toml_path: Optional[str], overrides: dict[str, Any]) -> "RunConfig":
@@ -71,6 +89,8 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     def make_optimizer(self) -> optim.Optimizer:
+        if self.weight_decay is not None:
+            return optim.adamw(self.lr, self.weight_decay)
         return optim.OPTIMIZERS[self.optimizer](self.lr)
 
     def make_schedule(self, steps_per_epoch: int) -> Optional[optim.Schedule]:
@@ -80,7 +100,7 @@ class RunConfig:
         if self.scheduler == "exponential":
             return optim.exponential(self.lr, 0.9)
         if self.scheduler == "cosine":
-            return optim.warmup_cosine(self.lr, self.lr / 20, 1, self.epochs)
+            return optim.warmup_cosine(self.lr, self.lr / 20, self.warmup, self.epochs)
         return None
 
 

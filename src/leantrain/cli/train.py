@@ -17,15 +17,18 @@ from ..training import distributed
 from .usage import EXIT_INTERRUPTED, UserError
 from ..training.config import LoaderTrainConfig
 from ..data import DataLoader, Dataset
-from .digits import PRESETS, accuracy, digits_split, stack_minibatches
+from ..metrics import accuracy
+from ..training.evaluation import evaluate
+from .digits import stack_minibatches
+from .usermodel import build_task
 from ..training.loader_loop import train_loader
 from .plotting import plot_metrics
 from .runconfig import RunConfig
 from ..training.runner import Runner
-from ..training.session import StepEvent
+from ..training.events import StepEvent
 
 FLAGS = ("preset", "epochs", "batch_size", "accumulate", "optimizer", "lr", "scheduler", "seed",
-         "device", "out", "log_every", "checkpoint_every")
+         "device", "out", "log_every", "checkpoint_every", "model", "data", "loss", "weight_decay", "warmup")
 
 
 def _config(args) -> tuple[RunConfig, bool]:
@@ -76,8 +79,10 @@ def _train(args) -> int:
     main = distributed.is_main()
     say = print if main else (lambda *a, **k: None)
     torch.manual_seed(cfg.seed)
-    train, test = digits_split()
-    runner = Runner.from_module(PRESETS[cfg.preset](), "cross_entropy")
+    factory, loss, train, test = build_task(cfg)
+    runner = Runner.from_module(factory(), loss)
+    classify = loss == "cross_entropy"
+    test_batches = stack_minibatches(512)(test)
     if cfg.device == "cuda":
         runner.to(f"cuda:{torch.cuda.current_device()}")
     piece = -(-cfg.batch_size // world)
@@ -105,7 +110,7 @@ def _train(args) -> int:
     reps = params.canonical_slot_indices()
     aliases = sum(1 for i, c in enumerate(reps) if c is not None and c != i)
     frozen = sum(1 for c in reps if c is None)
-    say(f"leantrain train: {cfg.preset}, {len(train)} train / {len(test)} test images, "
+    say(f"leantrain train: {cfg.model or cfg.preset}, {len(train)} train / {len(test)} test samples, "
           f"{cfg.epochs} epochs x {steps_per_epoch} steps, {cfg.optimizer} lr={cfg.lr}, "
           f"batch {cfg.batch_size} x accumulate {cfg.accumulate}, device {cfg.device}"
           + (f", {world} processes" if world > 1 else ""))
@@ -133,13 +138,14 @@ def _train(args) -> int:
             metrics.write(json.dumps({"kind": "step", "step": ev.step - 1, "epoch": epoch,
                                       "loss": ev.loss, "lr": ev.state.lr}) + "\n")
         if ev.batch == steps_per_epoch:  # end of an epoch: evaluate on the test split
-            runner.eval()
-            acc = accuracy(runner, test)
-            runner.train()
-            metrics.write(json.dumps({"kind": "epoch", "step": ev.step, "epoch": epoch,
-                                      "test_accuracy": acc}) + "\n")
+            res = evaluate(runner, test_batches, {"accuracy": accuracy} if classify else None)
+            record = {"kind": "epoch", "step": ev.step, "epoch": epoch, "test_loss": res["loss"]}
+            if classify:
+                record["test_accuracy"] = res["accuracy"]
+            metrics.write(json.dumps(record) + "\n")
             metrics.flush()
-            line = f"epoch {epoch + 1:>3}/{cfg.epochs}: step {ev.step:>5}  test accuracy {acc:.4f}"
+            shown = f"test accuracy {res['accuracy']:.4f}" if classify else f"test loss {res['loss']:.6f}"
+            line = f"epoch {epoch + 1:>3}/{cfg.epochs}: step {ev.step:>5}  {shown}"
             bar.write(line) if not bar.disable else print(line, flush=True)
         return stop["requested"] if world == 1 or ev.batch == steps_per_epoch else False
 
@@ -161,17 +167,21 @@ def _train(args) -> int:
         print(f"interrupted at step {report.steps}; checkpoint saved to {ckpt}\n"
               f"continue with: leantrain train --resume {out}")
         return EXIT_INTERRUPTED
-    runner.eval()
-    test_acc = accuracy(runner, test)
+    res = evaluate(runner, test_batches, {"accuracy": accuracy} if classify else None)
     result = {
-        "preset": cfg.preset, "loss_before": report.before, "loss_after": report.after,
-        "test_accuracy": test_acc, "steps": report.steps, "images_seen": cfg.epochs * len(train),
+        "preset": cfg.preset if cfg.model is None else None, "model": cfg.model,
+        "loss_before": report.before, "loss_after": report.after, "test_loss": res["loss"],
+        "test_accuracy": res["accuracy"] if classify else None,
+        "steps": report.steps, "images_seen": cfg.epochs * len(train),
         "wall_time_s": round(report.wall_time, 3), "aliased_slots": aliases, "frozen_slots": frozen,
     }
     (out / "report.json").write_text(json.dumps(result, indent=2) + "\n")
     plot_metrics(metrics_path, out / "loss.png")
     print(f"mean training loss: {report.before:.4f} -> {report.after:.4f}")
-    print(f"test accuracy: {test_acc:.4f} ({round(test_acc * len(test))}/{len(test)})")
+    if classify:
+        print(f"test accuracy: {res['accuracy']:.4f} ({round(res['accuracy'] * len(test))}/{len(test)})")
+    else:
+        print(f"test loss: {res['loss']:.6f}")
     print(f"steps: {report.steps}, images: {cfg.epochs * len(train)}, wall time: {report.wall_time:.1f} s"
           + (" (this session)" if resuming else ""))
     print(f"wrote {ckpt}, {metrics_path}, {out / 'loss.png'}, {out / 'report.json'}")

@@ -78,8 +78,14 @@ def module_slots(module: torch.nn.Module) -> list[Param]:
     for name, t, loc in entries:
         storage = by_view.setdefault(_view_key(t), Storage(t))
         trainable = loc.is_parameter and t.requires_grad
-        views.append(Param.of_storage(storage, requires_grad=trainable, name=name))
+        views.append(Param.of_storage(storage, requires_grad=trainable, name=_plain_name(name)))
     return views
+
+
+def _plain_name(name: str) -> str:
+    """The name without the ``_orig_mod.`` a ``torch.compile`` wrapper adds, so weights
+    and checkpoints of a compiled model fit the plain model and back."""
+    return name.removeprefix("_orig_mod.")
 
 
 def bind(location: SlotLocation, tensor: torch.Tensor) -> None:

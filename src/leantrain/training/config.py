@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Callable, Mapping, Optional, Union
 
 from ..errors import ConfigError
 from ..optim import Optimizer, Schedule, sgd
@@ -39,6 +39,14 @@ def _common(op: str, cfg) -> None:
     check_choice(op, "nonfinite", cfg.nonfinite, NONFINITE_MODES)
     check_bool(op, "replica_check", cfg.replica_check)
     check_choice(op, "accumulation", cfg.accumulation, ACCUMULATION_MODES)
+    check_count(op, "eval_every", cfg.eval_every, 1)
+    check_bool(op, "measure_loss", cfg.measure_loss)
+    if cfg.eval_metrics is not None and (
+        not isinstance(cfg.eval_metrics, Mapping) or not all(callable(f) for f in cfg.eval_metrics.values())
+    ):
+        raise ConfigError(f"{op}: eval_metrics must map names to callables (output, target) -> tensor")
+    if cfg.eval_metrics and cfg.eval_data is None:
+        raise ConfigError(f"{op}: eval_metrics needs eval_data")
 
 
 def lr_for(cfg, t: int) -> float:
@@ -54,7 +62,10 @@ class LoopOptions:
     ``checkpoint_path``/``checkpoint_every``: save every N updates and at the end;
     ``resume_from``: continue a run exactly from a checkpoint; ``replica_check``:
     verify the ranks agree at the start (distributed); ``nonfinite``: ``"raise"`` or
-    ``"skip"`` for NaN/inf losses and gradients.
+    ``"skip"`` for NaN/inf losses and gradients; ``eval_data``/``eval_every``/
+    ``eval_metrics``: evaluate (``leantrain.evaluate``) every ``eval_every`` steps
+    (in-memory loops) or epochs (loaders), results in ``TrainReport.evals`` and in
+    checkpoints; ``measure_loss=False`` skips the ``before``/``after`` passes.
     """
 
     accumulation: str = "exact"
@@ -63,6 +74,10 @@ class LoopOptions:
     resume_from: Optional[PathArg] = None
     replica_check: bool = True
     nonfinite: str = "raise"
+    eval_data: Optional[object] = None
+    eval_every: int = 1
+    eval_metrics: Optional[Mapping[str, Callable]] = None
+    measure_loss: bool = True
 
 
 @dataclass(frozen=True)
@@ -112,11 +127,12 @@ class TrainReport:
     ``losses`` holds the logged ``(step, loss)`` pairs (pre-update losses).
     """
 
-    before: float
-    after: float
+    before: Optional[float]  # None with measure_loss=False
+    after: Optional[float]
     steps: int = 0
     samples_seen: int = 0
     losses: tuple[tuple[int, float], ...] = ()
     wall_time: float = 0.0
     interrupted: bool = False
     skipped_steps: int = 0
+    evals: tuple = ()  # (step, evaluate's results) per evaluation

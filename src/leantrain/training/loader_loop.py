@@ -9,60 +9,20 @@ same shuffle and skips what was done.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Union
+import warnings
+from typing import Iterable, Optional, Sequence, Union
 
 import torch
 
 from ..data import DataLoader
 from ..errors import ConfigError, DataError
 from ..optim import OptState, Optimizer
-from .binding import rng_preserved
+from .batches import Loader, as_list_batch, loader_generators, loader_items
 from .config import LoaderTrainConfig, TrainReport, lr_for
 from .runner import Runner, Sample
-from .session import Callback, Log, ScheduleState, Session, StepEvent, check_inputs
-
-Loader = Union[DataLoader, Iterable]
-
-
-def as_list_batch(op: str, batch: object) -> list[Sample]:
-    """A loader batch: a list of samples, or one collated ``(x, y)`` pair (a list of one)."""
-    if isinstance(batch, (tuple, list)) and len(batch) == 2 and all(
-        isinstance(t, torch.Tensor) for t in batch
-    ):
-        return [(batch[0], batch[1])]
-    if isinstance(batch, (tuple, list)):
-        return list(batch)
-    raise DataError(
-        f"{op}: a loader batch must be a list of (x, y) samples or one (x, y) pair of "
-        f"tensors, got {type(batch).__name__}"
-    )
-
-
-def loader_generators(loader: object) -> list[torch.Generator]:
-    """The generators iterating ``loader`` draws from (a torch DataLoader's own, its
-    sampler's, its batch sampler's sampler's), each once."""
-    found: dict[int, torch.Generator] = {}
-    sampler = getattr(loader, "sampler", None)
-    inner = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
-    for owner in (loader, sampler, inner):
-        g = getattr(owner, "generator", None)
-        if isinstance(g, torch.Generator):
-            found.setdefault(id(g), g)
-    return list(found.values())
-
-
-def loader_items(op: str, loader: Loader, device: torch.device) -> list[Sample]:
-    """Every item of one pass over ``loader``, read without consuming its randomness:
-    a shuffled torch DataLoader then yields the same epochs as in the user's own loop."""
-    if isinstance(loader, DataLoader):
-        items = loader.items(op)
-    else:
-        with rng_preserved(device, loader_generators(loader)):
-            items = [s for raw in loader for s in as_list_batch(op, raw)]
-    if not items:
-        raise DataError(f"{op}: empty dataset")
-    return items
-
+from .callbacks import Callback
+from .events import StepCallback, StepEvent
+from .session import Log, ScheduleState, Session, check_inputs
 
 def run_loader_epochs(
     runner: Runner,
@@ -85,6 +45,7 @@ def run_loader_epochs(
         session = Session(op, runner, cfg, "loader", log=log)
     first_logged = len(session.logged)
     epoch, skip, step, seen = start
+    event: Optional[StepEvent] = None
     while epoch < cfg.epochs:
         epoch_loader = loader  # what a checkpoint taken in this epoch records
         if isinstance(loader, DataLoader):
@@ -101,8 +62,11 @@ def run_loader_epochs(
             seen += len(batch)
             progress = {"epoch": epoch, "batch": b + 1, "seen": seen}
             lstate = epoch_loader.state() if isinstance(epoch_loader, DataLoader) else None
-            if session.after_update(StepEvent(step, state, loss, epoch, b + 1), progress, lstate):
+            event = StepEvent(step, state, loss, epoch, b + 1)
+            if session.after_update(event, progress, lstate):
                 return loader, state, session.logged[first_logged:], step, seen
+        if event is not None and session.end_epoch(event, epoch):
+            return loader, state, session.logged[first_logged:], step, seen
         skip = 0
         epoch += 1
     return loader, state, session.logged[first_logged:], step, seen
@@ -110,7 +74,7 @@ def run_loader_epochs(
 
 def train_loader(
     runner: Runner, cfg: LoaderTrainConfig, loader: Loader, *, log: Log = print,
-    callback: Optional[Callback] = None,
+    callback: Optional[StepCallback] = None, callbacks: Sequence[Callback] = (),
 ) -> tuple[TrainReport, Loader]:
     """Train over a loader; returns the report and the loader to continue with.
 
@@ -124,7 +88,7 @@ def train_loader(
     check_inputs(op, runner, cfg, LoaderTrainConfig)
     if not isinstance(loader, (DataLoader, Iterable)):
         raise ConfigError(f"{op}: expected a DataLoader or an iterable of batches, got {type(loader).__name__}")
-    session = Session(op, runner, cfg, "loader", log=log, callback=callback)
+    session = Session(op, runner, cfg, "loader", log=log, callback=callback, callbacks=callbacks)
     items = loader_items(op, loader, runner.device)
     state, ck = session.start(items, {"n_samples": len(items)})
     start = (0, 0, 0, 0)
@@ -135,8 +99,31 @@ def train_loader(
                 raise DataError(f"{op}: {cfg.resume_from}: the checkpoint has no loader state")
             loader = loader.restored(ck.loader_state, op)
         start = (p["epoch"], p["batch"], p["step"], p["seen"])
+        _warn_unseeded(loader)
+    session.begin(_total_steps(loader, cfg.epochs), start[2])
     loader, state, _, steps, seen = run_loader_epochs(
         runner, cfg, loader, cfg.optimizer, state, lambda t, s: s.with_lr(lr_for(cfg, t)),
         start=start, session=session,
     )
     return session.finish(loader_items(op, loader, runner.device), steps, seen), loader
+
+
+def _total_steps(loader: Loader, epochs: int) -> Optional[int]:
+    """Updates in the whole run, when the loader knows its length."""
+    try:
+        return epochs * len(loader)
+    except TypeError:
+        return None
+
+
+def _warn_unseeded(loader: Loader) -> None:
+    """A resumed torch DataLoader that shuffles without a seeded generator draws other
+    orders than the interrupted run: say so, once per resume."""
+    sampler = getattr(loader, "sampler", None)
+    if isinstance(sampler, torch.utils.data.RandomSampler) and not loader_generators(loader):
+        warnings.warn(
+            "train_loader: resuming with a shuffled torch DataLoader that has no seeded generator: "
+            "the remaining batches will not be the ones the interrupted run would have seen; "
+            "pass generator=torch.Generator().manual_seed(SEED) to the DataLoader for an exact resume",
+            stacklevel=3,
+        )

@@ -17,7 +17,9 @@ from ..optim import OptState, Optimizer
 from .config import TrainConfig, TrainReport, lr_for
 from .memory import MemoryWatch, cadence
 from .runner import Runner, Sample, check_sample
-from .session import Callback, Log, ScheduleState, Session, StepEvent, check_inputs
+from .callbacks import Callback
+from .events import StepCallback, StepEvent
+from .session import Log, ScheduleState, Session, check_inputs
 
 def cyclic_batches(op: str, samples: Sequence[Sample], k: int, cursor: int = 0):
     """``k`` samples per call, continuing where the last call stopped and wrapping."""
@@ -64,7 +66,7 @@ def run_sample_steps(
 
 def train_samples(
     runner: Runner, cfg: TrainConfig, samples: Sequence[Sample], *, log: Log = print,
-    callback: Optional[Callback] = None,
+    callback: Optional[StepCallback] = None, callbacks: Sequence[Callback] = (),
 ) -> TrainReport:
     """Train on an in-memory list for ``cfg.steps`` updates of ``cfg.batch_size`` items.
 
@@ -77,9 +79,10 @@ def train_samples(
         raise DataError(f"{op}: empty sample list; nothing to train on")
     samples = [check_sample(op, s, i) for i, s in enumerate(samples)]
     n, k = len(samples), cfg.batch_size
-    session = Session(op, runner, cfg, "samples", log=log, callback=callback)
+    session = Session(op, runner, cfg, "samples", log=log, callback=callback, callbacks=callbacks)
     state, ck = session.start(samples, {"batch_size": k, "n_samples": n})
     start = 0 if ck is None else ck.progress["step"]
+    session.begin(cfg.steps, start)
     watch = MemoryWatch(cadence(cfg.mem_watch, cfg.steps, runner.device), cfg.steps, runner.device, session.log)
     watch(start)
     batches = cyclic_batches(op, samples, k, cursor=(start * k) % n)
@@ -92,9 +95,9 @@ def train_samples(
 
 def train_dataset(
     runner: Runner, cfg: TrainConfig, dataset: Dataset, *, log: Log = print,
-    callback: Optional[Callback] = None,
+    callback: Optional[StepCallback] = None, callbacks: Sequence[Callback] = (),
 ) -> TrainReport:
     """``train_samples`` over the dataset's items in stored order."""
     if not isinstance(dataset, Dataset):
         raise ConfigError(f"train_dataset: expected a Dataset, got {type(dataset).__name__}")
-    return train_samples(runner, cfg, dataset.to_list(), log=log, callback=callback)
+    return train_samples(runner, cfg, dataset.to_list(), log=log, callback=callback, callbacks=callbacks)

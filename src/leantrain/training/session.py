@@ -11,9 +11,9 @@ The loops themselves only say what a batch is and in which order they come.
 from __future__ import annotations
 
 import math
+import sys
 import time
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -25,6 +25,9 @@ from . import distributed
 from .config import TrainReport
 from .runner import Runner, Sample
 from .step import update
+from .callbacks import Callback, ProgressBar
+from .evaluation import evaluate
+from .events import StepCallback, StepEvent
 
 Log = Callable[[str], None]
 ScheduleState = Callable[[int, OptState], OptState]
@@ -35,25 +38,6 @@ def check_inputs(op: str, runner: object, cfg: object, kind: type) -> None:
         raise ConfigError(f"{op}: expected a Runner, got {type(runner).__name__}")
     if not isinstance(cfg, kind):
         raise ConfigError(f"{op}: expected a {kind.__name__}, got {type(cfg).__name__}")
-
-
-@dataclass(frozen=True)
-class StepEvent:
-    """What a callback sees after each update. ``loss`` is set on logged steps only.
-
-    ``step`` counts updates completed so far (from 1); the log line of that same
-    update reads ``step {step - 1}`` (the index of the update, from 0, as upstream)."""
-
-    step: int
-    state: OptState
-    loss: Optional[float] = None
-    epoch: Optional[int] = None
-    batch: Optional[int] = None  # batches completed in this epoch (loaders)
-
-
-# A callback returning True asks the loop to stop after this step (saving a checkpoint
-# when one is configured); the CLI uses it for Ctrl-C, progress bars and metrics.
-Callback = Callable[[StepEvent], Optional[bool]]
 
 
 def log_line(step: int, loss: float) -> str:
@@ -85,16 +69,32 @@ def _silent(line: str) -> None:
     return None
 
 
+def _callbacks(op: str, cfg, callbacks: Sequence[Callback], main: bool) -> list[Callback]:
+    """The run's callbacks: checked, plus a progress bar when the loop runs in a terminal
+    with logging on (never on other ranks, in tests or under ``log_every=0``)."""
+    if isinstance(callbacks, Callback) or not isinstance(callbacks, (list, tuple)):
+        raise ConfigError(f"{op}: callbacks must be a list of leantrain Callback objects, got {type(callbacks).__name__}")
+    for i, cb in enumerate(callbacks):
+        if not isinstance(cb, Callback):
+            raise ConfigError(f"{op}: callbacks[{i}] is a {type(cb).__name__}, not a leantrain Callback")
+    out = list(callbacks) if main else []
+    if main and cfg.log_every and sys.stderr.isatty() and not any(isinstance(c, ProgressBar) for c in out):
+        out.append(ProgressBar())
+    return out
+
+
 class Session:
     """The shared state of one run of a loop (``kind``: ``"samples"`` or ``"loader"``)."""
 
     def __init__(self, op: str, runner: Runner, cfg, kind: str, *, log: Log = print,
-                 callback: Optional[Callback] = None) -> None:
+                 callback: Optional[StepCallback] = None, callbacks: Sequence[Callback] = ()) -> None:
         self.op, self.runner, self.cfg, self.kind = op, runner, cfg, kind
         self.opt: Optimizer = cfg.optimizer
         self.main = distributed.is_main()  # under torch.distributed only rank 0 logs and writes
         self.log: Log = log if self.main else _silent
         self.callback = callback
+        self.callbacks = _callbacks(op, cfg, callbacks, self.main)
+        self.evals: list[tuple[int, dict]] = []  # (step, evaluate's results), resumed ones first
         self.started = time.perf_counter()
         self.before = float("nan")
         self.logged: list[tuple[int, float]] = []  # (step, pre-update loss), resumed ones first
@@ -114,11 +114,12 @@ class Session:
         self.expect = dict(expect)
         if self.cfg.resume_from is None:
             distributed.start_replicas(self.runner, self.cfg.replica_check)
-            self.before = self.runner.mean_loss(items)
+            self.before = self.runner.mean_loss(items) if self.cfg.measure_loss else None
             return self.opt.init(self.runner.params, native=uses_native(self.runner, self.opt)), None
         ck = self._resume(expect)
         self.before = ck.progress["before"]
         self.logged = [tuple(x) for x in ck.progress["losses"]]
+        self.evals = [(int(step), dict(results)) for step, results in ck.progress.get("evals", [])]
         distributed.start_replicas(self.runner, self.cfg.replica_check)
         return ck.state, ck
 
@@ -158,14 +159,47 @@ class Session:
         self.log(log_line(step, value))
         return state, value
 
+    def begin(self, total: Optional[int], start: int) -> None:
+        """Tell the callbacks the run's length in updates (``None``: unknown) and its start."""
+        for cb in self.callbacks:
+            cb.on_begin(total, start)
+
     def after_update(self, event: StepEvent, progress: dict, loader_state: Optional[dict] = None) -> bool:
-        """Hear the callback; save on the cadence, or when asked to stop. True: stop."""
+        """Hear the callbacks (and evaluate when due, in-memory loops); save on the
+        cadence, or when asked to stop. True: stop."""
         stop = bool(self.callback and self.callback(event))
+        for cb in self.callbacks:
+            stop = bool(cb.on_step(event)) or stop
+        if self.kind == "samples" and self.cfg.eval_data is not None and event.step % self.cfg.eval_every == 0:
+            stop = self.evaluate(event.step) or stop
         self.pending, self.saved = (dict(progress, step=event.step), event.state, loader_state), False
         every = self.cfg.checkpoint_every
         if self.cfg.checkpoint_path and (stop or (every and event.step % every == 0)):
             self.save()
         self.stopped = stop
+        return stop
+
+    def end_epoch(self, event: StepEvent, epoch: int) -> bool:
+        """After a loader epoch's last update: the callbacks, and an evaluation when one
+        is due (``eval_every`` counts epochs here). True: stop (saved first)."""
+        stop = False
+        for cb in self.callbacks:
+            stop = bool(cb.on_epoch_end(event)) or stop
+        if self.cfg.eval_data is not None and (epoch + 1) % self.cfg.eval_every == 0:
+            stop = self.evaluate(event.step) or stop
+        if stop:
+            self.stopped = True
+            if self.cfg.checkpoint_path:
+                self.save()
+        return stop
+
+    def evaluate(self, step: int) -> bool:
+        """Evaluate on ``cfg.eval_data``, keep the results, tell the callbacks."""
+        results = evaluate(self.runner, self.cfg.eval_data, self.cfg.eval_metrics)
+        self.evals.append((step, results))
+        stop = False
+        for cb in self.callbacks:
+            stop = bool(cb.on_eval(step, results)) or stop
         return stop
 
     def save(self) -> None:
@@ -175,7 +209,7 @@ class Session:
         progress, state, loader_state = self.pending
         if self.main:
             progress = dict(self.expect, **progress, kind=self.kind, before=self.before,
-                            losses=list(self.logged))
+                            losses=list(self.logged), evals=[[k, r] for k, r in self.evals])
             save_checkpoint(self.cfg.checkpoint_path, self.runner, state=state, progress=progress,
                             loader_state=loader_state)
         self.saved = True
@@ -186,10 +220,13 @@ class Session:
         ``items``, the module synced to the trained values, and the report."""
         if self.cfg.checkpoint_path and not self.saved:
             self.save()
-        after = self.runner.mean_loss(items)
+        after = self.runner.mean_loss(items) if self.cfg.measure_loss else None
         self.runner.sync()  # intentional, once: the module shows the trained values
         skipped = 0 if self.skipped is None else int(self.skipped.item())  # intentional, end of run
-        return TrainReport(
+        report = TrainReport(
             self.before, after, steps, seen, tuple(self.logged), time.perf_counter() - self.started,
-            interrupted=self.stopped, skipped_steps=skipped,
+            interrupted=self.stopped, skipped_steps=skipped, evals=tuple(self.evals),
         )
+        for cb in self.callbacks:
+            cb.on_end(report)
+        return report

@@ -1,0 +1,184 @@
+"""Callbacks: what a loop tells its observers, and the ready ones.
+
+A callback subclasses ``Callback`` and overrides the hooks it needs; a hook that
+returns ``True`` asks the loop to stop after the current step (a checkpoint is saved
+when one is configured). The loop calls, in order:
+
+* ``on_begin(total, start)``: the number of updates the run will have made when it
+  ends (``None`` when a loader's length is unknown) and the update it starts from;
+* ``on_step(event)`` after each update (``event.loss`` is set on logged steps only, so
+  logging never adds a host read);
+* ``on_epoch_end(event)`` after a loader epoch's last update;
+* ``on_eval(step, results)`` after each evaluation (``evaluate``'s dict);
+* ``on_end(report)`` once, with the ``TrainReport``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+from pathlib import Path
+from typing import IO, Optional
+
+from ..errors import ConfigError
+from ..validate import check_choice, check_count
+from .events import StepEvent
+
+
+class Callback:
+    """Base class of loop callbacks: every hook does nothing."""
+
+    def on_begin(self, total: Optional[int], start: int) -> None:
+        return None
+
+    def on_step(self, event: StepEvent) -> Optional[bool]:
+        return None
+
+    def on_epoch_end(self, event: StepEvent) -> Optional[bool]:
+        return None
+
+    def on_eval(self, step: int, results: dict) -> Optional[bool]:
+        return None
+
+    def on_end(self, report) -> None:
+        return None
+
+
+class EarlyStopping(Callback):
+    """Stop when ``monitor`` (a key of the evaluation results) has not improved by more
+    than ``min_delta`` for ``patience`` evaluations in a row (``mode``: "min" or "max")."""
+
+    def __init__(self, monitor: str = "loss", patience: int = 3, mode: str = "min", min_delta: float = 0.0) -> None:
+        op = "EarlyStopping"
+        check_count(op, "patience", patience, 1)
+        check_choice(op, "mode", mode, ("min", "max"))
+        if not isinstance(monitor, str):
+            raise ConfigError(f"{op}: monitor must be a result name, got {monitor!r}")
+        self.monitor, self.patience, self.mode, self.min_delta = monitor, patience, mode, float(min_delta)
+        self.best: Optional[float] = None
+        self.bad = 0
+        self.stopped_step: Optional[int] = None
+
+    def on_eval(self, step: int, results: dict) -> bool:
+        if self.monitor not in results:
+            raise ConfigError(f"EarlyStopping: no result named {self.monitor!r}; the evaluation gives {sorted(results)}")
+        value = results[self.monitor]
+        sign = 1.0 if self.mode == "min" else -1.0
+        if self.best is None or sign * (self.best - value) > self.min_delta:
+            self.best, self.bad = value, 0
+            return False
+        self.bad += 1
+        if self.bad >= self.patience:
+            self.stopped_step = step
+            return True
+        return False
+
+
+class ProgressBar(Callback):
+    """A tqdm bar over the run's updates, with the last logged loss and the rate. The
+    loops add one when they run in a terminal with logging on (``log_every > 0``)."""
+
+    def __init__(self, file: Optional[IO[str]] = None) -> None:
+        self.file = file
+        self.bar = None
+
+    def on_begin(self, total: Optional[int], start: int) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, initial=start, unit="step", file=self.file or sys.stderr,
+                        dynamic_ncols=self.file is None, leave=False)
+
+    def on_step(self, event: StepEvent) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+            if event.loss is not None:
+                self.bar.set_postfix(loss=f"{event.loss:.4f}", lr=f"{event.state.lr:.3g}")
+
+    def on_eval(self, step: int, results: dict) -> None:
+        if self.bar is not None:
+            shown = ", ".join(f"{k}={v:.4g}" for k, v in results.items() if k != "items")
+            self.bar.write(f"step {step}: eval {shown}", file=self.file)
+
+    def on_end(self, report) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class JSONLLogger(Callback):
+    """One JSON object per line: ``{"kind": "step", "step", "epoch", "loss", "lr"}`` on
+    logged steps (``step`` is the update's index, as in the log line) and
+    ``{"kind": "eval", "step", ...results}`` after each evaluation."""
+
+    def __init__(self, path) -> None:
+        self.path = Path(path)
+        self.file: Optional[IO[str]] = None
+
+    def on_begin(self, total: Optional[int], start: int) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = self.path.open("a" if start else "w")
+
+    def _write(self, record: dict) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+    def on_step(self, event: StepEvent) -> None:
+        if event.loss is not None:
+            self._write({"kind": "step", "step": event.step - 1, "epoch": event.epoch,
+                         "loss": event.loss, "lr": event.state.lr})
+
+    def on_eval(self, step: int, results: dict) -> None:
+        self._write({"kind": "eval", "step": step, **results})
+
+    def on_end(self, report) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+class CSVLogger(JSONLLogger):
+    """The same records as ``JSONLLogger``, long format: ``kind,step,epoch,name,value``."""
+
+    def on_begin(self, total: Optional[int], start: int) -> None:
+        super().on_begin(total, start)
+        self.writer = csv.writer(self.file)
+        if not start:
+            self.writer.writerow(["kind", "step", "epoch", "name", "value"])
+
+    def _write(self, record: dict) -> None:
+        if self.file is None:
+            return
+        kind, step, epoch = record.pop("kind"), record.pop("step"), record.pop("epoch", None)
+        for name, value in record.items():
+            self.writer.writerow([kind, step, "" if epoch is None else epoch, name, value])
+        self.file.flush()
+
+
+class TensorBoardLogger(Callback):
+    """Scalars for TensorBoard: ``train/loss`` and ``train/lr`` on logged steps,
+    ``eval/NAME`` after evaluations. Needs ``pip install leantrain[tensorboard]``."""
+
+    def __init__(self, log_dir) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ConfigError(
+                "TensorBoardLogger: the tensorboard package is not installed; "
+                "install it with: pip install 'leantrain[tensorboard]'"
+            ) from None
+        self.writer = SummaryWriter(str(log_dir))
+
+    def on_step(self, event: StepEvent) -> None:
+        if event.loss is not None:
+            self.writer.add_scalar("train/loss", event.loss, event.step - 1)
+            self.writer.add_scalar("train/lr", event.state.lr, event.step - 1)
+
+    def on_eval(self, step: int, results: dict) -> None:
+        for name, value in results.items():
+            if name != "items" and math.isfinite(value):
+                self.writer.add_scalar(f"eval/{name}", value, step)
+
+    def on_end(self, report) -> None:
+        self.writer.close()

@@ -1,0 +1,82 @@
+"""``evaluate``: the mean loss and named metrics of a runner on held-out data.
+
+Runs in eval mode with no gradients and no buffer updates, restores the runner's mode
+and leaves the random generators as found (a torch DataLoader's too). The loss is the
+mean of the items' losses (upstream's rule: an empty set gives 0.0, reported with
+``items == 0``); a metric is averaged over every example when it returns one value per
+example, over items when it returns one value per item.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Mapping, Optional, Union
+
+import torch
+
+from ..data import DataLoader, Dataset
+from ..errors import ConfigError, DataError
+from .batches import loader_items
+from .binding import rng_preserved
+from .runner import Runner, Sample, check_sample
+
+Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+EvalData = Union[list, Dataset, DataLoader, Iterable]
+
+
+def eval_items(op: str, data: EvalData, device: torch.device) -> list[Sample]:
+    """The items of ``data``: a sample list, a Dataset, a DataLoader or a re-iterable of
+    batches (a collated ``(x, y)`` batch is one item)."""
+    if isinstance(data, Dataset):
+        return [check_sample(op, s, i) for i, s in enumerate(data.to_list())]
+    if isinstance(data, (list, tuple)):
+        return [check_sample(op, s, i) for i, s in enumerate(data)]
+    if isinstance(data, DataLoader) or isinstance(data, Iterable):
+        try:
+            return loader_items(op, data, device)
+        except DataError as e:
+            if "empty dataset" in str(e):
+                return []
+            raise
+    raise ConfigError(f"{op}: expected a sample list, a Dataset or a loader, got {type(data).__name__}")
+
+
+def evaluate(
+    runner: Runner, data: EvalData, metrics: Optional[Mapping[str, Metric]] = None
+) -> dict[str, float]:
+    """``{"loss": mean item loss, name: metric, ..., "items": count}`` on ``data``.
+
+    Reads the results back to the host once (a device sync on CUDA), as asked."""
+    op = "evaluate"
+    if not isinstance(runner, Runner):
+        raise ConfigError(f"{op}: expected a Runner, got {type(runner).__name__}")
+    metrics = dict(metrics or {})
+    for name, fn in metrics.items():
+        if not isinstance(name, str) or not callable(fn) or name in ("loss", "items"):
+            raise ConfigError(f"{op}: metric {name!r}: expected a name (not 'loss' or 'items') and a callable")
+    items = eval_items(op, data, runner.device)
+    if not items:
+        return {"loss": 0.0, **{name: 0.0 for name in metrics}, "items": 0.0}
+    mode = runner.mode
+    runner.eval()
+    sums = {name: [torch.zeros((), dtype=torch.float64, device=runner.device), 0] for name in metrics}
+    total = None
+    try:
+        with rng_preserved(runner.device), torch.no_grad(), runner.binding(op) as bound, bound.scratch_buffers():
+            for sample in items:
+                x, y = runner.inputs(sample)
+                out = runner.module(x)
+                loss = runner.loss_fn(out, y)
+                total = loss if total is None else total + loss
+                for name, fn in metrics.items():
+                    value = fn(out, y)
+                    if not isinstance(value, torch.Tensor):
+                        raise ConfigError(f"{op}: metric {name!r} returned {type(value).__name__}, expected a tensor")
+                    sums[name][0] += value.to(torch.float64).sum()
+                    sums[name][1] += max(1, value.numel())
+    finally:
+        runner.train() if mode == "train" else runner.eval()
+    results = {"loss": float((total * (1.0 / len(items))).item())}  # intentional sync: asked for
+    for name, (s, n) in sums.items():
+        results[name] = float(s.item()) / n  # intentional sync
+    results["items"] = float(len(items))
+    return results
