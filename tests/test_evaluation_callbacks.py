@@ -221,3 +221,5 @@ def test_a_compiled_models_names_have_no_orig_mod_prefix():
     assert names == [n for n, _ in model.named_parameters(remove_duplicate=False)]
     assert lt.weights.export_state_dict(lt.Runner.from_module(wrapped, "mse")).keys() == \
         lt.weights.export_state_dict(lt.Runner.from_module(model, "mse")).keys()
+    compiled = torch.compile(model)  # no forward here: nothing is compiled
+    assert lt.Runner.from_module(compiled, "mse").params.names == names
