@@ -16,7 +16,7 @@ def test_top_level_names():
         "OptimizerStateError", "DataError", "CheckpointError", "NonFiniteError", "__version__",
         # deliberately added: evaluation, callbacks, and the file modules as attributes
         "evaluate", "metrics", "Callback", "EarlyStopping", "ProgressBar", "JSONLLogger", "CSVLogger",
-        "TensorBoardLogger", "weights", "torchlean_io",
+        "TensorBoardLogger", "weights", "torchlean_io", "check", "CheckReport",
     }
     assert set(lt.__all__) == expected
     for name in expected:

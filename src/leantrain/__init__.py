@@ -8,6 +8,7 @@ contract.
 import sys as _sys
 
 from . import metrics, optim
+from .check import CheckReport, check
 from .data import DataLoader, Dataset
 from .errors import (
     AliasError,
@@ -61,6 +62,6 @@ __all__ = [
     "LeantrainError", "PackError", "PackTypeError", "AliasError", "ConfigError",
     "OptimizerStateError", "DataError", "CheckpointError", "NonFiniteError",
     "evaluate", "metrics", "Callback", "EarlyStopping", "ProgressBar", "JSONLLogger", "CSVLogger",
-    "TensorBoardLogger", "weights", "torchlean_io",
+    "TensorBoardLogger", "weights", "torchlean_io", "check", "CheckReport",
     "__version__",
 ]

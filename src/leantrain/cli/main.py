@@ -1,4 +1,4 @@
-"""The ``leantrain`` command: quickstart-mlp, train, inspect, export, plot.
+"""The ``leantrain`` command: quickstart-mlp, train, check, inspect, export, plot.
 
 A user error (bad flag or value, missing or corrupt file, a resume into another
 model) prints one line and exits with status 2; Ctrl-C during training saves a
@@ -18,6 +18,7 @@ import torch
 from ..errors import LeantrainError
 from ..errors import CheckpointError
 from ..io.torchlean import detect_format
+from .check import cmd_check
 from .torchlean import cmd_export, inspect_torchlean
 from .train import cmd_train
 from .usage import EXIT_USER, UserError, natural, OneLineParser, positive
@@ -51,6 +52,19 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--warmup", type=natural, help="warm-up epochs of the cosine schedule")
     i = sub.add_parser("inspect", help="show a checkpoint's slots, optimizer, progress and integrity")
     i.add_argument("checkpoint")
+    c = sub.add_parser("check", help="verify leantrain's guarantees on a preset or your own model")
+    c.add_argument("config", nargs="?", help="a TOML file with the same keys as train")
+    c.add_argument("--preset", help="digits-mlp or digits-cnn")
+    c.add_argument("--model", help="package.module:factory")
+    c.add_argument("--data", help="package.module:function returning (train, test)")
+    c.add_argument("--loss", help="mse, cross_entropy or package.module:function")
+    c.add_argument("--optimizer", help="sgd, adagrad, rmsprop, adam, adamw or adadelta")
+    c.add_argument("--lr", type=float)
+    c.add_argument("--weight-decay", type=float)
+    c.add_argument("--batch-size", type=positive, help="examples per minibatch")
+    c.add_argument("--seed", type=natural)
+    c.add_argument("--max-ratio", type=float, default=2.0, help="slowest step time accepted vs a hand loop (2.0)")
+    c.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     e = sub.add_parser("export", help="export a checkpoint in TorchLean's formats")
     e.add_argument("checkpoint")
     e.add_argument("--torchlean", action="store_true", required=True,
@@ -77,6 +91,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return cmd_inspect(args)
         if args.command == "export":
             return cmd_export(args)
+        if args.command == "check":
+            return cmd_check(args)
         return cmd_plot(args)
     except BrokenPipeError:  # output piped into a closed reader (e.g. `| head`)
         sys.stderr.close()

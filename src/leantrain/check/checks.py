@@ -1,0 +1,261 @@
+"""The eight checks of ``leantrain.check``, each a function of a ``Probe`` returning
+``(passed, figure)``. A probe builds fresh runners from the user's factory with the same
+seed, so every check starts from the same model."""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..params.packs import canonical_gradients
+from ..training.config import TrainConfig
+from ..training.runner import Runner
+from ..training.sample_loop import train_samples
+from ..training.step import mean_gradients, step_batch
+from .reference import fingerprint, reference_gradients, relative, torch_optimizer
+
+GRADIENT_TOLERANCE = 1e-5  # float32 sums in another order: ~1e-7 seen on the zoo
+HOST_READS = ("item", "tolist", "__float__", "__int__", "__bool__", "numpy", "cpu")
+
+
+@dataclass
+class Probe:
+    """The user's factory, data and configuration, and how much work each check does."""
+
+    factory: Callable[[], Runner]
+    samples: list
+    cfg: TrainConfig
+    seed: int = 0
+    steps: int = 4
+    max_ratio: float = 2.0
+    speed_runs: int = 5
+
+    def runner(self) -> Runner:
+        torch.manual_seed(self.seed)
+        r = self.factory()
+        if not isinstance(r, Runner):
+            raise TypeError(f"the runner factory returned a {type(r).__name__}, expected a leantrain Runner")
+        return r
+
+    def batch(self) -> list:
+        return self.samples[: self.cfg.batch_size]
+
+    def batches(self, n: int) -> list:
+        k, items = self.cfg.batch_size, self.samples
+        return [[items[(j * k + i) % len(items)] for i in range(k)] for j in range(n)]
+
+    def run(self, **overrides):
+        """A fresh runner trained for ``steps`` updates; returns (runner, report)."""
+        r = self.runner()
+        torch.manual_seed(self.seed)
+        cfg = replace(self.cfg, steps=self.steps, log_every=1, **overrides)
+        return r, train_samples(r, cfg, self.samples, log=lambda line: None)
+
+
+def _slot_names(runner: Runner) -> dict[int, str]:
+    return {i: runner.params.label(i) for i in range(len(runner.params))}
+
+
+def gradients(p: Probe) -> tuple[bool, str]:
+    r = p.runner()
+    ref = copy.deepcopy(r.module)
+    batch = p.batch()
+    torch.manual_seed(p.seed)
+    grads = canonical_gradients(r.params.canonical_slot_indices(), mean_gradients(r, batch))
+    torch.manual_seed(p.seed)
+    reference_gradients(ref, r.loss_fn, batch)
+    theirs = {n: q.grad for n, q in ref.named_parameters() if q.requires_grad}
+    scale = sum(g.double().norm().item() ** 2 for g in theirs.values() if g is not None) ** 0.5
+    worst, where = 0.0, "-"
+    for i, c in enumerate(r.params.canonical_slot_indices()):
+        if c != i:
+            continue
+        name = r.params[i].name
+        want = theirs.get(name)
+        want = torch.zeros_like(grads[i]) if want is None else want
+        d = relative(grads[i], want, scale)
+        if d > worst:
+            worst, where = d, r.params.label(i)
+    ties = sum(1 for i, c in enumerate(r.params.canonical_slot_indices()) if c is not None and c != i)
+    figure = f"max relative difference {worst:.2g} (at {where}; {ties} tie(s), {len(r.buffer_slots)} buffer(s))"
+    return worst <= GRADIENT_TOLERANCE, figure
+
+
+def optimizer(p: Probe) -> tuple[bool, str]:
+    """The update rule alone: both optimizers get the same gradients each step
+    (leantrain's canonical sums), so only the rules' own rounding can differ (a loop
+    comparison would let Adam turn rounding in a near-zero gradient into a step of lr)."""
+    r = p.runner()
+    ref = copy.deepcopy(r.module)
+    by_name = dict(ref.named_parameters())
+    opt = p.cfg.optimizer
+    torch.manual_seed(p.seed)
+    state = opt.init(r.params)
+    topt = torch_optimizer(opt.hyper, [q for q in ref.parameters() if q.requires_grad])
+    slots_map = r.params.canonical_slot_indices()
+    for b in p.batches(3):
+        grads = mean_gradients(r, b)
+        sums = canonical_gradients(slots_map, grads)
+        for i, c in enumerate(slots_map):
+            if c == i:
+                by_name[r.params[i].name].grad = sums[i].detach().clone()
+        state = opt.step(state, r.params, grads)
+        topt.step()
+    ours, theirs = r.module.state_dict(), ref.state_dict()
+    names = [n for n, q in ref.named_parameters() if q.requires_grad]
+    exact = all(torch.equal(ours[n], theirs[n]) for n in names)
+    worst = max((relative(ours[n], theirs[n]) for n in names), default=0.0)
+    figure = "bit-identical" if exact else f"max relative difference {worst:.2g}"
+    return exact or worst <= GRADIENT_TOLERANCE, f"3 steps of {opt.kind} vs torch.optim on the same gradients: {figure}"
+
+
+def accumulation(p: Probe) -> tuple[bool, str]:
+    r = p.runner().eval()  # buffers hold still in eval mode: items are independent
+    batch = p.batch()
+    together = mean_gradients(r, batch)
+    singles = [mean_gradients(r, [item]) for item in batch]
+    worst = 0.0
+    for i, g in enumerate(together):
+        if g is None:
+            continue
+        mean = sum(s[i].double() for s in singles) / len(batch)
+        worst = max(worst, relative(g, mean))
+    return worst <= 1e-6, f"list batch of {len(batch)} vs the mean of {len(batch)} single items: max relative difference {worst:.2g}"
+
+
+def exact_resume(p: Probe) -> tuple[bool, str]:
+    straight, report = p.run()
+    half = max(1, p.steps // 2)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "check.ckpt"
+        first = p.runner()
+        torch.manual_seed(p.seed)
+        cfg = replace(p.cfg, steps=p.steps, log_every=1, checkpoint_path=path)
+        train_samples(first, cfg, p.samples, log=lambda line: None,
+                      callback=lambda event: event.step == half)  # stop at `half`: saved there
+        resumed = p.runner()
+        torch.manual_seed(p.seed + 12345)  # the checkpoint must restore the generators itself
+        second = train_samples(resumed, replace(cfg, resume_from=path), p.samples, log=lambda line: None)
+    for i, (a, b) in enumerate(zip(straight.params.values(), resumed.params.values())):
+        if not torch.equal(a, b):
+            return False, f"{p.steps} steps straight vs {half} + checkpoint + {p.steps - half}: first differing {straight.params.label(i)}"
+    if second.losses != report.losses:
+        return False, "parameters agree but the logged losses differ"
+    return True, f"{p.steps} steps straight vs {half} + checkpoint + {p.steps - half} in a fresh runner: bit-identical"
+
+
+def determinism(p: Probe) -> tuple[bool, str]:
+    first, a = p.run()
+    second, b = p.run()
+    for i, (x, y) in enumerate(zip(first.params.values(), second.params.values())):
+        if not torch.equal(x, y):
+            name = first.params[i].name or ""
+            module = name.rpartition(".")[0] or "(the top-level module)"
+            return False, f"two identical runs differ at {first.params.label(i)} (module {module!r}): a nondeterministic op or unseeded randomness"
+    if a.losses != b.losses:
+        return False, "two identical runs log different losses"
+    return True, f"two runs of {p.steps} steps: bit-identical"
+
+
+def module_intact(p: Probe) -> tuple[bool, str]:
+    r = p.runner()
+    before = fingerprint(r.module)
+    torch.manual_seed(p.seed)
+    train_samples(r, replace(p.cfg, steps=p.steps, log_every=0), p.samples, log=lambda line: None)
+    after = fingerprint(r.module)
+    changed = [k for k in before if before[k] != after[k]]
+    if changed:
+        return False, f"the module changed after training: {', '.join(changed)}"
+    return True, "same Parameter objects, ties and state_dict keys after training"
+
+
+def host_syncs(p: Probe) -> tuple[bool, str]:
+    r = p.runner()
+    opt = p.cfg.optimizer
+    state = opt.init(r.params)
+    batches = p.batches(p.steps + 1)
+    state = step_batch(r, opt, state, False, batches[0], nonfinite="skip")  # warm-up
+    counts = [0]
+    originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def counting(orig):
+        def read(self, *a, **k):
+            counts[0] += 1
+            return orig(self, *a, **k)
+        return read
+
+    cuda = r.device.type == "cuda"
+    try:  # the counters are installed for these steps only and removed after
+        for name, orig in originals.items():
+            setattr(torch.Tensor, name, counting(orig))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if cuda:
+                torch.cuda.set_sync_debug_mode("warn")
+            for b in batches[1:]:
+                state = step_batch(r, opt, state, False, b, nonfinite="skip")
+            if cuda:
+                torch.cuda.set_sync_debug_mode("default")
+    finally:
+        for name, orig in originals.items():
+            setattr(torch.Tensor, name, orig)
+    reads = counts[0] + (sum("synchroniz" in str(w.message) for w in caught) if cuda else 0)
+    per_step = reads / p.steps
+    return reads == 0, f"{per_step:g} device-to-host reads per step with logging off ({reads} in {p.steps} steps)"
+
+
+def speed(p: Probe) -> tuple[bool, str]:
+    r = p.runner()
+    hand = copy.deepcopy(r.module)
+    opt = p.cfg.optimizer
+    state = [opt.init(r.params)]
+    topt = torch_optimizer(opt.hyper, [q for q in hand.parameters() if q.requires_grad])
+    batches = p.batches(8)
+
+    def ours():
+        for b in batches:
+            state[0] = step_batch(r, opt, state[0], False, b, nonfinite=p.cfg.nonfinite)
+
+    def theirs():
+        for b in batches:
+            topt.zero_grad(set_to_none=True)
+            total = None
+            for x, y in b:
+                loss = r.loss_fn(hand(x.to(r.device)), y.to(r.device))
+                total = loss if total is None else total + loss
+            (total * (1.0 / len(b))).backward()
+            topt.step()
+
+    ours(), theirs()  # warm-up
+    best = {"ours": float("inf"), "theirs": float("inf")}
+    for _ in range(p.speed_runs):  # interleaved, best of N
+        for key, fn in (("ours", ours), ("theirs", theirs)):
+            if r.device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            if r.device.type == "cuda":
+                torch.cuda.synchronize()
+            best[key] = min(best[key], time.perf_counter() - t0)
+    ratio = best["ours"] / best["theirs"]
+    figure = f"step time {ratio:.2f}x a hand-written torch.optim loop (best of {p.speed_runs}; limit {p.max_ratio:g}x)"
+    return ratio <= p.max_ratio, figure
+
+
+CHECKS = (
+    ("gradients", gradients),
+    ("optimizer", optimizer),
+    ("accumulation", accumulation),
+    ("exact resume", exact_resume),
+    ("determinism", determinism),
+    ("module intact", module_intact),
+    ("host syncs", host_syncs),
+    ("speed", speed),
+)

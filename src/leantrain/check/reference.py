@@ -1,0 +1,78 @@
+"""Plain PyTorch doing what leantrain's contract says: the references ``check`` measures
+against (a deep copy of the user's module, ``autograd`` and ``torch.optim``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..optim.hyper import SGD, Adadelta, Adagrad, Adam, AdamW, RMSProp
+
+
+def torch_optimizer(hyper, params) -> torch.optim.Optimizer:
+    """The ``torch.optim`` optimizer doing what ``hyper`` describes."""
+    h = hyper
+    if isinstance(h, SGD):
+        return torch.optim.SGD(params, lr=h.lr, momentum=h.momentum)
+    if isinstance(h, Adagrad):
+        return torch.optim.Adagrad(params, lr=h.lr, eps=h.eps)
+    if isinstance(h, RMSProp):
+        return torch.optim.RMSprop(params, lr=h.lr, alpha=h.decay, eps=h.eps)
+    if isinstance(h, AdamW):
+        return torch.optim.AdamW(params, lr=h.lr, betas=(h.beta1, h.beta2), eps=h.eps, weight_decay=h.weight_decay)
+    if isinstance(h, Adam):
+        return torch.optim.Adam(params, lr=h.lr, betas=(h.beta1, h.beta2), eps=h.eps)
+    if isinstance(h, Adadelta):
+        return torch.optim.Adadelta(params, lr=h.lr, rho=h.rho, eps=h.eps)
+    raise TypeError(f"no torch.optim equivalent of {type(h).__name__}")  # pragma: no cover
+
+
+def _set_buffer(model: nn.Module, name: str, value: torch.Tensor) -> None:
+    prefix, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(prefix) if prefix else model, attr, value)
+
+
+def reference_gradients(model: nn.Module, loss_fn, batch) -> None:
+    """Set each trainable parameter's ``.grad`` to the contract's mean gradient: every
+    item's forward advances the buffers first (no gradient, the generators then put
+    back), then one backward of ``(l1 + ... + ln) * (1/n)``, each item seeing the
+    advanced buffers."""
+    rng = torch.get_rng_state()
+    with torch.no_grad():
+        for x, _ in batch:
+            model(x)
+    torch.set_rng_state(rng)
+    own = dict(model.named_buffers())
+    advanced = {k: b.clone() for k, b in own.items()}
+    model.zero_grad(set_to_none=True)
+    total = None
+    for x, y in batch:
+        for k, b in advanced.items():
+            _set_buffer(model, k, b.clone())
+        loss = loss_fn(model(x), y)
+        total = loss if total is None else total + loss
+    (total * (1.0 / len(batch))).backward()
+    with torch.no_grad():
+        for k, b in own.items():
+            b.copy_(advanced[k])
+            _set_buffer(model, k, b)
+
+
+def fingerprint(model: nn.Module) -> dict:
+    """What a call must not change about a module: its objects, ties and keys."""
+    named = list(model.named_parameters(remove_duplicate=False))
+    return {
+        "parameter objects": [(n, id(p)) for n, p in named],
+        "buffer objects": [(n, id(b)) for n, b in model.named_buffers(remove_duplicate=False)],
+        "state_dict keys": list(model.state_dict().keys()),
+        "ties": sorted((a, b) for i, (a, p) in enumerate(named) for b, q in named[i + 1:] if p is q),
+        "requires_grad": [(n, p.requires_grad) for n, p in named],
+    }
+
+
+def relative(a: torch.Tensor, b: torch.Tensor, scale: float = 0.0) -> float:
+    """``|a - b| / max(|b|, scale)`` in float64 norms (0 when both are zero)."""
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    denom = max(b.norm().item(), scale)  # intentional reads: a diagnostic
+    diff = (a - b).norm().item()
+    return diff if denom == 0 else diff / denom

@@ -1,0 +1,34 @@
+"""``leantrain check``: the guarantees verified on a preset or on your own model.
+
+Same ``model``/``data``/``loss``/optimizer keys as ``train``. Exit status 0 when every
+check passes, 1 when one fails (its line gives the figure), 2 for a user error."""
+
+from __future__ import annotations
+
+import torch
+
+from ..check import check
+from ..training.config import TrainConfig
+from ..training.runner import Runner
+from .digits import stack_minibatches
+from .runconfig import RunConfig
+from .usermodel import build_task
+
+FLAGS = ("preset", "batch_size", "optimizer", "lr", "seed", "model", "data", "loss", "weight_decay")
+
+
+def cmd_check(args) -> int:
+    cfg = RunConfig.build(args.config, {k: getattr(args, k, None) for k in FLAGS})
+    factory, loss, train, _ = build_task(cfg)
+    items = stack_minibatches(cfg.batch_size)(train[: cfg.batch_size * 8])  # 8 minibatches
+    tcfg = TrainConfig(steps=4, batch_size=2, optimizer=cfg.make_optimizer(), log_every=0)
+    torch.manual_seed(cfg.seed)
+    report = check(lambda: Runner.from_module(factory(), loss), items, tcfg, seed=cfg.seed,
+                   max_ratio=args.max_ratio)
+    print(f"leantrain check: {cfg.model or cfg.preset}, {cfg.optimizer} lr={cfg.lr}, "
+          f"{len(items)} minibatches of {cfg.batch_size}, 2 per update")
+    for line in report.lines():
+        print(line)
+    if args.json:
+        report.write_json(args.json)
+    return 0 if report.passed else 1

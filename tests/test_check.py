@@ -1,0 +1,184 @@
+"""leantrain.check: every check passes on zoo models, and each fails, with its own line,
+on a case built to break exactly that guarantee. The speed check's limit is set out of
+reach of noise in the passing runs (no test asserts a wall-clock time)."""
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import leantrain as lt
+from leantrain.check import check
+from leantrain.cli import main
+
+sys.path.insert(0, str(Path(__file__).parent / "zoo"))
+from zoo_models import BY_NAME  # noqa: E402
+
+CFG = lt.TrainConfig(steps=4, batch_size=2, optimizer=lt.optim.adam(0.01))
+
+
+def regression(n=8, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(3, 4, generator=g), torch.randn(3, 2, generator=g)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("name", ["gpt", "cnn_batchnorm"])
+def test_every_check_passes_on_zoo_models(name):
+    entry = BY_NAME[name]
+    report = check(lambda: lt.Runner.from_module(entry.build(), entry.loss), entry.samples(8), CFG, max_ratio=100)
+    assert report.passed, "\n".join(report.lines())
+    assert [r.name for r in report.results] == ["gradients", "optimizer", "accumulation", "exact resume",
+                                                "determinism", "module intact", "host syncs", "speed"]
+    assert "bit-identical" in report["exact resume"].figure and "bit-identical" in report["determinism"].figure
+    assert report["host syncs"].figure.startswith("0 device-to-host reads per step")
+
+
+def failing(report, name):
+    result = report[name]
+    assert not result.passed, result.line()
+    assert result.line().startswith(f"FAIL  {name}")
+    return result.figure
+
+
+def test_a_stateful_loss_fails_the_gradient_check():
+    calls = [0]
+
+    def drifting(out, y):  # its value depends on how often it was called
+        calls[0] += 1
+        return F.mse_loss(out, y) * calls[0]
+
+    report = check(lambda: lt.Runner.from_module(nn.Linear(4, 2), drifting), regression(), CFG, only=("gradients",))
+    assert "max relative difference" in failing(report, "gradients")
+
+
+def test_a_broken_update_rule_fails_the_optimizer_check(monkeypatch):
+    from leantrain.optim import rules
+
+    real = rules.SGDRule.update_many
+
+    def doubled(h, lr, ss, ps, gs):  # an injected fault: twice the step
+        return real(h, 2 * lr, ss, ps, gs)
+
+    monkeypatch.setattr(rules.SGDRule, "update_many", staticmethod(doubled))
+    cfg = lt.TrainConfig(steps=4, batch_size=2, optimizer=lt.optim.sgd(0.1))
+    report = check(lambda: lt.Runner.from_module(nn.Linear(4, 2), "mse"), regression(), cfg, only=("optimizer",))
+    assert "3 steps of sgd vs torch.optim" in failing(report, "optimizer")
+
+
+class Counting(nn.Module):
+    """Hidden Python state: every forward scales its output by a growing factor."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.lin(x) * (1 + 0.1 * self.calls)
+
+
+def test_hidden_state_fails_the_accumulation_check():
+    report = check(lambda: lt.Runner.from_module(Counting(), "mse"), regression(), CFG, only=("accumulation",))
+    assert "list batch of 2 vs the mean of 2 single items" in failing(report, "accumulation")
+
+
+class UnsavedScale(nn.Module):
+    """A running scale kept in a Python float, not a buffer: no checkpoint can hold it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+        self.scale = 1.0
+
+    def forward(self, x):
+        if self.training:
+            self.scale *= 1.05
+        return self.lin(x) * self.scale
+
+
+def test_state_outside_buffers_fails_the_exact_resume_check():
+    report = check(lambda: lt.Runner.from_module(UnsavedScale(), "mse"), regression(), CFG,
+                   only=("exact resume", "determinism"))
+    assert "first differing slot 0 ('lin.weight')" in failing(report, "exact resume")
+    assert report["determinism"].passed  # the same run twice is still the same
+
+
+class PythonRandom(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.noisy = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.noisy(x) * (1 + random.random())  # Python's generator: torch's seed does not reach it
+
+
+def test_unseeded_randomness_fails_the_determinism_check_and_names_the_module():
+    report = check(lambda: lt.Runner.from_module(PythonRandom(), "mse"), regression(), CFG, only=("determinism",))
+    assert "module 'noisy'" in failing(report, "determinism")
+
+
+class GrowsAParameter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+
+    def forward(self, x):
+        if not hasattr(self, "late"):
+            self.late = nn.Parameter(torch.zeros(2))
+        return self.lin(x) + self.late
+
+
+def test_a_module_that_changes_itself_fails_the_intact_check():
+    report = check(lambda: lt.Runner.from_module(GrowsAParameter(), "mse"), regression(), CFG, only=("module intact",))
+    assert "parameter objects" in failing(report, "module intact")
+
+
+def test_a_loss_that_reads_the_host_fails_the_sync_check():
+    def chatty(out, y):
+        loss = F.mse_loss(out, y)
+        _ = loss.item()  # a hidden device-to-host read
+        return loss
+
+    report = check(lambda: lt.Runner.from_module(nn.Linear(4, 2), chatty), regression(), CFG, only=("host syncs",))
+    assert failing(report, "host syncs").startswith("2 device-to-host reads per step")  # one per item, 2 per update
+
+
+def test_the_speed_check_fails_beyond_its_limit():
+    report = check(lambda: lt.Runner.from_module(nn.Linear(4, 2), "mse"), regression(), CFG, only=("speed",), max_ratio=0.0)
+    assert "a hand-written torch.optim loop" in failing(report, "speed")
+
+
+def test_a_check_that_cannot_run_fails_with_the_reason():
+    report = check(lambda: "not a runner", regression(), CFG, only=("gradients",))
+    assert "expected a leantrain Runner" in failing(report, "gradients")
+    with pytest.raises(lt.ConfigError, match="unknown check"):
+        check(lambda: None, regression(), CFG, only=("nope",))
+
+
+def test_the_command_checks_a_preset_and_writes_json(tmp_path, capsys):
+    assert main(["check", "--preset", "digits-cnn", "--max-ratio", "100", "--json", str(tmp_path / "c.json")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("leantrain check: digits-cnn") and len(out) == 9
+    assert all(line.startswith("PASS") for line in out[1:])
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert doc["passed"] and len(doc["checks"]) == 8
+
+
+def test_the_command_exits_1_on_a_failed_check_and_2_on_a_user_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "checkmodel.py").write_text(
+        "import random, torch\nfrom torch import nn\n"
+        "class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.lin = nn.Linear(64, 10)\n"
+        "    def forward(self, x):\n        return self.lin(x.flatten(1)) * (1 + random.random())\n"
+        "def make():\n    return M()\n")
+    assert main(["check", "--model", "checkmodel:make", "--max-ratio", "100"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  determinism" in out and "module 'lin'" in out
+    assert main(["check", "--model", "checkmodel:nothing"]) == 2
+    assert "has no attribute 'nothing'" in capsys.readouterr().err
