@@ -166,6 +166,7 @@ def test_the_command_checks_a_preset_and_writes_json(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("leantrain check: digits-cnn") and len(out) == 9
     assert all(line.startswith("PASS") for line in out[1:])
+    assert "in a fresh process: bit-identical" in out[4]  # the command's factory travels to a spawned process
     doc = json.loads((tmp_path / "c.json").read_text())
     assert doc["passed"] and len(doc["checks"]) == 8
 

@@ -5,6 +5,8 @@ seed, so every check starts from the same model."""
 from __future__ import annotations
 
 import copy
+import multiprocessing
+import pickle
 import tempfile
 import time
 import warnings
@@ -130,6 +132,25 @@ def accumulation(p: Probe) -> tuple[bool, str]:
     return worst <= 1e-6, f"list batch of {len(batch)} vs the mean of {len(batch)} single items: max relative difference {worst:.2g}"
 
 
+def resume_run(factory, samples: list, cfg: TrainConfig, path: str, seed: int, threads: int):
+    """Build the model afresh and resume ``path`` to the end: (values, logged losses).
+    Run in a spawned process when the factory can travel there."""
+    torch.set_num_threads(threads)  # the same reductions as the first half
+    torch.manual_seed(seed)
+    r = factory()
+    torch.manual_seed(seed + 12345)  # the checkpoint must restore the generators itself
+    report = train_samples(r, replace(cfg, resume_from=path), samples, log=lambda line: None)
+    return r.params.values(), report.losses
+
+
+def _picklable(obj) -> bool:
+    try:
+        pickle.dumps(obj)
+        return True
+    except Exception:  # lambdas, closures, local classes
+        return False
+
+
 def exact_resume(p: Probe) -> tuple[bool, str]:
     straight, report = p.run()
     half = max(1, p.steps // 2)
@@ -140,15 +161,20 @@ def exact_resume(p: Probe) -> tuple[bool, str]:
         cfg = replace(p.cfg, steps=p.steps, log_every=1, checkpoint_path=path)
         train_samples(first, cfg, p.samples, log=lambda line: None,
                       callback=lambda event: event.step == half)  # stop at `half`: saved there
-        resumed = p.runner()
-        torch.manual_seed(p.seed + 12345)  # the checkpoint must restore the generators itself
-        second = train_samples(resumed, replace(cfg, resume_from=path), p.samples, log=lambda line: None)
-    for i, (a, b) in enumerate(zip(straight.params.values(), resumed.params.values())):
+        args = (p.factory, p.samples, cfg, str(path), p.seed, torch.get_num_threads())
+        if _picklable(args):
+            with multiprocessing.get_context("spawn").Pool(1) as pool:
+                values, losses = pool.apply(resume_run, args)
+            where = "a fresh process"
+        else:
+            values, losses = resume_run(*args)
+            where = "a fresh runner (this process: the factory cannot be sent to another)"
+    for i, (a, b) in enumerate(zip(straight.params.values(), values)):
         if not torch.equal(a, b):
             return False, f"{p.steps} steps straight vs {half} + checkpoint + {p.steps - half}: first differing {straight.params.label(i)}"
-    if second.losses != report.losses:
+    if tuple(losses) != report.losses:
         return False, "parameters agree but the logged losses differ"
-    return True, f"{p.steps} steps straight vs {half} + checkpoint + {p.steps - half} in a fresh runner: bit-identical"
+    return True, f"{p.steps} steps straight vs {half} + checkpoint + {p.steps - half} in {where}: bit-identical"
 
 
 def determinism(p: Probe) -> tuple[bool, str]:

@@ -17,14 +17,25 @@ from .usermodel import build_task
 FLAGS = ("preset", "batch_size", "optimizer", "lr", "seed", "model", "data", "loss", "weight_decay")
 
 
+class RunnerFactory:
+    """A runner built from a run configuration: picklable, so the resume check can
+    rebuild the model in a fresh process."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg.to_dict()
+
+    def __call__(self) -> Runner:
+        factory, loss, _, _ = build_task(RunConfig(**self.cfg))
+        return Runner.from_module(factory(), loss)
+
+
 def cmd_check(args) -> int:
     cfg = RunConfig.build(args.config, {k: getattr(args, k, None) for k in FLAGS})
-    factory, loss, train, _ = build_task(cfg)
+    factory, loss, train, _ = build_task(cfg)  # user errors surface here, before any check
     items = stack_minibatches(cfg.batch_size)(train[: cfg.batch_size * 8])  # 8 minibatches
     tcfg = TrainConfig(steps=4, batch_size=2, optimizer=cfg.make_optimizer(), log_every=0)
     torch.manual_seed(cfg.seed)
-    report = check(lambda: Runner.from_module(factory(), loss), items, tcfg, seed=cfg.seed,
-                   max_ratio=args.max_ratio)
+    report = check(RunnerFactory(cfg), items, tcfg, seed=cfg.seed, max_ratio=args.max_ratio)
     print(f"leantrain check: {cfg.model or cfg.preset}, {cfg.optimizer} lr={cfg.lr}, "
           f"{len(items)} minibatches of {cfg.batch_size}, 2 per update")
     for line in report.lines():
