@@ -3,7 +3,6 @@ on a case built to break exactly that guarantee. The speed check's limit is set 
 reach of noise in the passing runs (no test asserts a wall-clock time)."""
 
 import json
-import random
 import sys
 from pathlib import Path
 
@@ -109,17 +108,22 @@ def test_state_outside_buffers_fails_the_exact_resume_check():
     assert report["determinism"].passed  # the same run twice is still the same
 
 
-class PythonRandom(nn.Module):
+OUTSIDE = torch.Generator().manual_seed(0)  # seeded once here; the check's seeding never reaches it
+
+
+class OutsideRandom(nn.Module):
+    """Draws from a generator the run does not own: the second run draws other numbers."""
+
     def __init__(self):
         super().__init__()
         self.noisy = nn.Linear(4, 2)
 
     def forward(self, x):
-        return self.noisy(x) * (1 + random.random())  # Python's generator: torch's seed does not reach it
+        return self.noisy(x) * (1 + torch.rand((), generator=OUTSIDE))
 
 
 def test_unseeded_randomness_fails_the_determinism_check_and_names_the_module():
-    report = check(lambda: lt.Runner.from_module(PythonRandom(), "mse"), regression(), CFG, only=("determinism",))
+    report = check(lambda: lt.Runner.from_module(OutsideRandom(), "mse"), regression(), CFG, only=("determinism",))
     assert "module 'noisy'" in failing(report, "determinism")
 
 
@@ -174,9 +178,9 @@ def test_the_command_checks_a_preset_and_writes_json(tmp_path, capsys):
 def test_the_command_exits_1_on_a_failed_check_and_2_on_a_user_error(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "checkmodel.py").write_text(
-        "import random, torch\nfrom torch import nn\n"
+        "import torch\nfrom torch import nn\nOUTSIDE = torch.Generator().manual_seed(0)\n"
         "class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.lin = nn.Linear(64, 10)\n"
-        "    def forward(self, x):\n        return self.lin(x.flatten(1)) * (1 + random.random())\n"
+        "    def forward(self, x):\n        return self.lin(x.flatten(1)) * (1 + torch.rand((), generator=OUTSIDE))\n"
         "def make():\n    return M()\n")
     assert main(["check", "--model", "checkmodel:make", "--max-ratio", "100"]) == 1
     out = capsys.readouterr().out
