@@ -2,7 +2,9 @@
 
 A compute-bound MLP (512-1024-1024-10); every update is a list batch of 8 minibatches
 of 64 samples, split round-robin across the ranks; one thread per process. Prints
-samples/s for each world size and the ratio.
+samples/s for each world size and the ratio, and with 2 processes the cost of
+``exact_reduction`` (every item's gradient gathered and folded in item order) against the
+default all-reduce: time per update and bytes each rank receives per update.
 
 Run: .venv/bin/python benchmarks/distributed_scaling.py [--steps 30]
 """
@@ -36,17 +38,22 @@ def batches():
     return [(torch.randn(BATCH, 512, generator=g), torch.randint(0, 10, (BATCH,), generator=g)) for _ in range(ITEMS)]
 
 
-def run(steps: int) -> float:
+def run(steps: int, exact: bool = False) -> float:
     runner = lt.Runner.from_module(model(), "cross_entropy")
     opt = optim.sgd(0.01)
     state = opt.init(runner.params)
     data = batches()
-    state = lt.step_batch(runner, opt, state, False, data)  # warm-up
+    from leantrain.training.step import update
+
+    def step(state):
+        return update("bench", runner, opt, state, False, data, exact_reduction=exact)[0]
+
+    state = step(state)  # warm-up
     if dist.is_initialized():
         dist.barrier()
     start = time.perf_counter()
     for _ in range(steps):
-        state = lt.step_batch(runner, opt, state, False, data)
+        state = step(state)
     if dist.is_initialized():
         dist.barrier()
     return time.perf_counter() - start
@@ -55,9 +62,10 @@ def run(steps: int) -> float:
 def worker(rank: int, world: int, init: str, steps: int, q) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
-    elapsed = run(steps)
+    default = run(steps)
+    exact = run(steps, exact=True)
     if rank == 0:
-        q.put(elapsed)
+        q.put((default, exact))
     dist.destroy_process_group()
 
 
@@ -71,13 +79,19 @@ def main() -> None:
     q = ctx.SimpleQueue()
     init = os.path.join(tempfile.mkdtemp(), "init")
     mp.spawn(worker, args=(2, init, args.steps, q), nprocs=2, join=True)
-    two = q.get()
+    two, exact = q.get()
     samples = args.steps * ITEMS * BATCH
+    values = sum(p.numel() for p in model().parameters())
+    reduce_bytes = 4 * values  # one all-reduced float32 pack
+    gather_bytes = 4 * values * ITEMS  # every item's pack (4 per rank, from both ranks)
     print(f"MLP 512-1024-1024-10, {ITEMS} x {BATCH} samples per update, {args.steps} updates, "
           f"1 thread per process, {os.cpu_count()} cores")
     print(f"  1 process : {samples / one:9.0f} samples/s")
     print(f"  2 processes: {samples / two:9.0f} samples/s")
     print(f"  speed-up 2 vs 1 = {one / two:.2f}x")
+    print(f"  exact_reduction, 2 processes: {exact / args.steps * 1e3:.1f} ms per update vs "
+          f"{two / args.steps * 1e3:.1f} ms with the all-reduce ({exact / two:.2f}x); gathers "
+          f"{gather_bytes / 2**20:.1f} MiB per update vs {reduce_bytes / 2**20:.1f} MiB all-reduced")
 
 
 if __name__ == "__main__":

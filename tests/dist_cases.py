@@ -39,6 +39,7 @@ def data(dtype):
 
 CASES = [f"{loop}-{kind}-{dt}" for loop in ("samples", "loader") for kind in ("sgd", "adam") for dt in ("f64", "f32")]
 CASES += ["samples-adam-f64-mirrors", "loader-sgd-f32-mirrors"]  # the native path on CPU mirrors
+EXACT_CASES = ["samples-adam-f32-exact", "loader-sgd-f32-exact"]  # exact_reduction
 
 
 def make(case):
@@ -49,12 +50,13 @@ def make(case):
     if case.endswith("-mirrors"):
         runner.to("cpu")
     opt = optim.sgd(0.1) if kind == "sgd" else optim.adam(0.01)
+    exact = dict(exact_reduction=True, log_every=1) if case.endswith("-exact") else {}
     if loop == "samples":  # batches of 3 items: ranks get 2 and 1
-        cfg = lt.TrainConfig(steps=8, batch_size=3, optimizer=opt, log_every=4)
+        cfg = replace(lt.TrainConfig(steps=8, batch_size=3, optimizer=opt, log_every=4), **exact)
         return runner, cfg, lambda c, cb=None: lt.train_samples(runner, c, data(dtype), log=lambda s: None, callback=cb)
     # 7 items in batches of 3: the last batch has one item, so rank 1 gets none
     loader = lt.DataLoader(lt.Dataset(data(dtype)), batch_size=3, shuffle=True, seed=2)
-    cfg = lt.LoaderTrainConfig(epochs=3, optimizer=opt, log_every=4)
+    cfg = replace(lt.LoaderTrainConfig(epochs=3, optimizer=opt, log_every=4), **exact)
     return runner, cfg, lambda c, cb=None: lt.train_loader(runner, c, loader, log=lambda s: None, callback=cb)[0]
 
 

@@ -44,12 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", help="output folder (default runs/latest)")
     t.add_argument("--log-every", type=natural, help="read the loss every N steps (0: never)")
     t.add_argument("--checkpoint-every", type=natural, help="save every N steps (0: only at the end)")
-    t.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR exactly")
+    t.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR exactly "
+                   "('auto': the --out folder's run if it has one, else start fresh)")
     t.add_argument("--model", help="your own model: package.module:factory (instead of a preset)")
     t.add_argument("--data", help="your own data: package.module:function returning (train, test)")
     t.add_argument("--loss", help="mse, cross_entropy or package.module:function")
     t.add_argument("--weight-decay", type=float, help="adamw's weight decay")
     t.add_argument("--warmup", type=natural, help="warm-up epochs of the cosine schedule")
+    t.add_argument("--exact-reduction", action="store_true", default=None,
+                   help="under torchrun: fold every item's gradient in order (the one-process bits)")
     i = sub.add_parser("inspect", help="show a checkpoint's slots, optimizer, progress and integrity")
     i.add_argument("checkpoint")
     c = sub.add_parser("check", help="verify leantrain's guarantees on a preset or your own model")

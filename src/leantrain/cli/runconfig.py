@@ -41,6 +41,7 @@ class RunConfig:
     loss: str = "cross_entropy"  # "mse", "cross_entropy" or "package.module:function"
     weight_decay: Optional[float] = None  # adamw only
     warmup: int = 1  # warm-up epochs of the cosine schedule
+    exact_reduction: bool = False  # under torchrun: the one-process bits on any number of ranks
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ConfigError:
@@ -74,6 +75,8 @@ class RunConfig:
                 raise bad("weight_decay", "only adamw takes a weight decay")
             if not is_number(self.weight_decay) or not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
                 raise bad("weight_decay", "expected a finite number >= 0")
+        if not isinstance(self.exact_reduction, bool):
+            raise bad("exact_reduction", "expected true or false")
         if not is_int(self.warmup) or self.warmup < 0:
             raise bad("warmup", "expected an integer >= 0")
 

@@ -28,11 +28,17 @@ from ..training.runner import Runner
 from ..training.events import StepEvent
 
 FLAGS = ("preset", "epochs", "batch_size", "accumulate", "optimizer", "lr", "scheduler", "seed",
-         "device", "out", "log_every", "checkpoint_every", "model", "data", "loss", "weight_decay", "warmup")
+         "device", "out", "log_every", "checkpoint_every", "model", "data", "loss", "weight_decay", "warmup",
+         "exact_reduction")
 
 
 def _config(args) -> tuple[RunConfig, bool]:
     overrides = {k: getattr(args, k) for k in FLAGS}
+    if args.resume == "auto":  # a restarted job: continue the --out folder's run if it has one
+        cfg = RunConfig.build(args.config, overrides)
+        if not (Path(cfg.out) / "checkpoint.ckpt").is_file():
+            return cfg, False
+        args.resume = cfg.out
     if args.resume is None:
         return RunConfig.build(args.config, overrides), False
     folder = Path(args.resume)
@@ -92,7 +98,7 @@ def _train(args) -> int:
     tcfg = LoaderTrainConfig(
         epochs=cfg.epochs, optimizer=cfg.make_optimizer(), scheduler=cfg.make_schedule(steps_per_epoch),
         log_every=cfg.log_every, checkpoint_every=cfg.checkpoint_every, checkpoint_path=ckpt,
-        resume_from=ckpt if resuming else None,
+        resume_from=ckpt if resuming else None, exact_reduction=cfg.exact_reduction,
     )
     start_step = 0
     if resuming:

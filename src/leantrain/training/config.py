@@ -34,6 +34,8 @@ def _common(op: str, cfg) -> None:
         value = getattr(cfg, name)
         if value is not None and not isinstance(value, (str, os.PathLike)):
             raise ConfigError(f"{op}: {name} must be a path or None, got {type(value).__name__}")
+    if cfg.resume_from == "auto" and cfg.checkpoint_path is None:
+        raise ConfigError(f"{op}: resume_from='auto' resumes from checkpoint_path: set one")
     if cfg.checkpoint_every and cfg.checkpoint_path is None:
         raise ConfigError(f"{op}: checkpoint_every={cfg.checkpoint_every} needs a checkpoint_path")
     check_choice(op, "nonfinite", cfg.nonfinite, NONFINITE_MODES)
@@ -41,6 +43,9 @@ def _common(op: str, cfg) -> None:
     check_choice(op, "accumulation", cfg.accumulation, ACCUMULATION_MODES)
     check_count(op, "eval_every", cfg.eval_every, 1)
     check_bool(op, "measure_loss", cfg.measure_loss)
+    check_bool(op, "exact_reduction", cfg.exact_reduction)
+    if cfg.exact_reduction and cfg.accumulation != "exact":
+        raise ConfigError(f"{op}: exact_reduction folds items one by one: it needs accumulation='exact'")
     if cfg.eval_metrics is not None and (
         not isinstance(cfg.eval_metrics, Mapping) or not all(callable(f) for f in cfg.eval_metrics.values())
     ):
@@ -60,12 +65,16 @@ class LoopOptions:
 
     ``accumulation``: ``"exact"`` (item by item) or ``"vectorized"`` (stacked);
     ``checkpoint_path``/``checkpoint_every``: save every N updates and at the end;
-    ``resume_from``: continue a run exactly from a checkpoint; ``replica_check``:
+    ``resume_from``: continue a run exactly from a checkpoint (``"auto"``: from
+    ``checkpoint_path`` when it exists, else start fresh: a restarted job picks up where
+    it stopped); ``replica_check``:
     verify the ranks agree at the start (distributed); ``nonfinite``: ``"raise"`` or
     ``"skip"`` for NaN/inf losses and gradients; ``eval_data``/``eval_every``/
     ``eval_metrics``: evaluate (``leantrain.evaluate``) every ``eval_every`` steps
     (in-memory loops) or epochs (loaders), results in ``TrainReport.evals`` and in
-    checkpoints; ``measure_loss=False`` skips the ``before``/``after`` passes.
+    checkpoints; ``measure_loss=False`` skips the ``before``/``after`` passes;
+    ``exact_reduction``: under ``torch.distributed``, every rank folds all items' gradients
+    in item order, so any number of ranks gives the one-process bits (see distributed.py).
     """
 
     accumulation: str = "exact"
@@ -78,6 +87,7 @@ class LoopOptions:
     eval_every: int = 1
     eval_metrics: Optional[Mapping[str, Callable]] = None
     measure_loss: bool = True
+    exact_reduction: bool = False
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,41 @@ def all_reduce_sum(
     return total, out
 
 
+def gather_items(
+    mine: list[tuple[torch.Tensor, list]], n: int, rank: int, world: int, leaves: list
+) -> tuple[list[torch.Tensor], list[list]]:
+    """Every item's loss and gradient pack, in item order, on every rank (item ``j`` was
+    differentiated on rank ``j mod world``): one all-gather per gradient dtype, one for
+    the losses (as float64, exact for every narrower float). Costs ``ceil(n/world)`` item
+    gradients per rank sent to every rank, against one all-reduce of one pack."""
+    rows = -(-n // world)
+    buckets: dict[tuple, list[tuple[int, torch.Tensor]]] = {}
+    for i, t in enumerate(leaves):
+        if t is not None:
+            buckets.setdefault((t.device, t.dtype), []).append((i, t))
+    items: list[list] = [[None] * len(leaves) for _ in range(n)]
+    for (device, dtype), members in buckets.items():
+        width = sum(t.numel() for _, t in members)
+        local = torch.zeros(rows, width, dtype=dtype, device=device)
+        for row, (_, grads) in enumerate(mine):
+            local[row] = torch.cat([grads[i].reshape(-1) for i, _ in members])
+        gathered = [torch.empty_like(local) for _ in range(world)]
+        dist.all_gather(gathered, local)
+        for j in range(n):
+            flat, offset = gathered[j % world][j // world], 0
+            for i, t in members:
+                items[j][i] = flat[offset: offset + t.numel()].view(t.shape)
+                offset += t.numel()
+    device = next((t.device for t in leaves if t is not None), torch.device("cpu"))
+    local = torch.zeros(rows, dtype=torch.float64, device=device)
+    for row, (loss, _) in enumerate(mine):
+        local[row] = loss.to(torch.float64)
+    gathered = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(gathered, local)
+    losses = [gathered[j % world][j // world] for j in range(n)]
+    return losses, items
+
+
 def broadcast_parameters(params) -> None:
     """Copy rank 0's values into every rank's working tensors (host or mirror)."""
     with torch.no_grad():

@@ -96,7 +96,7 @@ def train_loader(
         p = ck.progress
         if isinstance(loader, DataLoader):
             if ck.loader_state is None:
-                raise DataError(f"{op}: {cfg.resume_from}: the checkpoint has no loader state")
+                raise DataError(f"{op}: {session.resume_from}: the checkpoint has no loader state")
             loader = loader.restored(ck.loader_state, op)
         start = (p["epoch"], p["batch"], p["step"], p["seen"])
         _warn_unseeded(loader)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -65,6 +66,14 @@ def check_schedule(op: str, cfg, runner: Runner) -> None:
             )
 
 
+def resume_path(cfg):
+    """The checkpoint a run resumes from: ``cfg.resume_from``, or with ``"auto"`` the
+    checkpoint at ``cfg.checkpoint_path`` when one exists (``None``: start fresh)."""
+    if cfg.resume_from != "auto":
+        return cfg.resume_from
+    return cfg.checkpoint_path if Path(cfg.checkpoint_path).exists() else None
+
+
 def _silent(line: str) -> None:
     return None
 
@@ -112,7 +121,8 @@ class Session:
         check_schedule(self.op, self.cfg, self.runner)
         self.runner.train()
         self.expect = dict(expect)
-        if self.cfg.resume_from is None:
+        self.resume_from = resume_path(self.cfg)
+        if self.resume_from is None:
             distributed.start_replicas(self.runner, self.cfg.replica_check)
             self.before = self.runner.mean_loss(items) if self.cfg.measure_loss else None
             return self.opt.init(self.runner.params, native=uses_native(self.runner, self.opt)), None
@@ -124,7 +134,7 @@ class Session:
         return ck.state, ck
 
     def _resume(self, expect: dict) -> Checkpoint:
-        op, path = self.op, self.cfg.resume_from
+        op, path = self.op, self.resume_from
         ck = load_checkpoint(path, self.runner, optimizer=self.opt)
         p = ck.progress
         if p.get("kind") != self.kind or ck.state is None:
@@ -149,6 +159,7 @@ class Session:
             state, loss = update(
                 self.op, self.runner, self.opt, state, state.path == NATIVE, batch,
                 cfg.accumulation, want_loss=want, nonfinite=cfg.nonfinite, skipped=self.skipped,
+                exact_reduction=cfg.exact_reduction,
             )
         except NonFiniteError as e:
             raise NonFiniteError(f"step {step}: {e}") from None

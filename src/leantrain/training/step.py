@@ -54,6 +54,36 @@ def _sum_items(runner: Runner, batch: Sequence[Sample], leaves, scratch) -> tupl
     return loss, grads
 
 
+def _fold(losses: list, packs: list, inv: float) -> tuple[torch.Tensor, Pack]:
+    """The gathered items folded exactly as ``_sum_items`` folds them in one process:
+    ``l0 + l1``, then ``+ lk``; ``g0 + g1``, then ``add_(gk)``; then ``* (1/n)`` (not for one
+    item). So a run gives the same bits on any number of ranks."""
+    loss, grads = losses[0], packs[0]
+    if len(packs) == 1:
+        return loss, grads
+    loss = loss + losses[1]
+    grads = [None if g is None else g + h for g, h in zip(grads, packs[1])]
+    for loss_k, pack in zip(losses[2:], packs[2:]):
+        loss = loss + loss_k
+        for g, h in zip(grads, pack):
+            if g is not None:
+                g.add_(h)
+    return _scale(loss, grads, inv)
+
+
+def _exact_gradients(runner: Runner, leaves, scratch, batch, rank: int, world: int):
+    """Each rank differentiates its items one by one; every rank then folds all items in
+    item order (``exact_reduction``): the one-process mean gradient, bit for bit."""
+    mine = []
+    for k, sample in enumerate(distributed.my_items(batch, rank, world)):
+        if k:
+            scratch.reset()
+        mine.append(runner.loss_and_gradients(sample, leaves))
+    losses, packs = distributed.gather_items(mine, len(batch), rank, world, leaves)
+    dtype = mine[0][0].dtype if mine else torch.float64  # rank 0 always has item 0: it logs
+    return _fold([x.to(dtype) for x in losses], packs, 1.0 / len(batch))
+
+
 def _scale(loss: torch.Tensor, grads: Pack, inv: float) -> tuple[torch.Tensor, Pack]:
     for g in grads:  # the gradients are owned sums here: scale in place
         if g is not None:
@@ -62,7 +92,8 @@ def _scale(loss: torch.Tensor, grads: Pack, inv: float) -> tuple[torch.Tensor, P
 
 
 def _gradients(
-    runner: Runner, leaves, scratch, batch: Sequence[Sample], accumulation: str, want_loss: bool
+    runner: Runner, leaves, scratch, batch: Sequence[Sample], accumulation: str, want_loss: bool,
+    exact_reduction: bool = False,
 ) -> tuple[torch.Tensor, Pack]:
     """(mean loss, mean gradients) at one parameter point: left-to-right sums times ``1/n``.
 
@@ -77,6 +108,8 @@ def _gradients(
         if n == 1:
             return loss, grads  # g * (1/1) is g, bit for bit: skip the pass
         return _scale(loss, grads, 1.0 / n)
+    if exact_reduction:
+        return _exact_gradients(runner, leaves, scratch, batch, *group)
     mine = distributed.my_items(batch, *group)
     if not mine:  # more ranks than items: this rank contributes zeros
         loss = torch.zeros((), device=runner.device)
@@ -93,7 +126,7 @@ def _gradients(
 
 def _accumulate(
     op: str, runner: Runner, batch: Sequence[Sample], accumulation: str = "exact",
-    want_loss: bool = False,
+    want_loss: bool = False, exact_reduction: bool = False,
 ) -> tuple[torch.Tensor, Pack, Optional[BufferSnapshot]]:
     """Buffers first, then (mean loss, mean gradients) of a checked batch; nothing read
     to the host. Also returns the buffers as they were before the step when it advanced
@@ -106,7 +139,8 @@ def _accumulate(
             ran, snapshot = bound.advance_buffers(op, batch)  # every item, before any gradient
             try:
                 with bound.scratch_buffers() as scratch:  # gradient passes leave buffers be
-                    loss, grads = _gradients(runner, bound.leaves, scratch, batch, accumulation, want_loss)
+                    loss, grads = _gradients(runner, bound.leaves, scratch, batch, accumulation, want_loss,
+                                             exact_reduction)
             except BaseException:
                 if snapshot is not None:
                     snapshot.restore()
@@ -164,14 +198,14 @@ def nonfinite_flag(loss: torch.Tensor, grads: Pack, buffers: Sequence[torch.Tens
 def update(
     op: str, runner: Runner, opt: Optimizer, state: OptState, native: bool, batch: list[Sample],
     accumulation: str = "exact", *, want_loss: bool = False, nonfinite: str = "raise",
-    skipped: Optional[torch.Tensor] = None,
+    skipped: Optional[torch.Tensor] = None, exact_reduction: bool = False,
 ) -> tuple[OptState, torch.Tensor]:
     """One update over a list batch (the modes already validated, as the loops' configs
     are); returns the new state and the mean loss tensor (read only if the caller does)."""
     path = NATIVE if native else GENERIC
     batch = _check_batch(op, batch)
     opt.check(op, state, runner.params, path)  # before buffers advance
-    loss, grads, snapshot = _accumulate(op, runner, batch, accumulation, want_loss)
+    loss, grads, snapshot = _accumulate(op, runner, batch, accumulation, want_loss, exact_reduction)
     found = nonfinite_flag(loss, grads, snapshot.written if snapshot is not None else ())
     if nonfinite == "skip":
         if snapshot is not None:
