@@ -78,3 +78,25 @@ def test_the_command_resume_auto(tmp_path, capsys):
     assert "resuming" not in capsys.readouterr().out
     assert main(["train", "--epochs", "2", "--out", str(out), "--resume", "auto"]) == 0  # continues
     assert "resuming at step 45" in capsys.readouterr().out
+
+
+def test_a_failed_collective_names_the_rank_the_step_and_the_last_checkpoint(tmp_path, monkeypatch):
+    from leantrain.training import distributed, session
+
+    runner, cfg, go = dc.make("samples-sgd-f64")
+    from dataclasses import replace
+
+    cfg = replace(cfg, checkpoint_path=tmp_path / "run.ckpt", checkpoint_every=2, log_every=0)
+    real = session.update
+
+    def flaky(op, runner, opt, state, native, batch, *a, **k):
+        if state.steps == 5:  # the sixth update: its all-reduce fails, as when a peer dies
+            monkeypatch.setattr(distributed, "active", lambda: (1, 2))
+            raise RuntimeError("Connection closed by peer")
+        return real(op, runner, opt, state, native, batch, *a, **k)
+
+    monkeypatch.setattr(session, "update", flaky)
+    with pytest.raises(distributed.CollectiveError,
+                       match=r"rank 1 of 2, step 5: a collective operation failed \(Connection closed by peer\); "
+                             r"last good checkpoint: .*run.ckpt \(step 4\)"):
+        go(cfg)

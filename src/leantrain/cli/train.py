@@ -126,6 +126,7 @@ def _train(args) -> int:
 
     stop = {"requested": False}
     bar = tqdm(total=cfg.epochs * steps_per_epoch, initial=start_step, unit="step",
+               desc=f"{world} ranks" if world > 1 else None,
                disable=None if main else True, dynamic_ncols=True, leave=False)
     metrics = metrics_path.open("a") if main else open(os.devnull, "w")
 

@@ -26,6 +26,10 @@ class ReplicaError(LeantrainError, RuntimeError):
     """The ranks do not hold the same parameters."""
 
 
+class CollectiveError(LeantrainError, RuntimeError):
+    """A collective operation failed mid-run (a rank died or timed out)."""
+
+
 def active() -> Optional[tuple[int, int]]:
     """``(rank, world_size)`` when a process group of more than one rank is running."""
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:

@@ -113,6 +113,7 @@ class Session:
         self.expect: dict = {}  # what a resume must match; saved in every progress
         self.pending: Optional[tuple[dict, OptState, Optional[dict]]] = None  # the newest step
         self.saved = True  # whether ``pending`` is on disk
+        self.saved_step: Optional[int] = None  # the step of the newest checkpoint written
 
     # ------------------------------------------------------------------ start
     def start(self, items: list[Sample], expect: dict) -> tuple[OptState, Optional[Checkpoint]]:
@@ -163,6 +164,17 @@ class Session:
             )
         except NonFiniteError as e:
             raise NonFiniteError(f"step {step}: {e}") from None
+        except RuntimeError as e:
+            group = distributed.active()
+            if group is None:
+                raise
+            # A collective failed (a peer died or timed out): say where, and what survives.
+            last = (f"{self.cfg.checkpoint_path} (step {self.saved_step})" if self.saved_step is not None
+                    else "none saved yet")
+            raise distributed.CollectiveError(
+                f"{self.op}: rank {group[0]} of {group[1]}, step {step}: a collective operation failed "
+                f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); last good checkpoint: {last}"
+            ) from e
         if not want:
             return state, None
         value = float(loss.item())  # intentional sync: a log line is due
@@ -223,7 +235,7 @@ class Session:
                             losses=list(self.logged), evals=[[k, r] for k, r in self.evals])
             save_checkpoint(self.cfg.checkpoint_path, self.runner, state=state, progress=progress,
                             loader_state=loader_state)
-        self.saved = True
+        self.saved, self.saved_step = True, progress["step"]
 
     # ---------------------------------------------------------------- finish
     def finish(self, items: list[Sample], steps: int, seen: int) -> TrainReport:
