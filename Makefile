@@ -17,7 +17,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/leantrain train --preset digits-mlp --out runs/demo
+	$(BIN)/leantrain train --preset digits-mlp --out runs/demo --overwrite
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -210,3 +210,20 @@ def test_bad_references_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, f
     assert main(["train", "run.toml", flag, ref, "--out", "r"]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_an_earlier_run_is_never_written_over_without_asking(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--epochs", "1", "--out", str(out)]) == 0
+    before = {name: (out / name).read_bytes() for name in ("config.json", "metrics.jsonl", "checkpoint.ckpt")}
+    capsys.readouterr()
+    assert main(["train", "--epochs", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "holds an earlier run" in err and "--overwrite" in err and len(err.strip().splitlines()) == 1
+    assert {name: (out / name).read_bytes() for name in before} == before  # nothing touched
+    (tmp_path / "file").write_text("x")
+    assert main(["train", "--epochs", "1", "--out", str(tmp_path / "file")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    assert main(["train", "--epochs", "2", "--out", str(out), "--overwrite"]) == 0
+    assert json.loads((out / "config.json").read_text())["epochs"] == 2
+    assert json.loads((out / "report.json").read_text())["steps"] == 90

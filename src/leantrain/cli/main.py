@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", help="output folder (default runs/latest)")
     t.add_argument("--log-every", type=natural, help="read the loss every N steps (0: never)")
     t.add_argument("--checkpoint-every", type=natural, help="save every N steps (0: only at the end)")
+    t.add_argument("--overwrite", action="store_true",
+                   help="replace the earlier run in --out (its files are replaced as the new run writes)")
     t.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR exactly "
                    "('auto': the --out folder's run if it has one, else start fresh)")
     t.add_argument("--model", help="your own model: package.module:factory (instead of a preset)")

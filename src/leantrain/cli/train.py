@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from ..io.atomic import atomic_write_bytes
 from ..training import distributed
 from .usage import EXIT_INTERRUPTED, UserError
 from ..training.config import LoaderTrainConfig
@@ -37,6 +38,7 @@ def _config(args) -> tuple[RunConfig, bool]:
     if args.resume == "auto":  # a restarted job: continue the --out folder's run if it has one
         cfg = RunConfig.build(args.config, overrides)
         if not (Path(cfg.out) / "checkpoint.ckpt").is_file():
+            args.overwrite = True  # no checkpoint: nothing to continue; a partial start is replaced
             return cfg, False
         args.resume = cfg.out
     if args.resume is None:
@@ -56,6 +58,44 @@ def _config(args) -> tuple[RunConfig, bool]:
     base.update({k: v for k, v in overrides.items() if v is not None})
     base["out"] = str(folder)
     return RunConfig(**base), True
+
+
+RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.ckpt", "report.json", "loss.png")
+
+
+def _refuse_an_earlier_run(out: Path, overwrite: bool) -> None:
+    """A folder that holds an earlier run is continued (``--resume``) or replaced on
+    request (``--overwrite``), never silently written over."""
+    found = [name for name in RUN_FILES if (out / name).exists()]
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: is a file, not a folder")
+    if found and not overwrite:
+        raise UserError(
+            f"--out {out}: holds an earlier run ({', '.join(found)}); continue it with "
+            f"--resume {out}, or replace it with --overwrite"
+        )
+
+
+class LazyFile:
+    """A text file opened at its first write (so an earlier file survives until then)."""
+
+    def __init__(self, path: Path, mode: str) -> None:
+        self.path, self.mode, self.file = path, mode, None
+
+    def write(self, text: str) -> None:
+        if self.file is None:
+            self.file = self.path.open(self.mode)
+        self.file.write(text)
+
+    def flush(self) -> None:
+        if self.file is not None:
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        elif self.mode == "w":
+            self.path.write_text("")  # a finished run with no record still has its file
 
 
 def _trim_metrics(path: Path, step: int) -> None:
@@ -106,12 +146,13 @@ def _train(args) -> int:
 
         start_step = int(read_checkpoint(ckpt, f"--resume {out}")[0]["progress"].get("step", 0))
     if main:
+        if not resuming:
+            _refuse_an_earlier_run(out, args.overwrite)  # before anything is written
         out.mkdir(parents=True, exist_ok=True)
         if resuming:
             _trim_metrics(metrics_path, start_step)
         else:
-            (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-            metrics_path.write_text("")
+            atomic_write_bytes(out / "config.json", (json.dumps(cfg.to_dict(), indent=2) + "\n").encode())
     params = runner.params
     reps = params.canonical_slot_indices()
     aliases = sum(1 for i, c in enumerate(reps) if c is not None and c != i)
@@ -128,7 +169,8 @@ def _train(args) -> int:
     bar = tqdm(total=cfg.epochs * steps_per_epoch, initial=start_step, unit="step",
                desc=f"{world} ranks" if world > 1 else None,
                disable=None if main else True, dynamic_ncols=True, leave=False)
-    metrics = metrics_path.open("a") if main else open(os.devnull, "w")
+    # A fresh run replaces an earlier metrics file only once it has a record to write.
+    metrics = LazyFile(metrics_path, "a" if resuming else "w") if main else open(os.devnull, "w")
 
     def callback(ev: StepEvent) -> bool:
         if world > 1 and ev.batch == steps_per_epoch:
