@@ -17,7 +17,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from safetensors import safe_open
@@ -298,11 +298,14 @@ def _state_problems(manifest: dict, tensors: dict, params: ParamList, optimizer)
 
 
 def load_checkpoint(
-    path: PathLike, target, *, optimizer=None, restore_rng: bool = True
+    path: PathLike, target, *, optimizer=None, restore_rng: bool = True,
+    accept: Optional[Callable[[dict, dict], list[str]]] = None,
 ) -> Checkpoint:
     """Validate everything, then install parameters (and return optimizer state,
-    progress and loader state). A rejected load leaves parameters, mirrors and any
-    optimizer state untouched."""
+    progress and loader state). A rejected load leaves parameters, mirrors, any
+    optimizer state and the random generators untouched. ``accept(manifest, tensors)``
+    returns the caller's own problems with the file (a resume that does not fit the run),
+    checked with the rest, before anything is installed."""
     op = "load_checkpoint"
     path = Path(path)
     params = params_of(op, target)
@@ -313,6 +316,8 @@ def load_checkpoint(
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
         # a manifest of the wrong structure (sealed, so written that way, not corrupted)
         raise CheckpointError(f"{op}: {path}: malformed manifest ({type(e).__name__}: {e})") from None
+    if accept is not None and not problems and not state_problems:
+        problems = list(accept(manifest, tensors))
     _raise_all(op, path, problems + state_problems)
     # ---- everything checked; install
     for k, s in enumerate(params.storages()):

@@ -90,7 +90,7 @@ def train_loader(
         raise ConfigError(f"{op}: expected a DataLoader or an iterable of batches, got {type(loader).__name__}")
     session = Session(op, runner, cfg, "loader", log=log, callback=callback, callbacks=callbacks)
     items = loader_items(op, loader, runner.device)
-    state, ck = session.start(items, {"n_samples": len(items)})
+    state, ck = session.start(items, {"n_samples": len(items)}, _loader_check(op, loader))
     start = (0, 0, 0, 0)
     if ck is not None:
         p = ck.progress
@@ -127,3 +127,21 @@ def _warn_unseeded(loader: Loader) -> None:
             "pass generator=torch.Generator().manual_seed(SEED) to the DataLoader for an exact resume",
             stacklevel=3,
         )
+
+
+def _loader_check(op: str, loader: Loader):
+    """For a resume: the saved loader state must fit ``loader`` (checked before install)."""
+    if not isinstance(loader, DataLoader):
+        return None
+
+    def check(manifest: dict, tensors: dict) -> list[str]:
+        saved = manifest.get("loader")
+        if not isinstance(saved, dict) or "loader.order" not in tensors:
+            return ["the checkpoint has no loader state"]
+        try:
+            loader.restored(dict(saved, order=tensors["loader.order"].tolist()), op)
+        except DataError as e:
+            return [str(e).removeprefix(f"{op}: ")]
+        return []
+
+    return check

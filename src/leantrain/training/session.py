@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..errors import CheckpointError, ConfigError, NonFiniteError
+from ..errors import ConfigError, NonFiniteError
 from ..io.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from ..optim import OptState, Optimizer
 from ..optim.optimizer import GENERIC, NATIVE
@@ -116,9 +116,10 @@ class Session:
         self.saved_step: Optional[int] = None  # the step of the newest checkpoint written
 
     # ------------------------------------------------------------------ start
-    def start(self, items: list[Sample], expect: dict) -> tuple[OptState, Optional[Checkpoint]]:
+    def start(self, items: list[Sample], expect: dict, loader_check=None) -> tuple[OptState, Optional[Checkpoint]]:
         """A fresh history and the ``before`` loss over ``items``, or, with
-        ``cfg.resume_from``, the checkpoint's state (its progress must match ``expect``)."""
+        ``cfg.resume_from``, the checkpoint's state (its progress must match ``expect``,
+        and ``loader_check(manifest, tensors)`` find no problem)."""
         check_schedule(self.op, self.cfg, self.runner)
         self.runner.train()
         self.expect = dict(expect)
@@ -127,28 +128,33 @@ class Session:
             distributed.start_replicas(self.runner, self.cfg.replica_check)
             self.before = self.runner.mean_loss(items) if self.cfg.measure_loss else None
             return self.opt.init(self.runner.params, native=uses_native(self.runner, self.opt)), None
-        ck = self._resume(expect)
+        ck = self._resume(expect, loader_check)
         self.before = ck.progress["before"]
         self.logged = [tuple(x) for x in ck.progress["losses"]]
         self.evals = [(int(step), dict(results)) for step, results in ck.progress.get("evals", [])]
         distributed.start_replicas(self.runner, self.cfg.replica_check)
         return ck.state, ck
 
-    def _resume(self, expect: dict) -> Checkpoint:
-        op, path = self.op, self.resume_from
-        ck = load_checkpoint(path, self.runner, optimizer=self.opt)
-        p = ck.progress
-        if p.get("kind") != self.kind or ck.state is None:
-            raise CheckpointError(f"{op}: {path}: not a {self.kind} training checkpoint with optimizer state")
-        for key, value in expect.items():
-            if p.get(key) != value:
-                raise CheckpointError(f"{op}: {path}: {key}: checkpoint has {p.get(key)!r}, this run has {value!r}")
-        if ck.state.path != (NATIVE if uses_native(self.runner, self.opt) else GENERIC):
-            raise CheckpointError(
-                f"{op}: {path}: the checkpoint's optimizer history is {ck.state.path}; "
-                f"resume with parameters on the same kind of device"
-            )
-        return ck
+    def _resume(self, expect: dict, loader_check=None) -> Checkpoint:
+        """Load the checkpoint; whether it fits this run (its kind, ``expect``, the update
+        path, and ``loader_check``) is decided before anything is installed."""
+        path = self.resume_from
+        want_path = NATIVE if uses_native(self.runner, self.opt) else GENERIC
+
+        def fits(manifest: dict, tensors: dict) -> list[str]:
+            p = manifest.get("progress") or {}
+            if not isinstance(p, dict) or p.get("kind") != self.kind or not manifest.get("optimizer"):
+                return [f"not a {self.kind} training checkpoint with optimizer state"]
+            problems = [f"{key}: checkpoint has {p.get(key)!r}, this run has {value!r}"
+                        for key, value in expect.items() if p.get(key) != value]
+            if manifest["optimizer"].get("path") != want_path:
+                problems.append(f"the checkpoint's optimizer history is {manifest['optimizer'].get('path')}; "
+                                f"resume with parameters on the same kind of device")
+            if loader_check is not None:
+                problems += loader_check(manifest, tensors)
+            return problems
+
+        return load_checkpoint(path, self.runner, optimizer=self.opt, accept=fits)
 
     # ----------------------------------------------------------------- steps
     def update(self, state: OptState, batch: list[Sample], step: int) -> tuple[OptState, Optional[float]]:
