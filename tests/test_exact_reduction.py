@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="no
 def contents(path):
     with safe_open(str(path), framework="pt") as f:
         tensors = {k: f.get_tensor(k) for k in f.keys() if k.startswith(("storage.", "state."))}
-        manifest = json.loads(lt.io.checkpoint.unseal(f.metadata()["leantrain"]))
+        manifest = json.loads(lt.io.checkfile.unseal(f.metadata()["leantrain"]))
     return tensors, manifest["progress"]["losses"]
 
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import leantrain as lt
 from leantrain import Param, ParamList, optim
-from leantrain.io.checkpoint import seal, unseal
+from filetools import edit_manifest
 
 
 def build(frozen_value=0.5):
@@ -32,19 +32,6 @@ def valid(tmp_path_factory):
 
 def header_span(data: bytes) -> int:
     return 8 + int.from_bytes(data[:8], "little")
-
-
-def edit_manifest(data: bytes, edit, reseal: bool) -> bytes:
-    n = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8 : 8 + n])
-    text = unseal(header["__metadata__"]["leantrain"])
-    manifest = json.loads(text)
-    edit(manifest)
-    new = json.dumps(manifest, sort_keys=True)
-    header["__metadata__"]["leantrain"] = seal(new) if reseal else header["__metadata__"]["leantrain"][:9] + new
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    return len(raw).to_bytes(8, "little") + raw + data[8 + n :]
 
 
 EDITS = {

@@ -173,6 +173,9 @@ class DataLoader(Generic[T]):
                     f"{op}: loader {key}: checkpoint has {state.get(key)!r}, this loader has "
                     f"{getattr(self, key)!r}"
                 )
+        seed = state.get("seed")
+        if not (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**64):
+            raise DataError(f"{op}: loader seed: checkpoint has {seed!r}, expected an integer in [0, 2**64)")
         if sorted(order) != list(range(n)):
             raise DataError(
                 f"{op}: the saved order is not a permutation of this loader's {n} items "
@@ -182,7 +185,7 @@ class DataLoader(Generic[T]):
         for j, o in enumerate(self.current_order()):
             base[o] = self.dataset.samples[j]
         return replace(
-            self, dataset=Dataset(base[o] for o in order), seed=int(state["seed"]), order=tuple(order)
+            self, dataset=Dataset(base[o] for o in order), seed=seed, order=tuple(order)
         )
 
     def __len__(self) -> int:

@@ -103,13 +103,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sys.stderr.close()
         return 0
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(printable(f"error: {e}"), file=sys.stderr)
         return EXIT_USER
     except LeantrainError as e:
         lines = str(e).splitlines()
         extra = f" {lines[1].strip()}" if len(lines) > 1 else ""
         more = f" (and {len(lines) - 2} more)" if len(lines) > 2 else ""
-        print(f"error: {lines[0]}{extra}{more}", file=sys.stderr)
+        print(printable(f"error: {lines[0]}{extra}{more}"), file=sys.stderr)
         return EXIT_USER
 
 
@@ -143,21 +143,24 @@ def cmd_inspect(args) -> int:
     if fmt is not None:
         inspect_torchlean(path, fmt)
         return 0
-    manifest, tensors = read_checkpoint(path, "inspect")  # checks format and every checksum
+    if path.is_dir() and (path / "checkpoint.ckpt").is_file():
+        path = path / "checkpoint.ckpt"  # a run folder: its checkpoint
+    # The loader's own checks: format, the manifest's schema, tensor names, dtypes, shapes, CRCs.
+    manifest, tensors = read_checkpoint(path, "inspect")
     slots, reps = manifest["slots"], manifest["representatives"]
     print(f"{path}: {manifest['format']} v{manifest['version']}, {path.stat().st_size:,} bytes")
     print(f"integrity: OK ({len(tensors)} tensors, every CRC-32 verified)")
     print(f"{'slot':>4}  {'name':<28} {'shape':<16} {'dtype':<8} {'trainable':<9} representative")
     for i, s in enumerate(slots):
         rep = "-" if reps[i] is None else ("self" if reps[i] == i else f"slot {reps[i]} (alias)")
-        print(f"{i:>4}  {str(s['name']):<28} {str(tuple(s['shape'])):<16} {s['dtype']:<8} "
+        print(f"{i:>4}  {printable(str(s['name'])):<28} {str(tuple(s['shape'])):<16} {s['dtype']:<8} "
               f"{'yes' if s['requires_grad'] else 'no':<9} {rep}")
     aliases = sum(1 for i, r in enumerate(reps) if r is not None and r != i)
     frozen = sum(1 for s in slots if not s["requires_grad"])
     print(f"slots: {len(slots)}, storages: {len({s['storage'] for s in slots})}, aliases: {aliases}, frozen: {frozen}")
     opt = manifest.get("optimizer")
     if opt:
-        hyper = ", ".join(f"{k}={v}" for k, v in opt["hyper"].items())
+        hyper = printable(", ".join(f"{k}={v}" for k, v in opt["hyper"].items()))
         print(f"optimizer: {opt['kind']}({hyper}), path {opt['path']}, steps {opt['steps']}, "
               f"lr {opt['lr']:.6g}, histories {len(opt['records'])}")
     else:
@@ -165,6 +168,12 @@ def cmd_inspect(args) -> int:
     progress = {k: v for k, v in manifest.get("progress", {}).items() if k != "losses"}
     print(f"progress: {json.dumps(progress, sort_keys=True)}")
     return 0
+
+
+def printable(text: str) -> str:
+    """``text`` with every control or non-printing character escaped (``\\n``, ``\\x1b``),
+    so a name from a file cannot move the cursor, colour the terminal or forge a line."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def _torchlean_format(path: Path):

@@ -6,26 +6,64 @@ import json
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..validate import is_number
+
+
+FORMATS = (".png", ".svg", ".pdf")
 
 
 def read_metrics(path: str | Path) -> list[dict]:
+    """The records of a metrics file (or of a run folder's ``metrics.jsonl``)."""
     p = Path(path)
+    if p.is_dir():
+        if not (p / "metrics.jsonl").is_file():
+            raise ConfigError(f"{path}: a folder without metrics.jsonl; give a metrics file or a run folder")
+        p = p / "metrics.jsonl"
     try:
-        lines = p.read_text().splitlines()
+        lines = p.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such metrics file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (expected one JSON record per line)") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read ({e.strerror or e})") from None
     records = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise ConfigError(f"{path}: line {n} is not JSON") from None
         if not isinstance(rec, dict):
             raise ConfigError(f"{path}: line {n} is not a JSON object")
         records.append(rec)
     return records
+
+
+def _points(metrics, records: list[dict], kind: str, x: str, y: str) -> list[tuple[float, float]]:
+    """(x, y) of each ``kind`` record that has ``y``; both must be numbers."""
+    out = []
+    for r in records:
+        if r.get("kind") != kind or y not in r:
+            continue
+        a, b = r.get(x), r.get(y)
+        if not (is_number(a) and is_number(b)):
+            raise ConfigError(f"{metrics}: a {kind!r} record has {x}={a!r:.40}, {y}={b!r:.40}; expected numbers")
+        out.append((a, b))
+    return out
+
+
+def output_path(out: str | Path) -> Path:
+    """Where the plot goes: a .png, .svg or .pdf file (a name without a suffix gets .png)."""
+    out = Path(out)
+    if out.is_dir():
+        raise ConfigError(f"-o {out}: is a folder; give a file name such as {out / 'loss.png'}")
+    if out.suffix == "":
+        return out.with_name(out.name + ".png")
+    if out.suffix.lower() not in FORMATS:
+        raise ConfigError(f"-o {out}: expected a {', '.join(FORMATS)} file, got {out.suffix!r}")
+    return out
 
 
 def plot_metrics(metrics: str | Path, out: str | Path) -> Path:
@@ -35,9 +73,10 @@ def plot_metrics(metrics: str | Path, out: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    out = output_path(out)
     records = read_metrics(metrics)
-    steps = [(r["step"], r["loss"]) for r in records if r.get("kind") == "step" and "loss" in r]
-    epochs = [(r["epoch"] + 1, r["test_accuracy"]) for r in records if r.get("kind") == "epoch"]
+    steps = _points(metrics, records, "step", "step", "loss")
+    epochs = [(e + 1, a) for e, a in _points(metrics, records, "epoch", "epoch", "test_accuracy")]
     if not steps and not epochs:
         raise ConfigError(f"{metrics}: no step or epoch records to plot")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -54,8 +93,11 @@ def plot_metrics(metrics: str | Path, out: str | Path) -> Path:
     ax2.grid(alpha=0.3)
     fig.suptitle("leantrain run")
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=110)
+    except OSError as e:
+        raise ConfigError(f"-o {out}: cannot be written ({e.strerror or e})") from None
+    finally:
+        plt.close(fig)
     return out

@@ -47,20 +47,22 @@ class RunConfig:
         def bad(name: str, rule: str) -> ConfigError:
             return ConfigError(f"--{name.replace('_', '-')}: {rule}, got {getattr(self, name)!r}")
 
-        if self.preset not in PRESETS:
+        if not one_of(self.preset, PRESETS):
             raise bad("preset", f"expected one of {', '.join(PRESETS)}")
         for name, low in (("epochs", 1), ("batch_size", 1), ("accumulate", 1), ("seed", 0),
                           ("log_every", 0), ("checkpoint_every", 0)):
             v = getattr(self, name)
             if not is_int(v) or v < low:
                 raise bad(name, f"expected an integer >= {low}")
-        if self.optimizer not in optim.OPTIMIZERS:
+        if self.seed >= 2**64:
+            raise bad("seed", "expected an integer below 2**64 (torch's seed range)")
+        if not one_of(self.optimizer, optim.OPTIMIZERS):
             raise bad("optimizer", f"expected one of {', '.join(optim.OPTIMIZERS)}")
         if not is_number(self.lr) or not (math.isfinite(self.lr) and self.lr > 0):
             raise bad("lr", "expected a finite number > 0")
-        if self.scheduler not in SCHEDULERS:
+        if not one_of(self.scheduler, SCHEDULERS):
             raise bad("scheduler", f"expected one of {', '.join(SCHEDULERS)}")
-        if self.device not in DEVICES:
+        if not one_of(self.device, DEVICES):
             raise bad("device", f"expected one of {', '.join(DEVICES)}")
         if not isinstance(self.out, str) or not self.out:
             raise bad("out", "expected a folder path")
@@ -68,7 +70,7 @@ class RunConfig:
             ref = getattr(self, name)
             if ref is not None and (not isinstance(ref, str) or ":" not in ref):
                 raise bad(name, "expected 'package.module:name'")
-        if not isinstance(self.loss, str) or (self.loss not in ("mse", "cross_entropy") and ":" not in self.loss):
+        if not isinstance(self.loss, str) or (not one_of(self.loss, ("mse", "cross_entropy")) and ":" not in self.loss):
             raise bad("loss", "expected mse, cross_entropy or 'package.module:function'")
         if self.weight_decay is not None:
             if self.optimizer != "adamw":
@@ -87,6 +89,10 @@ class RunConfig:
             values.update(read_toml(toml_path))
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+    @classmethod
+    def known_keys(cls) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -107,6 +113,11 @@ class RunConfig:
         return None
 
 
+def one_of(value: object, choices) -> bool:
+    """``value`` is one of the string ``choices`` (a list or a table never is)."""
+    return isinstance(value, str) and value in choices
+
+
 def read_toml(path: str) -> dict[str, Any]:
     p = Path(path)
     try:
@@ -116,7 +127,9 @@ def read_toml(path: str) -> dict[str, Any]:
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not a valid TOML file ({e})") from None
     data = data.get("train", data)  # keys at the top level or under [train]
-    known = {f.name for f in dataclasses.fields(RunConfig)}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: 'train' must be a table ([train] with key = value lines), got {data!r:.60}")
+    known = RunConfig.known_keys()
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}")

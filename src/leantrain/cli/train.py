@@ -49,8 +49,13 @@ def _config(args) -> tuple[RunConfig, bool]:
         raise UserError(f"--resume {folder}: not a run folder (needs config.json and checkpoint.ckpt)")
     try:
         base = json.loads(saved.read_text())
-    except ValueError:
+    except (ValueError, RecursionError, OSError):
         raise UserError(f"--resume {folder}: config.json is not valid JSON") from None
+    if not isinstance(base, dict):
+        raise UserError(f"--resume {folder}: config.json is not a JSON object of settings")
+    unknown = sorted(set(base) - RunConfig.known_keys())
+    if unknown:
+        raise UserError(f"--resume {folder}: config.json has unknown key(s) {', '.join(map(repr, unknown))}")
     if args.config:
         from .runconfig import read_toml
 
@@ -84,7 +89,10 @@ class LazyFile:
 
     def write(self, text: str) -> None:
         if self.file is None:
-            self.file = self.path.open(self.mode)
+            try:
+                self.file = self.path.open(self.mode)
+            except OSError as e:
+                raise UserError(f"{self.path}: cannot be written ({e.strerror or e})") from None
         self.file.write(text)
 
     def flush(self) -> None:
@@ -99,11 +107,37 @@ class LazyFile:
 
 
 def _trim_metrics(path: Path, step: int) -> None:
-    """On resume, drop records written after the checkpoint (they are replayed)."""
+    """On resume, drop records written after the checkpoint (they are replayed), and a
+    last line torn by a crash mid-write. A damaged line before the last is an error."""
     if not path.exists():
         return
-    kept = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
-    path.write_text("".join(ln + "\n" for ln in kept))
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"--resume: {path}: cannot be read as text ({e})") from None
+    kept = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            rec = None
+        if not isinstance(rec, dict):
+            if n == len(lines):
+                break  # torn by a crash mid-write: the records after the checkpoint are replayed anyway
+            raise UserError(f"--resume: {path}: line {n} is not a JSON record (the file is damaged)")
+        at = rec.get("step", 0)
+        if not isinstance(at, (int, float)) or at <= step:
+            kept.append(line)
+    atomic_write_bytes(path, "".join(ln + "\n" for ln in kept).encode(), "--resume")
+
+
+def _make_folder(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot create the folder ({e.strerror or e})") from None
 
 
 def cmd_train(args) -> int:
@@ -148,11 +182,11 @@ def _train(args) -> int:
     if main:
         if not resuming:
             _refuse_an_earlier_run(out, args.overwrite)  # before anything is written
-        out.mkdir(parents=True, exist_ok=True)
+        _make_folder(out)
         if resuming:
             _trim_metrics(metrics_path, start_step)
         else:
-            atomic_write_bytes(out / "config.json", (json.dumps(cfg.to_dict(), indent=2) + "\n").encode())
+            atomic_write_bytes(out / "config.json", (json.dumps(cfg.to_dict(), indent=2) + "\n").encode(), "--out")
     params = runner.params
     reps = params.canonical_slot_indices()
     aliases = sum(1 for i, c in enumerate(reps) if c is not None and c != i)
@@ -224,7 +258,7 @@ def _train(args) -> int:
         "steps": report.steps, "images_seen": cfg.epochs * len(train),
         "wall_time_s": round(report.wall_time, 3), "aliased_slots": aliases, "frozen_slots": frozen,
     }
-    (out / "report.json").write_text(json.dumps(result, indent=2) + "\n")
+    atomic_write_bytes(out / "report.json", (json.dumps(result, indent=2) + "\n").encode(), "--out")
     plot_metrics(metrics_path, out / "loss.png")
     print(f"mean training loss: {report.before:.4f} -> {report.after:.4f}")
     if classify:

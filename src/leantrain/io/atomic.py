@@ -2,33 +2,51 @@
 fsync the folder.
 
 A failure at any point leaves the previous file intact; the temporary is removed.
-The temporary lives in its own hidden folder ``.{name}.tmp-{pid}-{nanos}/`` (so files
-a writer library makes on the side land there too); a later successful write
-recognises the folders a killed writer left behind and removes them.
+The temporary lives in its own hidden folder ``.leantrain-tmp-{digest}-{pid}-{nanos}/``
+beside the target (``digest``: 16 hex digits of the file name's SHA-256), so files a
+writer library makes on the side land there too and the name stays short whatever
+the target's; a later successful write recognises, by exact name, the folders a
+killed writer of the same file left behind and removes them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import shutil
 import time
 from pathlib import Path
 from typing import Callable, Union
 
+from safetensors import SafetensorError
+
+from ..errors import CheckpointError
+
 PathLike = Union[str, os.PathLike]
 
 
-def temp_prefix(path: Path) -> str:
-    return f".{path.name}.tmp-"
+SCRATCH = re.compile(r"\.leantrain-tmp-([0-9a-f]{16})-([0-9]+)-([0-9]+)")
 
 
-def atomic_write(path: PathLike, write: Callable[[Path], None]) -> Path:
-    """Call ``write(tmp)`` to produce the new file, then move it over ``path``."""
+def scratch_key(path: Path) -> str:
+    """A short, fixed-length digest of the file name: scratch names stay far below the
+    255-byte limit whatever the target's name, and never contain its characters."""
+    return hashlib.sha256(os.fsencode(path.name)).hexdigest()[:16]
+
+
+def atomic_write(path: PathLike, write: Callable[[Path], None], op: str = "write") -> Path:
+    """Call ``write(tmp)`` to produce the new file, then move it over ``path``. A failure
+    (disk full, no permission, a missing folder) raises ``CheckpointError`` naming the
+    path and the OS's reason; the previous file is intact and the scratch removed."""
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
-    folder.mkdir(parents=True, exist_ok=True)
-    scratch = folder / f"{temp_prefix(path)}{os.getpid()}-{time.monotonic_ns()}"
-    scratch.mkdir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        scratch = folder / f".leantrain-tmp-{scratch_key(path)}-{os.getpid()}-{time.monotonic_ns()}"
+        scratch.mkdir()
+    except OSError as e:
+        raise _write_error(op, path, e) from e
     tmp = scratch / path.name
     try:
         write(tmp)
@@ -38,6 +56,8 @@ def atomic_write(path: PathLike, write: Callable[[Path], None]) -> Path:
         finally:
             os.close(fd)
         os.replace(tmp, path)
+    except (OSError, SafetensorError) as e:
+        raise _write_error(op, path, e) from e
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     _fsync_dir(folder)
@@ -45,31 +65,40 @@ def atomic_write(path: PathLike, write: Callable[[Path], None]) -> Path:
     return path
 
 
-def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
+def _write_error(op: str, path: Path, e: BaseException) -> CheckpointError:
+    reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0] if str(e) else type(e).__name__
+    return CheckpointError(f"{op}: {path}: could not be written ({reason}); any earlier file there is unchanged")
+
+
+def atomic_write_bytes(path: PathLike, data: bytes, op: str = "write") -> Path:
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
 
-    return atomic_write(path, write)
+    return atomic_write(path, write, op)
 
 
 def remove_stale_temporaries(path: Path) -> list[Path]:
-    """Delete temporaries of ``path`` left by writers that died (not the live ones of
-    other processes of ours: only those whose pid is gone)."""
+    """Delete the scratch folders of ``path`` that writers which died left behind: only
+    folders whose whole name is one this module makes for this file name, and whose
+    process is gone (never another live writer's, never a file of the user's)."""
     removed = []
-    prefix = temp_prefix(path)
-    for tmp in path.parent.glob(prefix + "*"):
-        pid = tmp.name[len(prefix):].split("-", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+    key = scratch_key(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = SCRATCH.fullmatch(entry.name)
+        if m is None or m.group(1) != key or not entry.is_dir(follow_symlinks=False):
             continue
-        if pid.isdigit() and int(pid) == os.getpid():
-            continue  # one of ours in flight (another thread): leave it
-        if tmp.is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.unlink(missing_ok=True)
-        removed.append(tmp)
+        pid = int(m.group(2))
+        if pid == os.getpid() or _alive(pid):
+            continue  # in flight (another thread of ours, or another live process)
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(Path(entry.path))
     return removed
 
 

@@ -13,18 +13,18 @@ reported at once, and nothing is installed unless there is none.
 from __future__ import annotations
 
 import json
-import zlib
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .atomic import PathLike, atomic_write
-from ..validate import is_number
+from .checkfile import FORMAT, VERSION, crc32, dtype_name, raise_all, read_checkpoint, seal
+from .manifest import check_json
 from ..errors import CheckpointError, shape_str, slot_label
 from ..optim import OptState, Optimizer
 from ..optim.optimizer import GENERIC, NATIVE
@@ -34,37 +34,11 @@ from ..params.paramlist import ParamList, params_of
 from ..params.storage import Storage
 from ..params.schema import ParameterSchema
 
-FORMAT, VERSION = "leantrain.checkpoint", 1
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def crc32(t: torch.Tensor) -> int:
-    flat = t.detach().reshape(-1)
-    if flat.numel() == 0:
-        return 0
-    return zlib.crc32(flat.contiguous().view(torch.uint8).numpy())
-
-
 def current_value(storage) -> torch.Tensor:
     """The newest value of a storage on the CPU, without changing who is current."""
     t = storage.host if storage.host_current or storage.mirror is None else storage.mirror
     # Intentional device-to-host read: a checkpoint is a request for current values.
     return t.detach().to("cpu")
-
-
-def seal(text: str) -> str:
-    """The manifest as stored: its CRC-32 in hex, a space, then the JSON text (one
-    metadata entry, so the header bytes are deterministic)."""
-    return f"{zlib.crc32(text.encode()):08x} {text}"
-
-
-def unseal(sealed: str) -> Optional[str]:
-    """The JSON text of a sealed manifest, or ``None`` when it fails its checksum."""
-    crc, _, text = sealed.partition(" ")
-    return text if crc == f"{zlib.crc32(text.encode()):08x}" else None
 
 
 # ------------------------------------------------------------------------ save
@@ -79,7 +53,19 @@ def save_checkpoint(
 ) -> Path:
     """Write ``target``'s parameters (and optionally optimizer state, progress, loader
     state and RNG states) to ``path`` atomically. ``target`` is a Runner or a ParamList."""
-    params = params_of("save_checkpoint", target)
+    op = "save_checkpoint"
+    params = params_of(op, target)
+    path = check_destination(op, path)
+    for what, value in (("progress", progress), ("loader_state", loader_state)):
+        if value is not None and not isinstance(value, dict):
+            raise CheckpointError(f"{op}: {what} must be a dict, got {type(value).__name__}")
+        why = check_json(op, what, value)
+        if why is not None:
+            raise CheckpointError(why)
+    if loader_state is not None:
+        order = loader_state.get("order")
+        if not (isinstance(order, (list, tuple)) and all(isinstance(o, int) and not isinstance(o, bool) for o in order)):
+            raise CheckpointError(f"{op}: loader_state['order'] must be a list of item indices")
     schema = params.schema()
     tensors: dict[str, torch.Tensor] = {}
     for k, s in enumerate(params.storages()):
@@ -120,7 +106,17 @@ def save_checkpoint(
     def write(tmp: Path) -> None:
         save_file(tensors, str(tmp), metadata=meta)
 
-    return atomic_write(path, write)
+    return atomic_write(path, write, op)
+
+
+def check_destination(op: str, path: object) -> Path:
+    """``path`` as a file path that can be written (not empty, not a folder)."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise CheckpointError(f"{op}: expected a file path, got {path!r}")
+    path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{op}: {path}: is a folder; give a file path inside it")
+    return path
 
 
 def _state_manifest(state: OptState, tensors: dict, params: ParamList) -> dict:
@@ -157,62 +153,6 @@ class Checkpoint:
     loader_state: Optional[dict] = None
 
 
-def read_checkpoint(path: PathLike, op: str = "read_checkpoint") -> tuple[dict, dict[str, torch.Tensor]]:
-    """The manifest and every tensor, with the file's integrity checked (format,
-    version, tensor set, checksums). Raises ``CheckpointError`` listing every problem."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{op}: {path}: no such checkpoint file")
-    try:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as e:  # the safetensors reader raises several types on corrupt input
-        raise CheckpointError(f"{op}: {path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
-    sealed = meta.get("leantrain")
-    if sealed is None:
-        raise CheckpointError(f"{op}: {path}: no leantrain manifest in the file")
-    text = unseal(sealed)
-    if text is None:
-        raise CheckpointError(f"{op}: {path}: the manifest fails its checksum (the file is corrupt)")
-    try:
-        manifest = json.loads(text)
-        if not isinstance(manifest, dict):
-            raise ValueError("manifest is not an object")
-    except ValueError as e:
-        raise CheckpointError(f"{op}: {path}: the manifest is not valid ({e})") from None
-    if manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{op}: {path}: unsupported format {manifest.get('format')!r}; expected {FORMAT!r}")
-    if manifest.get("version") != VERSION:
-        raise CheckpointError(
-            f"{op}: {path}: unsupported format version {manifest.get('version')!r}; expected {VERSION}"
-        )
-    problems = []
-    sums = manifest.get("checksums")
-    if not isinstance(sums, dict):
-        raise CheckpointError(f"{op}: {path}: manifest has no checksums")
-    for name in sorted(set(sums) - set(tensors)):
-        problems.append(f"missing tensor {name!r}")
-    for name in sorted(set(tensors) - set(sums)):
-        problems.append(f"unexpected tensor {name!r} (not in the manifest)")
-    common = sorted(set(sums) & set(tensors))
-    with ThreadPoolExecutor(max_workers=2) as pool:  # zlib releases the GIL
-        actual = list(pool.map(lambda n: crc32(tensors[n]), common))
-    for name, got in zip(common, actual):
-        if got != sums[name]:
-            problems.append(f"tensor {name!r} fails its checksum (the file is corrupt)")
-    _raise_all(op, path, problems)
-    return manifest, tensors
-
-
-def _raise_all(op: str, path: Path, problems: list[str], fix: str = "") -> None:
-    if problems:
-        lines = "\n".join(f"  - {p}" for p in problems)
-        raise CheckpointError(
-            f"{op}: {path}: {len(problems)} problem(s), nothing was loaded:\n{lines}{fix}"
-        )
-
-
 def _tensor_problem(where: str, name: str, t: Optional[torch.Tensor], shape, dtype) -> Optional[str]:
     """Why tensor ``name`` cannot fill a ``shape``/``dtype`` place, or ``None`` if it can."""
     if t is None:
@@ -233,11 +173,12 @@ def _schema_problems(manifest: dict, tensors: dict, params: ParamList) -> list[s
     for k, s in enumerate(params.storages()):
         name = f"storage.{k}"
         problems.append(_tensor_problem(f"storage {k}", name, tensors.get(name), s.shape, s.dtype))
-    if manifest.get("loader") is not None:
-        problems.append(_tensor_problem("loader", "loader.order", tensors.get("loader.order"),
-                                        tensors.get("loader.order", torch.zeros(0)).shape, torch.int64))
-    if manifest.get("rng", {}).get("torch") and "rng.torch" not in tensors:
-        problems.append("rng: missing tensor 'rng.torch'")
+    if torch.cuda.is_available():  # the generators' states are restored only after everything else
+        for d in range(min(manifest["rng"]["cuda"], torch.cuda.device_count())):
+            size = torch.cuda.get_rng_state(d).numel()
+            if tensors[f"rng.cuda.{d}"].numel() != size:
+                problems.append(f"rng: 'rng.cuda.{d}' holds {tensors[f'rng.cuda.{d}'].numel()} bytes; "
+                                f"CUDA device {d}'s generator state is {size}")
     return [p for p in problems if p is not None]
 
 
@@ -270,13 +211,8 @@ def _state_problems(manifest: dict, tensors: dict, params: ParamList, optimizer)
         problems.append(f"optimizer: {params.label(i)} has no saved state (missing entry)")
     for i in sorted(got - want):
         problems.append(f"optimizer: state entry for {slot_label(i, None)}, which does not own a history here")
-    for key, low in (("lr", 0.0), ("steps", 0)):
-        value = entry.get(key)
-        if not is_number(value) or not value >= low:
-            problems.append(f"optimizer: {key} must be a number >= {low}, got {value!r}")
     template = R.rule_for(saved.hyper).init(saved.hyper, torch.zeros(1))
     names = sorted(template.tensors())
-    scalars = sorted(R.record_scalars(template))
     for i in sorted(got & want):
         rec, where = records[str(i)], f"optimizer: {params.label(i)}"
         if rec.get("type") != type(template).__name__ or sorted(rec.get("tensors", [])) != names:
@@ -285,11 +221,6 @@ def _state_problems(manifest: dict, tensors: dict, params: ParamList, optimizer)
                 f"{type(template).__name__!r} {names!r}"
             )
             continue
-        values = rec.get("scalars", {})
-        if sorted(values) != scalars or not all(
-            is_number(x) for x in values.values()
-        ):
-            problems.append(f"{where}: state scalars {values!r}, expected numbers for {scalars!r}")
         v = params[i]
         for name in names:
             key = f"state.{i}.{name}"
@@ -318,7 +249,7 @@ def load_checkpoint(
         raise CheckpointError(f"{op}: {path}: malformed manifest ({type(e).__name__}: {e})") from None
     if accept is not None and not problems and not state_problems:
         problems = list(accept(manifest, tensors))
-    _raise_all(op, path, problems + state_problems)
+    raise_all(op, path, problems + state_problems)
     # ---- everything checked; install
     for k, s in enumerate(params.storages()):
         device = s.mirror.device if s.mirror is not None else None

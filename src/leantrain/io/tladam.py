@@ -101,7 +101,7 @@ def write_torchlean_adam(path: PathLike, target, state: OptState, *, rng_counter
     out.append(_u64(len(entries)))
     for i, t, n, m, v in entries:
         out += [_u64(i), _u64(t), _u64(n), m, v]
-    return atomic_write_bytes(path, b"".join(out))
+    return atomic_write_bytes(path, b"".join(out), op)
 
 
 def read_torchlean_adam(

@@ -45,7 +45,7 @@ def write_torchlean_state(path: PathLike, target, *, float32: bool = False, pret
         words = [w & ((1 << bits) - 1) for w in t.view(word).tolist()]
         words = [canonical if _is_nan_word(w, bits) else w for w in words]
         records.append((list(v.shape), words))
-    return atomic_write_bytes(path, bits_document(fmt, records, pretty))
+    return atomic_write_bytes(path, bits_document(fmt, records, pretty), "write_torchlean_state")
 
 
 def read_torchlean_state(path: PathLike, target) -> str:

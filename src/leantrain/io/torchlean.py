@@ -52,7 +52,7 @@ def encode_f32(target) -> bytes:
 
 def write_torchlean_f32(path: PathLike, target) -> Path:
     """Write the float32 stream atomically."""
-    return atomic_write_bytes(path, encode_f32(target))
+    return atomic_write_bytes(path, encode_f32(target), "write_torchlean_f32")
 
 
 def read_torchlean_f32(path: PathLike, target) -> None:
@@ -92,7 +92,7 @@ def write_torchlean_bits(path: PathLike, target, *, pretty: bool = True) -> Path
     for v in params:
         t = current_value(v.storage).to(torch.float64).contiguous().reshape(-1)
         records.append((list(v.shape), [b & (2**64 - 1) for b in t.view(torch.int64).tolist()]))
-    return atomic_write_bytes(path, bits_document(BITS_FORMAT, records, pretty))
+    return atomic_write_bytes(path, bits_document(BITS_FORMAT, records, pretty), "write_torchlean_bits")
 
 
 def read_torchlean_bits(path: PathLike, target) -> None:

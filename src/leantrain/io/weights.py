@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Mapping
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .atomic import PathLike, atomic_write
+from .tensorfile import TensorFile
 from ..params.paramlist import params_of
 from .checkpoint import current_value, dtype_name
 from ..errors import CheckpointError, shape_str, slot_label
@@ -47,19 +47,23 @@ def save_weights(path: PathLike, target) -> Path:
             first[id(s)] = name
             tensors[name] = t.contiguous()
     meta = {"format": "pt", "aliases": json.dumps(aliases, sort_keys=True)}
-    return atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
+    return atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta), "save_weights")
 
 
 def load_weights(path: PathLike, target, *, strict: bool = True) -> list[str]:
     """Import a weights file written by ``save_weights`` (or any safetensors file) by name."""
     path = Path(path)
+    op = "load_weights"
+    with TensorFile(path, op) as f:
+        weights = {k: f.read(k) for k in f.entries}
+        meta = f.metadata
     try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            weights = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as e:
-        raise CheckpointError(f"load_weights: {path}: not a readable safetensors file ({e})") from None
-    for alias, name in json.loads(meta.get("aliases", "{}")).items():
+        aliases = json.loads(meta.get("aliases", "{}"))
+    except (ValueError, RecursionError):
+        aliases = None
+    if not (isinstance(aliases, dict) and all(isinstance(v, str) for v in aliases.values())):
+        raise CheckpointError(f"{op}: {path}: the alias map in the metadata is not a map of names")
+    for alias, name in aliases.items():
         if name in weights:
             weights[alias] = weights[name]
     return import_state_dict(target, weights, strict=strict, op=f"load_weights: {path}")

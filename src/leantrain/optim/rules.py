@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import torch
 
@@ -76,6 +76,10 @@ class AdamState:
     beta1_power: float = 1.0
     beta2_power: float = 1.0
 
+    # What a saved record may hold: step counts from 0; the powers b^t lie in [0, 1].
+    SCALARS: ClassVar[dict] = {"step": (int, 0, 2**63 - 1), "beta1_power": (float, 0.0, 1.0),
+                               "beta2_power": (float, 0.0, 1.0)}
+
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"m": self.m, "v": self.v}
 
@@ -92,6 +96,19 @@ class AdadeltaState:
 def clone_record(rec):
     """A deep copy of a record (its buffers cloned), for un-tied histories."""
     return replace(rec, **{k: t.clone() for k, t in rec.tensors().items()})
+
+
+def scalar_problems(record_type: str, values: dict) -> list[str]:
+    """Why saved scalar fields ``values`` cannot fill a ``record_type`` record: a missing
+    or extra field, a wrong type, a value out of its range."""
+    spec = getattr(RECORDS[record_type], "SCALARS", {})
+    out = [f"unexpected field {k!r}" for k in sorted(set(values) - set(spec))]
+    for name, (kind, low, high) in spec.items():
+        v = values.get(name)
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or isinstance(v, int))
+        if not (ok and math.isfinite(v) and low <= v <= high):
+            out.append(f"{name}: expected {'an integer' if kind is int else 'a number'} in [{low}, {high}], got {v!r}")
+    return out
 
 
 def record_scalars(rec) -> dict:

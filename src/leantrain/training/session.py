@@ -19,6 +19,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..errors import ConfigError, NonFiniteError
+from ..validate import is_int, is_number
 from ..io.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from ..optim import OptState, Optimizer
 from ..optim.optimizer import GENERIC, NATIVE
@@ -145,8 +146,9 @@ class Session:
             p = manifest.get("progress") or {}
             if not isinstance(p, dict) or p.get("kind") != self.kind or not manifest.get("optimizer"):
                 return [f"not a {self.kind} training checkpoint with optimizer state"]
-            problems = [f"{key}: checkpoint has {p.get(key)!r}, this run has {value!r}"
-                        for key, value in expect.items() if p.get(key) != value]
+            problems = progress_problems(self.kind, p)
+            problems += [f"{key}: checkpoint has {p.get(key)!r}, this run has {value!r}"
+                         for key, value in expect.items() if p.get(key) != value]
             if manifest["optimizer"].get("path") != want_path:
                 problems.append(f"the checkpoint's optimizer history is {manifest['optimizer'].get('path')}; "
                                 f"resume with parameters on the same kind of device")
@@ -259,3 +261,25 @@ class Session:
         for cb in self.callbacks:
             cb.on_end(report)
         return report
+
+
+def progress_problems(kind: str, p: dict) -> list[str]:
+    """Why a saved progress record cannot resume a ``kind`` loop: each field it needs,
+    of the wrong type or out of range."""
+    out = []
+    counts = ("step",) + (("epoch", "batch", "seen") if kind == "loader" else ())
+    for key in counts:
+        v = p.get(key)
+        if not (is_int(v) and 0 <= v < 2**63):
+            out.append(f"progress.{key}: expected an integer >= 0, got {v!r}")
+    if p.get("before") is not None and not is_number(p.get("before")):
+        out.append(f"progress.before: expected a number or null, got {p.get('before')!r}")
+    losses = p.get("losses")
+    if not (isinstance(losses, list) and all(
+            isinstance(x, list) and len(x) == 2 and is_int(x[0]) and is_number(x[1]) for x in losses)):
+        out.append("progress.losses: expected a list of [step, loss] pairs")
+    evals = p.get("evals", [])
+    if not (isinstance(evals, list) and all(
+            isinstance(x, list) and len(x) == 2 and is_int(x[0]) and isinstance(x[1], dict) for x in evals)):
+        out.append("progress.evals: expected a list of [step, results] pairs")
+    return out

@@ -1,0 +1,113 @@
+"""The checkpoint file as bytes on disk: the sealed manifest, and reading a file back
+with its integrity checked (format, version, manifest schema, tensor list, checksums)
+before anything uses it."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..errors import CheckpointError, shape_str
+from .atomic import PathLike
+from .manifest import expected_tensors, manifest_problems
+from .tensorfile import TensorFile
+
+FORMAT, VERSION = "leantrain.checkpoint", 1
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def crc32(t: torch.Tensor) -> int:
+    flat = t.detach().reshape(-1)
+    if flat.numel() == 0:
+        return 0
+    return zlib.crc32(flat.contiguous().view(torch.uint8).numpy())
+
+
+def seal(text: str) -> str:
+    """The manifest as stored: its CRC-32 in hex, a space, then the JSON text (one
+    metadata entry, so the header bytes are deterministic)."""
+    return f"{zlib.crc32(text.encode()):08x} {text}"
+
+
+def unseal(sealed: str) -> Optional[str]:
+    """The JSON text of a sealed manifest, or ``None`` when it fails its checksum."""
+    crc, _, text = sealed.partition(" ")
+    return text if crc == f"{zlib.crc32(text.encode()):08x}" else None
+
+
+def read_checkpoint(path: PathLike, op: str = "read_checkpoint") -> tuple[dict, dict[str, torch.Tensor]]:
+    """The manifest and every tensor, with the file checked as a whole: format and
+    version, the manifest's schema (types and ranges), the tensor list against what
+    the manifest implies (names, dtypes, shapes: from the header, before any tensor
+    is read), then every checksum. Header and data come from one open file, so a
+    concurrent atomic replacement cannot mix two files. Raises ``CheckpointError``
+    listing every problem."""
+    path = Path(path)
+    with TensorFile(path, op) as f:
+        manifest = _manifest(f, op, path)
+        want = expected_tensors(manifest)
+        problems = []
+        for name in sorted(set(want) - set(f.entries)):
+            problems.append(f"missing tensor {name!r}")
+        for name in sorted(set(f.entries) - set(want))[:20]:
+            problems.append(f"unexpected tensor {name!r} (the manifest does not describe it)")
+        if len(set(f.entries) - set(want)) > 20:
+            problems.append(f"... {len(set(f.entries) - set(want)) - 20} more unexpected tensors")
+        if set(manifest["checksums"]) != set(want):
+            problems.append("the checksum list does not name exactly the manifest's tensors")
+        for name in sorted(set(want) & set(f.entries)):
+            (dtype, shape), e = want[name], f.entries[name]
+            if e.dtype != dtype or (shape is None and len(e.shape) != 1) or (shape is not None and e.shape != shape):
+                problems.append(
+                    f"tensor {name!r} is {shape_str(e.shape)} {dtype_name(e.dtype)} in the file; the manifest says "
+                    f"{'1-D' if shape is None else shape_str(shape)} {dtype_name(dtype)}"
+                )
+        raise_all(op, path, problems)
+        names = sorted(want)
+        tensors = {n: f.read(n) for n in names}
+    with ThreadPoolExecutor(max_workers=2) as pool:  # zlib releases the GIL
+        actual = list(pool.map(lambda n: crc32(tensors[n]), names))
+    for name, got in zip(names, actual):
+        if got != manifest["checksums"][name]:
+            problems.append(f"tensor {name!r} fails its checksum (the file is corrupt)")
+    raise_all(op, path, problems)
+    return manifest, tensors
+
+
+def _manifest(f: TensorFile, op: str, path: Path) -> dict:
+    sealed = f.metadata.get("leantrain")
+    if sealed is None:
+        raise CheckpointError(f"{op}: {path}: no leantrain manifest in the file")
+    text = unseal(sealed)
+    if text is None:
+        raise CheckpointError(f"{op}: {path}: the manifest fails its checksum (the file is corrupt)")
+    try:
+        manifest = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise CheckpointError(f"{op}: {path}: the manifest is not valid JSON ({type(e).__name__})") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{op}: {path}: the manifest is not a JSON object")
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{op}: {path}: unsupported format {manifest.get('format')!r:.80}; expected {FORMAT!r}")
+    if manifest.get("version") != VERSION or not isinstance(manifest.get("version"), int):
+        raise CheckpointError(
+            f"{op}: {path}: unsupported format version {manifest.get('version')!r:.80}; expected {VERSION}"
+        )
+    raise_all(op, path, manifest_problems(manifest))
+    return manifest
+
+
+def raise_all(op: str, path: Path, problems: list[str], fix: str = "") -> None:
+    if problems:
+        lines = "\n".join(f"  - {p}" for p in problems)
+        raise CheckpointError(
+            f"{op}: {path}: {len(problems)} problem(s), nothing was loaded:\n{lines}{fix}"
+        )

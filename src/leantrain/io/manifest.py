@@ -1,0 +1,170 @@
+"""The checkpoint manifest's schema: every field's type and range, checked before use.
+
+A manifest passes its CRC when it was written by leantrain *or* edited and resealed,
+so its structure is checked like any outside input: ``manifest_problems`` lists
+every field of the wrong type or out of range (without recursion, whatever the
+nesting), and ``expected_tensors`` then says which tensors, of which dtype and
+shape, the file must hold, so strays are rejected from the header alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Optional
+
+import torch
+
+from ..optim import rules as R
+from ..optim.optimizer import GENERIC, NATIVE
+from ..params.schema import ParameterSchema
+from ..validate import is_int, is_number
+
+MAX_INT = 2**63 - 1
+MAX_CUDA_DEVICES = 1024
+DTYPE_NAMES = {str(d).removeprefix("torch."): d for d in (
+    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
+    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)}
+
+
+def _count(x: object, low: int = 0) -> bool:
+    return is_int(x) and low <= x <= MAX_INT
+
+
+def _finite(x: object, low: float = -math.inf, high: float = math.inf) -> bool:
+    return is_number(x) and math.isfinite(x) and low <= x <= high
+
+
+def manifest_problems(m: dict) -> list[str]:
+    """Every way the manifest's structure, types or ranges are wrong (empty when sound)."""
+    out: list[str] = []
+    slots = m.get("slots")
+    if not isinstance(slots, list):
+        return ["slots: expected a list of slot entries"]
+    next_storage = 0
+    by_storage: dict[int, tuple] = {}
+    for i, s in enumerate(slots):
+        where = f"slots[{i}]"
+        if not isinstance(s, dict):
+            out.append(f"{where}: expected an object")
+            continue
+        name, shape, dtype, flag, k = (s.get(key) for key in ("name", "shape", "dtype", "requires_grad", "storage"))
+        if name is not None and not isinstance(name, str):
+            out.append(f"{where}.name: expected a string or null, got {name!r}")
+        if not (isinstance(shape, list) and len(shape) <= 64 and all(_count(d) for d in shape)):
+            out.append(f"{where}.shape: expected a list of sizes, got {shape!r}")
+        if not _one_of(dtype, DTYPE_NAMES):
+            out.append(f"{where}.dtype: expected one of {sorted(DTYPE_NAMES)}, got {dtype!r}")
+        if not isinstance(flag, bool):
+            out.append(f"{where}.requires_grad: expected true or false, got {flag!r}")
+        if not (_count(k) and k <= next_storage):
+            out.append(f"{where}.storage: expected a storage number <= {next_storage} (first use in order), "
+                       f"got {k!r}")
+            continue
+        next_storage = max(next_storage, k + 1)
+        seen = by_storage.setdefault(k, (shape, dtype))
+        if seen != (shape, dtype):
+            out.append(f"{where}: shares storage {k} with another shape or dtype ({shape!r} {dtype!r} vs "
+                       f"{seen[0]!r} {seen[1]!r})")
+    reps = m.get("representatives")
+    if not (isinstance(reps, list) and len(reps) == len(slots) and all(r is None or _count(r) for r in reps)):
+        out.append(f"representatives: expected one slot number or null per slot, got {_short(reps)}")
+    if out:
+        return out
+    schema = ParameterSchema.from_manifest(slots, reps)
+    out += [f"representatives: {p}" for p in schema.problems()]
+    out += _optimizer_problems(m.get("optimizer"), schema)
+    if not isinstance(m.get("progress", {}), dict):
+        out.append(f"progress: expected an object, got {_short(m.get('progress'))}")
+    if m.get("loader") is not None and not isinstance(m.get("loader"), dict):
+        out.append(f"loader: expected an object or null, got {_short(m.get('loader'))}")
+    rng = m.get("rng")
+    if not (isinstance(rng, dict) and isinstance(rng.get("torch"), bool)
+            and _count(rng.get("cuda")) and rng["cuda"] <= MAX_CUDA_DEVICES):
+        out.append(f"rng: expected {{torch: true/false, cuda: device count}}, got {_short(rng)}")
+    sums = m.get("checksums")
+    if not (isinstance(sums, dict) and all(is_int(v) and 0 <= v < 2**32 for v in sums.values())):
+        out.append("checksums: expected a map of tensor names to CRC-32 values")
+    return out
+
+
+def _optimizer_problems(entry: object, schema: ParameterSchema) -> list[str]:
+    if entry is None:
+        return []
+    if not isinstance(entry, dict):
+        return [f"optimizer: expected an object or null, got {_short(entry)}"]
+    out = []
+    kind = entry.get("kind")
+    if not _one_of(kind, R.HYPERS):
+        return [f"optimizer.kind: expected one of {sorted(R.HYPERS)}, got {_short(kind)}"]
+    hyper = entry.get("hyper")
+    if not (isinstance(hyper, dict) and all(isinstance(v, (int, float, str)) for v in hyper.values())):
+        out.append(f"optimizer.hyper: expected a map of numbers, got {_short(hyper)}")
+    else:
+        try:
+            R.HYPERS[kind](**hyper)
+        except Exception as e:  # the record's own check says what is wrong
+            out.append(f"optimizer.hyper: {e}")
+    if not _finite(entry.get("lr"), 0.0):
+        out.append(f"optimizer.lr: expected a finite number >= 0, got {_short(entry.get('lr'))}")
+    if not _one_of(entry.get("path"), (GENERIC, NATIVE)):
+        out.append(f"optimizer.path: expected {GENERIC!r} or {NATIVE!r}, got {_short(entry.get('path'))}")
+    if not _count(entry.get("steps")):
+        out.append(f"optimizer.steps: expected an integer in [0, 2**63), got {_short(entry.get('steps'))}")
+    records = entry.get("records")
+    if not isinstance(records, dict):
+        return out + [f"optimizer.records: expected an object, got {_short(records)}"]
+    for key, rec in records.items():
+        where = f"optimizer.records[{key!r}]"
+        if not (key.isdigit() and len(key) < 19 and schema.is_representative(int(key))):
+            out.append(f"{where}: not a slot that owns an optimizer history")
+            continue
+        if not (isinstance(rec, dict) and _one_of(rec.get("type"), R.RECORDS)
+                and isinstance(rec.get("scalars"), dict) and isinstance(rec.get("tensors"), list)
+                and all(isinstance(t, str) for t in rec["tensors"])):
+            out.append(f"{where}: expected {{type, scalars, tensors}}, got {_short(rec)}")
+            continue
+        out += [f"{where}.scalars: {p}" for p in R.scalar_problems(rec["type"], rec["scalars"])]
+    return out
+
+
+def expected_tensors(m: dict) -> dict[str, tuple[torch.dtype, Optional[tuple[int, ...]]]]:
+    """Each tensor a sound manifest implies: name -> (dtype, shape; ``None``: any 1-D)."""
+    want: dict[str, tuple[torch.dtype, Optional[tuple[int, ...]]]] = {}
+    slots = m["slots"]
+    for s in slots:
+        want.setdefault(f"storage.{s['storage']}", (DTYPE_NAMES[s["dtype"]], tuple(s["shape"])))
+    opt = m.get("optimizer")
+    if opt:
+        for key, rec in opt["records"].items():
+            s = slots[int(key)]
+            for name in rec["tensors"]:
+                want[f"state.{key}.{name}"] = (DTYPE_NAMES[s["dtype"]], tuple(s["shape"]))
+    if m.get("loader") is not None:
+        want["loader.order"] = (torch.int64, None)
+    if m["rng"]["torch"]:
+        want["rng.torch"] = (torch.uint8, tuple(torch.get_rng_state().shape))
+    for d in range(m["rng"]["cuda"]):
+        want[f"rng.cuda.{d}"] = (torch.uint8, None)
+    return want
+
+
+def check_json(op: str, what: str, value: Any) -> Optional[str]:
+    """Why ``value`` cannot be stored as JSON (``None`` when it can)."""
+    try:
+        json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError, RecursionError) as e:
+        return f"{op}: {what} must be JSON data (dicts, lists, strings, numbers), {e}"
+    return None
+
+
+def _one_of(x: object, choices) -> bool:
+    return isinstance(x, str) and x in choices
+
+
+def _short(x: object) -> str:
+    try:
+        text = repr(x)
+    except RecursionError:
+        return f"a {type(x).__name__} nested too deep"
+    return text if len(text) <= 80 else text[:77] + "..."
