@@ -190,10 +190,14 @@ class ParamList:
 def check_slot_tensor(
     op: str, i: int, name: Optional[str], shape: Shape, dtype: torch.dtype, t: object
 ) -> None:
-    """Raise unless ``t`` is a tensor with ``shape`` and ``dtype``."""
+    """Raise unless ``t`` is a dense tensor holding data, with ``shape`` and ``dtype``."""
+    where = slot_label(i, name)
+    if isinstance(t, torch.Tensor) and (t.is_meta or t.layout != torch.strided or t.is_quantized):
+        kind = "a meta tensor (no data)" if t.is_meta else f"a {t.layout} tensor" if t.layout != torch.strided \
+            else "a quantized tensor"
+        raise PackError(f"{op}: {where}: expected a dense tensor with data, got {kind}")
     if isinstance(t, torch.Tensor) and t.shape == shape and t.dtype == dtype:
         return
-    where = slot_label(i, name)
     if not isinstance(t, torch.Tensor):
         raise PackTypeError(f"{op}: {where}: expected a torch.Tensor, got {type(t).__name__}")
     if tuple(t.shape) != shape:

@@ -10,7 +10,7 @@ same shuffle and skips what was done.
 from __future__ import annotations
 
 import warnings
-from typing import Iterable, Optional, Sequence, Union
+from typing import Iterable, Iterator, Optional, Sequence, Union
 
 import torch
 
@@ -88,6 +88,12 @@ def train_loader(
     check_inputs(op, runner, cfg, LoaderTrainConfig)
     if not isinstance(loader, (DataLoader, Iterable)):
         raise ConfigError(f"{op}: expected a DataLoader or an iterable of batches, got {type(loader).__name__}")
+    if isinstance(loader, Iterator):  # has __next__: walked once, then empty
+        raise DataError(
+            f"{op}: the loader is a one-shot iterator ({type(loader).__name__}: iter() returns itself), "
+            f"but training walks it once per epoch and for the before/after losses; pass a list of "
+            f"batches, a leantrain.DataLoader or a torch.utils.data.DataLoader"
+        )
     session = Session(op, runner, cfg, "loader", log=log, callback=callback, callbacks=callbacks)
     items = loader_items(op, loader, runner.device)
     state, ck = session.start(items, {"n_samples": len(items)}, _loader_check(op, loader))

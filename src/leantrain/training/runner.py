@@ -219,9 +219,10 @@ class Runner:
                     f"Runner.loss: the model or loss rejected the sample (x {tuple(x.shape)} "
                     f"{x.dtype}, y {tuple(y.shape)} {y.dtype}): {str(e).splitlines()[0]}"
                 ) from e
-        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            got = f"shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
-            raise ConfigError(f"Runner.loss: the loss must be a scalar tensor, got {got}")
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
+            got = (type(loss).__name__ if not isinstance(loss, torch.Tensor) else
+                   f"shape {tuple(loss.shape)}" if loss.dim() != 0 else f"dtype {loss.dtype}")
+            raise ConfigError(f"Runner.loss: the loss must be a floating-point scalar tensor, got {got}")
         return loss
 
     def update_buffers(self, sample: Sample) -> None:
@@ -261,11 +262,18 @@ class Runner:
         return self._grads(self.loss(sample), leaves)
 
     def _grads(self, loss: torch.Tensor, leaves):
+        if not loss.is_floating_point():
+            raise ConfigError(f"Runner.loss: the loss must be a floating-point tensor, got dtype {loss.dtype}")
         wrt = [t for t in leaves if t is not None]
-        if not loss.requires_grad or not wrt:
-            # Nothing trainable reaches the loss (every slot frozen, or a constant loss):
-            # every trainable gradient is zero (upstream: frozen slots have none).
-            return loss.detach(), [None if t is None else torch.zeros_like(t) for t in leaves]
+        if not wrt:
+            # Every slot frozen: nothing to differentiate (upstream: frozen slots have none).
+            return loss.detach(), [None for _ in leaves]
+        if not loss.requires_grad:
+            raise ConfigError(
+                "Runner.loss: the loss carries no gradient although the model has trainable "
+                "parameters (was it detached, converted with .item(), or computed under "
+                "torch.no_grad()?); return the loss tensor autograd built"
+            )
         grads = torch.autograd.grad(loss, wrt, allow_unused=True)
         it = iter(grads)
         out = []

@@ -75,6 +75,11 @@ def train_samples(
     """
     op = "train_samples"
     check_inputs(op, runner, cfg, TrainConfig)
+    if not (hasattr(samples, "__len__") and hasattr(samples, "__getitem__")) or isinstance(samples, (str, bytes, dict)):
+        raise DataError(
+            f"{op}: expected a list of (x, y) samples, got {type(samples).__name__}; a generator or "
+            f"iterator is read once, so pass list(...) of it (or use train_loader for batches)"
+        )
     if len(samples) == 0:
         raise DataError(f"{op}: empty sample list; nothing to train on")
     samples = [check_sample(op, s, i) for i, s in enumerate(samples)]
