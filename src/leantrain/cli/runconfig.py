@@ -42,6 +42,7 @@ class RunConfig:
     weight_decay: Optional[float] = None  # adamw only
     warmup: int = 1  # warm-up epochs of the cosine schedule
     exact_reduction: bool = False  # under torchrun: the one-process bits on any number of ranks
+    collective_timeout: float = 300.0  # under torchrun: seconds to wait for the slowest rank
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ConfigError:
@@ -79,6 +80,9 @@ class RunConfig:
                 raise bad("weight_decay", "expected a finite number >= 0")
         if not isinstance(self.exact_reduction, bool):
             raise bad("exact_reduction", "expected true or false")
+        t = self.collective_timeout
+        if not is_number(t) or not (math.isfinite(t) and 0 < t < 10**7):
+            raise bad("collective_timeout", "expected seconds > 0")
         if not is_int(self.warmup) or self.warmup < 0:
             raise bad("warmup", "expected an integer >= 0")
 

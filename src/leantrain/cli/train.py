@@ -30,7 +30,7 @@ from ..training.events import StepEvent
 
 FLAGS = ("preset", "epochs", "batch_size", "accumulate", "optimizer", "lr", "scheduler", "seed",
          "device", "out", "log_every", "checkpoint_every", "model", "data", "loss", "weight_decay", "warmup",
-         "exact_reduction")
+         "exact_reduction", "collective_timeout")
 
 
 def _config(args) -> tuple[RunConfig, bool]:
@@ -155,7 +155,7 @@ def _train(args) -> int:
     out = Path(cfg.out)
     ckpt, metrics_path = out / "checkpoint.ckpt", out / "metrics.jsonl"
     # under torchrun: one process per rank; each minibatch is cut into one piece per rank
-    world = dist.get_world_size() if distributed.init_from_env(cfg.device) else 1
+    world = dist.get_world_size() if distributed.init_from_env(cfg.device, cfg.collective_timeout) else 1
     main = distributed.is_main()
     say = print if main else (lambda *a, **k: None)
     torch.manual_seed(cfg.seed)
@@ -173,6 +173,7 @@ def _train(args) -> int:
         epochs=cfg.epochs, optimizer=cfg.make_optimizer(), scheduler=cfg.make_schedule(steps_per_epoch),
         log_every=cfg.log_every, checkpoint_every=cfg.checkpoint_every, checkpoint_path=ckpt,
         resume_from=ckpt if resuming else None, exact_reduction=cfg.exact_reduction,
+        collective_timeout=None,  # the process group itself was made with --collective-timeout
     )
     start_step = 0
     if resuming:

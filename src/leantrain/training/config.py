@@ -44,6 +44,9 @@ def _common(op: str, cfg) -> None:
     check_count(op, "eval_every", cfg.eval_every, 1)
     check_bool(op, "measure_loss", cfg.measure_loss)
     check_bool(op, "exact_reduction", cfg.exact_reduction)
+    t = cfg.collective_timeout
+    if t is not None and not (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < 10**7):
+        raise ConfigError(f"{op}: collective_timeout must be seconds > 0 (below 10**7) or None, got {t!r}")
     if cfg.exact_reduction and cfg.accumulation != "exact":
         raise ConfigError(f"{op}: exact_reduction folds items one by one: it needs accumulation='exact'")
     if cfg.eval_metrics is not None and (
@@ -74,7 +77,9 @@ class LoopOptions:
     (in-memory loops) or epochs (loaders), results in ``TrainReport.evals`` and in
     checkpoints; ``measure_loss=False`` skips the ``before``/``after`` passes;
     ``exact_reduction``: under ``torch.distributed``, every rank folds all items' gradients
-    in item order, so any number of ranks gives the one-process bits (see distributed.py).
+    in item order, so any number of ranks gives the one-process bits (see distributed.py);
+    ``collective_timeout``: seconds a collective waits for the slowest rank before the
+    loop raises ``CollectiveError`` (``None``: the process group's own timeout).
     """
 
     accumulation: str = "exact"
@@ -88,6 +93,7 @@ class LoopOptions:
     eval_metrics: Optional[Mapping[str, Callable]] = None
     measure_loss: bool = True
     exact_reduction: bool = False
+    collective_timeout: Optional[float] = 300.0
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,10 @@ checkpoint resumes under any world size.
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import os
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -28,6 +30,35 @@ class ReplicaError(LeantrainError, RuntimeError):
 
 class CollectiveError(LeantrainError, RuntimeError):
     """A collective operation failed mid-run (a rank died or timed out)."""
+
+
+DEFAULT_TIMEOUT = 300.0  # seconds a collective may wait for the slowest rank
+
+# The group leantrain's collectives run on while a loop runs (None: the default group).
+_group = None
+
+
+@contextlib.contextmanager
+def collectives(timeout: Optional[float]) -> Iterator[None]:
+    """Run the enclosed loop's collectives on a group of every rank whose operations
+    fail after ``timeout`` seconds (``None``: the default group and its own timeout),
+    so a stopped or dead peer is an error in minutes, not a hang of torch's default."""
+    global _group
+    if active() is None or timeout is None:
+        yield
+        return
+    group = dist.new_group(timeout=datetime.timedelta(seconds=timeout))  # every rank calls this
+    previous, _group = _group, group
+    failed = False
+    try:
+        yield
+    except BaseException:
+        failed = True  # a group whose peer is gone may not tear down cleanly: leave it
+        raise
+    finally:
+        _group = previous
+        if not failed:
+            dist.destroy_process_group(group)
 
 
 def active() -> Optional[tuple[int, int]]:
@@ -65,7 +96,7 @@ def all_reduce_sum(
     total = loss
     for members in buckets.values():
         flat = torch.cat([t.reshape(-1) for _, t in members])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=_group)
         offset = 0
         for i, t in members:
             piece = flat[offset : offset + t.numel()].view(t.shape)
@@ -96,7 +127,7 @@ def gather_items(
         for row, (_, grads) in enumerate(mine):
             local[row] = torch.cat([grads[i].reshape(-1) for i, _ in members])
         gathered = [torch.empty_like(local) for _ in range(world)]
-        dist.all_gather(gathered, local)
+        dist.all_gather(gathered, local, group=_group)
         for j in range(n):
             flat, offset = gathered[j % world][j // world], 0
             for i, t in members:
@@ -107,7 +138,7 @@ def gather_items(
     for row, (loss, _) in enumerate(mine):
         local[row] = loss.to(torch.float64)
     gathered = [torch.empty_like(local) for _ in range(world)]
-    dist.all_gather(gathered, local)
+    dist.all_gather(gathered, local, group=_group)
     losses = [gathered[j % world][j // world] for j in range(n)]
     return losses, items
 
@@ -117,7 +148,7 @@ def broadcast_parameters(params) -> None:
     with torch.no_grad():
         for s in params.storages():
             w = s.working()
-            dist.broadcast(w, src=0)
+            dist.broadcast(w, src=0, group=_group)
             if w is s.mirror:
                 s.host_current = False  # the mirror was written: the host copy may be stale
 
@@ -131,7 +162,7 @@ def check_replicas(params, op: str = "check_replicas") -> None:
 
     sums = [crc32(current_value(s)) for s in params.storages()]
     gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, sums)
+    dist.all_gather_object(gathered, sums, group=_group)
     for rank, other in enumerate(gathered):
         if other != gathered[0]:
             bad = [k for k, (a, b) in enumerate(zip(gathered[0], other)) if a != b]
@@ -147,13 +178,15 @@ def start_replicas(runner, check: bool = True) -> None:
         check_replicas(runner.params, "distributed start")
 
 
-def init_from_env(device: str = "cpu") -> bool:
-    """Initialise the process group from torchrun's environment; False when not launched
-    by torchrun (or with one process)."""
+def init_from_env(device: str = "cpu", timeout: Optional[float] = DEFAULT_TIMEOUT) -> bool:
+    """Initialise the process group from torchrun's environment, its collectives failing
+    after ``timeout`` seconds (``None``: torch's default); False when not launched by
+    torchrun (or with one process)."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or (dist.is_available() and dist.is_initialized()):
         return active() is not None
     backend = "nccl" if device == "cuda" else "gloo"
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend=backend)
+    extra = {} if timeout is None else {"timeout": datetime.timedelta(seconds=timeout)}
+    dist.init_process_group(backend=backend, **extra)
     return True

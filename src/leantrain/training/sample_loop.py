@@ -19,6 +19,7 @@ from .memory import MemoryWatch, cadence
 from .runner import Runner, Sample, check_sample
 from .callbacks import Callback
 from .events import StepCallback, StepEvent
+from . import distributed
 from .session import Log, ScheduleState, Session, check_inputs
 
 def cyclic_batches(op: str, samples: Sequence[Sample], k: int, cursor: int = 0):
@@ -84,18 +85,19 @@ def train_samples(
         raise DataError(f"{op}: empty sample list; nothing to train on")
     samples = [check_sample(op, s, i) for i, s in enumerate(samples)]
     n, k = len(samples), cfg.batch_size
-    session = Session(op, runner, cfg, "samples", log=log, callback=callback, callbacks=callbacks)
-    state, ck = session.start(samples, {"batch_size": k, "n_samples": n})
-    start = 0 if ck is None else ck.progress["step"]
-    session.begin(cfg.steps, start)
-    watch = MemoryWatch(cadence(cfg.mem_watch, cfg.steps, runner.device), cfg.steps, runner.device, session.log)
-    watch(start)
-    batches = cyclic_batches(op, samples, k, cursor=(start * k) % n)
-    state, _, done = run_sample_steps(
-        runner, cfg, lambda: next(batches), watch, cfg.optimizer, state,
-        lambda t, s: s.with_lr(lr_for(cfg, t)), start_step=start, session=session,
-    )
-    return session.finish(samples, done, done * k)
+    with distributed.collectives(cfg.collective_timeout):  # fail, not hang, on a lost peer
+        session = Session(op, runner, cfg, "samples", log=log, callback=callback, callbacks=callbacks)
+        state, ck = session.start(samples, {"batch_size": k, "n_samples": n})
+        start = 0 if ck is None else ck.progress["step"]
+        session.begin(cfg.steps, start)
+        watch = MemoryWatch(cadence(cfg.mem_watch, cfg.steps, runner.device), cfg.steps, runner.device, session.log)
+        watch(start)
+        batches = cyclic_batches(op, samples, k, cursor=(start * k) % n)
+        state, _, done = run_sample_steps(
+            runner, cfg, lambda: next(batches), watch, cfg.optimizer, state,
+            lambda t, s: s.with_lr(lr_for(cfg, t)), start_step=start, session=session,
+        )
+        return session.finish(samples, done, done * k)
 
 
 def train_dataset(

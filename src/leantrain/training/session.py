@@ -126,14 +126,14 @@ class Session:
         self.expect = dict(expect)
         self.resume_from = resume_path(self.cfg)
         if self.resume_from is None:
-            distributed.start_replicas(self.runner, self.cfg.replica_check)
+            self._start_replicas()
             self.before = self.runner.mean_loss(items) if self.cfg.measure_loss else None
             return self.opt.init(self.runner.params, native=uses_native(self.runner, self.opt)), None
         ck = self._resume(expect, loader_check)
         self.before = ck.progress["before"]
         self.logged = [tuple(x) for x in ck.progress["losses"]]
         self.evals = [(int(step), dict(results)) for step, results in ck.progress.get("evals", [])]
-        distributed.start_replicas(self.runner, self.cfg.replica_check)
+        self._start_replicas()
         return ck.state, ck
 
     def _resume(self, expect: dict, loader_check=None) -> Checkpoint:
@@ -173,22 +173,34 @@ class Session:
         except NonFiniteError as e:
             raise NonFiniteError(f"step {step}: {e}") from None
         except RuntimeError as e:
-            group = distributed.active()
-            if group is None:
-                raise
-            # A collective failed (a peer died or timed out): say where, and what survives.
-            last = (f"{self.cfg.checkpoint_path} (step {self.saved_step})" if self.saved_step is not None
-                    else "none saved yet")
-            raise distributed.CollectiveError(
-                f"{self.op}: rank {group[0]} of {group[1]}, step {step}: a collective operation failed "
-                f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); last good checkpoint: {last}"
-            ) from e
+            self._collective_failed(e, f"step {step}")
         if not want:
             return state, None
         value = float(loss.item())  # intentional sync: a log line is due
         self.logged.append((step, value))
         self.log(log_line(step, value))
         return state, value
+
+    def _collective_failed(self, e: RuntimeError, where: str) -> None:
+        """Re-raise ``e``; under torch.distributed as a ``CollectiveError`` saying where it
+        happened and which checkpoint survives (a peer died, stopped or timed out)."""
+        group = distributed.active()
+        if group is None:
+            raise e
+        last = (f"{self.cfg.checkpoint_path} (step {self.saved_step})" if self.saved_step is not None
+                else "none saved yet")
+        raise distributed.CollectiveError(
+            f"{self.op}: rank {group[0]} of {group[1]}, {where}: a collective operation failed "
+            f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); last good checkpoint: {last}"
+        ) from e
+
+    def _start_replicas(self) -> None:
+        try:
+            distributed.start_replicas(self.runner, self.cfg.replica_check)
+        except RuntimeError as e:
+            if isinstance(e, distributed.ReplicaError):
+                raise
+            self._collective_failed(e, "start")
 
     def begin(self, total: Optional[int], start: int) -> None:
         """Tell the callbacks the run's length in updates (``None``: unknown) and its start."""
