@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--warmup", type=natural, help="warm-up epochs of the cosine schedule")
     t.add_argument("--exact-reduction", action="store_true", default=None,
                    help="under torchrun: fold every item's gradient in order (the one-process bits)")
+    t.add_argument("--clip-grad-norm", type=float, metavar="X",
+                   help="clip the global L2 norm of each update's gradient to X (norm logged in metrics)")
     t.add_argument("--collective-timeout", type=float, metavar="SECONDS",
                    help="under torchrun: how long a rank waits for the others before failing (300)")
     i = sub.add_parser("inspect", help="show a checkpoint's slots, optimizer, progress and integrity")

@@ -43,6 +43,7 @@ class RunConfig:
     warmup: int = 1  # warm-up epochs of the cosine schedule
     exact_reduction: bool = False  # under torchrun: the one-process bits on any number of ranks
     collective_timeout: float = 300.0  # under torchrun: seconds to wait for the slowest rank
+    clip_grad_norm: Optional[float] = None  # clip the mean gradient's global L2 norm to this
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ConfigError:
@@ -83,6 +84,9 @@ class RunConfig:
         t = self.collective_timeout
         if not is_number(t) or not (math.isfinite(t) and 0 < t < 10**7):
             raise bad("collective_timeout", "expected seconds > 0")
+        c = self.clip_grad_norm
+        if c is not None and not (is_number(c) and math.isfinite(c) and c > 0):
+            raise bad("clip_grad_norm", "expected a finite number > 0")
         if not is_int(self.warmup) or self.warmup < 0:
             raise bad("warmup", "expected an integer >= 0")
 

@@ -30,7 +30,7 @@ from ..training.events import StepEvent
 
 FLAGS = ("preset", "epochs", "batch_size", "accumulate", "optimizer", "lr", "scheduler", "seed",
          "device", "out", "log_every", "checkpoint_every", "model", "data", "loss", "weight_decay", "warmup",
-         "exact_reduction", "collective_timeout")
+         "exact_reduction", "collective_timeout", "clip_grad_norm")
 
 
 def _config(args) -> tuple[RunConfig, bool]:
@@ -166,14 +166,16 @@ def _train(args) -> int:
     if cfg.device == "cuda":
         runner.to(f"cuda:{torch.cuda.current_device()}")
     piece = -(-cfg.batch_size // world)
-    loader = DataLoader(Dataset(train), batch_size=cfg.batch_size * cfg.accumulate, shuffle=True,
+    loader = DataLoader(Dataset(train), batch_size=cfg.batch_size, shuffle=True,
                         seed=cfg.seed, collate=stack_minibatches(piece))
-    steps_per_epoch = len(loader)
+    batches_per_epoch = len(loader)
+    steps_per_epoch = -(-batches_per_epoch // cfg.accumulate)  # --accumulate loader batches per update
     tcfg = LoaderTrainConfig(
         epochs=cfg.epochs, optimizer=cfg.make_optimizer(), scheduler=cfg.make_schedule(steps_per_epoch),
         log_every=cfg.log_every, checkpoint_every=cfg.checkpoint_every, checkpoint_path=ckpt,
         resume_from=ckpt if resuming else None, exact_reduction=cfg.exact_reduction,
         collective_timeout=None,  # the process group itself was made with --collective-timeout
+        clip_grad_norm=cfg.clip_grad_norm, accumulate=cfg.accumulate,
     )
     start_step = 0
     if resuming:
@@ -208,20 +210,22 @@ def _train(args) -> int:
     metrics = LazyFile(metrics_path, "a" if resuming else "w") if main else open(os.devnull, "w")
 
     def callback(ev: StepEvent) -> bool:
-        if world > 1 and ev.batch == steps_per_epoch:
+        if world > 1 and ev.batch == batches_per_epoch:
             # the ranks agree on stopping at epoch ends (one tiny all-reduce, a sync)
             flag = torch.tensor([float(stop["requested"])], device=runner.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             stop["requested"] = bool(flag.item())
         if not main:
-            return stop["requested"] and ev.batch == steps_per_epoch
+            return stop["requested"] and ev.batch == batches_per_epoch
         bar.update(1)
         epoch = ev.epoch or 0
         if ev.loss is not None:
             bar.set_postfix(epoch=epoch + 1, loss=f"{ev.loss:.4f}", lr=f"{ev.state.lr:.3g}")
-            metrics.write(json.dumps({"kind": "step", "step": ev.step - 1, "epoch": epoch,
-                                      "loss": ev.loss, "lr": ev.state.lr}) + "\n")
-        if ev.batch == steps_per_epoch:  # end of an epoch: evaluate on the test split
+            record = {"kind": "step", "step": ev.step - 1, "epoch": epoch, "loss": ev.loss, "lr": ev.state.lr}
+            if ev.grad_norm is not None:
+                record["grad_norm"] = ev.grad_norm  # before clipping
+            metrics.write(json.dumps(record) + "\n")
+        if ev.batch == batches_per_epoch:  # end of an epoch: evaluate on the test split
             res = evaluate(runner, test_batches, {"accuracy": accuracy} if classify else None)
             record = {"kind": "epoch", "step": ev.step, "epoch": epoch, "test_loss": res["loss"]}
             if classify:
@@ -231,7 +235,7 @@ def _train(args) -> int:
             shown = f"test accuracy {res['accuracy']:.4f}" if classify else f"test loss {res['loss']:.6f}"
             line = f"epoch {epoch + 1:>3}/{cfg.epochs}: step {ev.step:>5}  {shown}"
             bar.write(line) if not bar.disable else print(line, flush=True)
-        return stop["requested"] if world == 1 or ev.batch == steps_per_epoch else False
+        return stop["requested"] if world == 1 or ev.batch == batches_per_epoch else False
 
     def on_sigint(signum, frame):
         if stop["requested"]:

@@ -150,7 +150,7 @@ class Optimizer:
 
     def apply(
         self, state: OptState, params: ParamList, gradients: Sequence, path: str,
-        found_inf: Optional[torch.Tensor] = None,
+        found_inf: Optional[torch.Tensor] = None, presummed: bool = False,
     ) -> OptState:
         """The update, for a state and gradients the caller has checked (``check``, and a
         pack with the slots' shapes and dtypes, as the runner's own gradients are).
@@ -158,10 +158,12 @@ class Optimizer:
         With ``found_inf`` (a one-element device flag, as ``torch.optim``'s fused kernels
         take it) every tensor the update writes is put back where the flag is set, on the
         device, with no host read: one copy of the updated tensors per step. Host-side
-        counters (Adam's ``t``) still advance on a skipped step.
+        counters (Adam's ``t``) still advance on a skipped step. ``presummed``: the pack
+        already holds the canonical gradients (``canonical_gradients``' result: sums at
+        representatives, ``None`` elsewhere), as clipping leaves it.
         """
         op = f"{self.kind}.{'step_native' if path == NATIVE else 'step'}"
-        slots_map, plan = self._plan(op, state, params, gradients, path)  # nothing written yet
+        slots_map, plan = self._plan(op, state, params, gradients, path, presummed)  # nothing written yet
         if found_inf is None:
             return self._run(state, slots_map, plan, path)
         targets = [_target(storage, path) for _, storage, _, _ in plan]
@@ -179,13 +181,14 @@ class Optimizer:
                         torch.where(keep, t, torch.zeros_like(t), out=t)
         return new
 
-    def _plan(self, op: str, state: OptState, params: ParamList, gradients: Sequence, path: str) -> tuple:
+    def _plan(self, op: str, state: OptState, params: ParamList, gradients: Sequence, path: str,
+              presummed: bool = False) -> tuple:
         """The canonical slot map and, per representative, (slot, storage, record or None
         for a fresh one, summed gradient on the target's device). Raises before anything
         is written."""
         native = path == NATIVE
         slots_map = params.canonical_slot_indices()
-        sums = canonical_gradients(slots_map, gradients, names=params)
+        sums = list(gradients) if presummed else canonical_gradients(slots_map, gradients, names=params)
         records = state.slots
         plan = []
         owned: set[int] = set()  # ids of records some representative updates this step

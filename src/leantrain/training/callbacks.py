@@ -126,8 +126,11 @@ class JSONLLogger(Callback):
 
     def on_step(self, event: StepEvent) -> None:
         if event.loss is not None:
-            self._write({"kind": "step", "step": event.step - 1, "epoch": event.epoch,
-                         "loss": event.loss, "lr": event.state.lr})
+            record = {"kind": "step", "step": event.step - 1, "epoch": event.epoch,
+                      "loss": event.loss, "lr": event.state.lr}
+            if event.grad_norm is not None:
+                record["grad_norm"] = event.grad_norm  # before clipping
+            self._write(record)
 
     def on_eval(self, step: int, results: dict) -> None:
         self._write({"kind": "eval", "step": step, **results})
@@ -174,6 +177,8 @@ class TensorBoardLogger(Callback):
         if event.loss is not None:
             self.writer.add_scalar("train/loss", event.loss, event.step - 1)
             self.writer.add_scalar("train/lr", event.state.lr, event.step - 1)
+            if event.grad_norm is not None:
+                self.writer.add_scalar("train/grad_norm", event.grad_norm, event.step - 1)
 
     def on_eval(self, step: int, results: dict) -> None:
         for name, value in results.items():

@@ -9,6 +9,7 @@ from typing import Callable, Mapping, Optional, Union
 
 from ..errors import ConfigError
 from ..optim import Optimizer, Schedule, sgd
+from ..optim.clipping import check_clip
 from ..validate import check_bool, check_choice, check_count
 
 ACCUMULATION_MODES = ("exact", "vectorized")
@@ -47,6 +48,7 @@ def _common(op: str, cfg) -> None:
     t = cfg.collective_timeout
     if t is not None and not (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < 10**7):
         raise ConfigError(f"{op}: collective_timeout must be seconds > 0 (below 10**7) or None, got {t!r}")
+    check_clip(op, cfg.clip_grad_norm, cfg.clip_grad_value)
     if cfg.exact_reduction and cfg.accumulation != "exact":
         raise ConfigError(f"{op}: exact_reduction folds items one by one: it needs accumulation='exact'")
     if cfg.eval_metrics is not None and (
@@ -79,7 +81,10 @@ class LoopOptions:
     ``exact_reduction``: under ``torch.distributed``, every rank folds all items' gradients
     in item order, so any number of ranks gives the one-process bits (see distributed.py);
     ``collective_timeout``: seconds a collective waits for the slowest rank before the
-    loop raises ``CollectiveError`` (``None``: the process group's own timeout).
+    loop raises ``CollectiveError`` (``None``: the process group's own timeout);
+    ``clip_grad_norm``/``clip_grad_value``: clip the mean canonical gradients before each
+    update (one of them; ``torch.nn.utils.clip_grad_norm_``'s rule), the norm before
+    clipping reported on logged steps (``TrainReport.grad_norms``, ``StepEvent.grad_norm``).
     """
 
     accumulation: str = "exact"
@@ -94,6 +99,8 @@ class LoopOptions:
     measure_loss: bool = True
     exact_reduction: bool = False
     collective_timeout: Optional[float] = 300.0
+    clip_grad_norm: Optional[float] = None
+    clip_grad_value: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -122,17 +129,21 @@ class TrainConfig(LoopOptions):
 
 @dataclass(frozen=True)
 class LoaderTrainConfig(LoopOptions):
-    """Loader training: ``epochs`` passes; one update per loader batch; the schedule
-    advances once per epoch; the step counter runs across epochs."""
+    """Loader training: ``epochs`` passes; one update per ``accumulate`` loader batches
+    (the list-batch mean over all their items; an epoch's short tail group is its own
+    mean); the schedule advances once per epoch; the step counter counts updates,
+    across epochs."""
 
     epochs: int
     optimizer: Optimizer = field(default_factory=lambda: sgd(0.01))
     scheduler: Optional[Schedule] = None
     log_every: int = 1
+    accumulate: int = 1  # loader batches per update: their items' mean, a short tail its own
 
     def __post_init__(self) -> None:
         op = "LoaderTrainConfig"
         check_count(op, "epochs", self.epochs, 0)
+        check_count(op, "accumulate", self.accumulate, 1)
         _common(op, self)
 
 
@@ -152,3 +163,4 @@ class TrainReport:
     interrupted: bool = False
     skipped_steps: int = 0
     evals: tuple = ()  # (step, evaluate's results) per evaluation
+    grad_norms: tuple[tuple[int, float], ...] = ()  # (step, norm before clipping), logged steps

@@ -20,6 +20,7 @@ class StepEvent:
     loss: Optional[float] = None
     epoch: Optional[int] = None
     batch: Optional[int] = None  # batches completed in this epoch (loaders)
+    grad_norm: Optional[float] = None  # the norm before clipping, on logged steps with clip_grad_norm
 
 
 # A callback returning True asks the loop to stop after this step (saving a checkpoint

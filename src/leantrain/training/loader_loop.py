@@ -54,17 +54,21 @@ def run_loader_epochs(
         else:
             batches = loader
         state = schedule_state(epoch, state)  # the schedule advances once per epoch
+        group: list[Sample] = []  # the items of up to cfg.accumulate loader batches
+        b = -1
         for b, raw in enumerate(batches):
             if b < skip:
-                continue  # done before the checkpoint this run resumed from
-            batch = as_list_batch(op, raw)
-            state, loss = session.update(state, batch, step)
-            step += 1
-            seen += len(batch)
-            progress = {"epoch": epoch, "batch": b + 1, "seen": seen}
-            lstate = epoch_loader.state() if isinstance(epoch_loader, DataLoader) else None
-            event = StepEvent(step, state, loss, epoch, b + 1)
-            if session.after_update(event, progress, lstate):
+                continue  # done before the checkpoint this run resumed from (a group boundary)
+            group += as_list_batch(op, raw)
+            if (b + 1) % cfg.accumulate == 0:
+                state, step, seen, event, stop = _group_update(session, state, group, step, seen, epoch, b,
+                                                               epoch_loader)
+                group = []
+                if stop:
+                    return loader, state, session.logged[first_logged:], step, seen
+        if group:  # the epoch's short tail group: its own mean
+            state, step, seen, event, stop = _group_update(session, state, group, step, seen, epoch, b, epoch_loader)
+            if stop:
                 return loader, state, session.logged[first_logged:], step, seen
         if event is not None and session.end_epoch(event, epoch):
             return loader, state, session.logged[first_logged:], step, seen
@@ -98,7 +102,8 @@ def train_loader(
     with distributed.collectives(cfg.collective_timeout):  # fail, not hang, on a lost peer
         session = Session(op, runner, cfg, "loader", log=log, callback=callback, callbacks=callbacks)
         items = loader_items(op, loader, runner.device)
-        state, ck = session.start(items, {"n_samples": len(items)}, _loader_check(op, loader))
+        state, ck = session.start(items, {"n_samples": len(items), "accumulate": cfg.accumulate},
+                                  _loader_check(op, loader))
         start = (0, 0, 0, 0)
         if ck is not None:
             p = ck.progress
@@ -108,7 +113,7 @@ def train_loader(
                 loader = loader.restored(ck.loader_state, op)
             start = (p["epoch"], p["batch"], p["step"], p["seen"])
             _warn_unseeded(loader)
-        session.begin(_total_steps(loader, cfg.epochs), start[2])
+        session.begin(_total_steps(loader, cfg.epochs, cfg.accumulate), start[2])
         loader, state, _, steps, seen = run_loader_epochs(
             runner, cfg, loader, cfg.optimizer, state, lambda t, s: s.with_lr(lr_for(cfg, t)),
             start=start, session=session,
@@ -116,10 +121,22 @@ def train_loader(
         return session.finish(loader_items(op, loader, runner.device), steps, seen), loader
 
 
-def _total_steps(loader: Loader, epochs: int) -> Optional[int]:
+def _group_update(session: Session, state: OptState, group: list[Sample], step: int, seen: int,
+                  epoch: int, b: int, epoch_loader: Loader) -> tuple[OptState, int, int, StepEvent, bool]:
+    """One update over a group of loader batches (the list-batch mean over its items),
+    then the callbacks and the checkpoint cadence. Returns the new counters and stop."""
+    state, loss = session.update(state, group, step)
+    step, seen = step + 1, seen + len(group)
+    event = StepEvent(step, state, loss, epoch, b + 1, grad_norm=session.last_norm)
+    progress = {"epoch": epoch, "batch": b + 1, "seen": seen}
+    lstate = epoch_loader.state() if isinstance(epoch_loader, DataLoader) else None
+    return state, step, seen, event, session.after_update(event, progress, lstate)
+
+
+def _total_steps(loader: Loader, epochs: int, accumulate: int = 1) -> Optional[int]:
     """Updates in the whole run, when the loader knows its length."""
     try:
-        return epochs * len(loader)
+        return epochs * -(-len(loader) // accumulate)
     except TypeError:
         return None
 

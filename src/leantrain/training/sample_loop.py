@@ -60,7 +60,7 @@ def run_sample_steps(
         state, loss = session.update(state, batch, step)
         step += 1
         watch_memory(step)
-        if session.after_update(StepEvent(step, state, loss), {"batch_size": k}):
+        if session.after_update(StepEvent(step, state, loss, grad_norm=session.last_norm), {"batch_size": k}):
             break
     return state, session.logged[first_logged:], step
 

@@ -108,6 +108,8 @@ class Session:
         self.started = time.perf_counter()
         self.before = float("nan")
         self.logged: list[tuple[int, float]] = []  # (step, pre-update loss), resumed ones first
+        self.grad_norms: list[tuple[int, float]] = []  # (step, norm before clipping) on logged steps
+        self.last_norm: Optional[float] = None  # the newest logged step's norm (None: not logged)
         # The device-side count of skipped steps (skip mode), read once, at the end.
         self.skipped = torch.zeros((), device=runner.device) if cfg.nonfinite == "skip" else None
         self.stopped = False
@@ -132,6 +134,7 @@ class Session:
         ck = self._resume(expect, loader_check)
         self.before = ck.progress["before"]
         self.logged = [tuple(x) for x in ck.progress["losses"]]
+        self.grad_norms = [tuple(x) for x in ck.progress.get("grad_norms", [])]
         self.evals = [(int(step), dict(results)) for step, results in ck.progress.get("evals", [])]
         self._start_replicas()
         return ck.state, ck
@@ -147,8 +150,8 @@ class Session:
             if not isinstance(p, dict) or p.get("kind") != self.kind or not manifest.get("optimizer"):
                 return [f"not a {self.kind} training checkpoint with optimizer state"]
             problems = progress_problems(self.kind, p)
-            problems += [f"{key}: checkpoint has {p.get(key)!r}, this run has {value!r}"
-                         for key, value in expect.items() if p.get(key) != value]
+            problems += [f"{key}: checkpoint has {p.get(key, EXPECT_DEFAULTS.get(key))!r}, this run has {value!r}"
+                         for key, value in expect.items() if p.get(key, EXPECT_DEFAULTS.get(key)) != value]
             if manifest["optimizer"].get("path") != want_path:
                 problems.append(f"the checkpoint's optimizer history is {manifest['optimizer'].get('path')}; "
                                 f"resume with parameters on the same kind of device")
@@ -165,18 +168,24 @@ class Session:
         cfg = self.cfg
         want = bool(cfg.log_every) and step % cfg.log_every == 0
         try:
-            state, loss = update(
+            state, loss, norm = update(
                 self.op, self.runner, self.opt, state, state.path == NATIVE, batch,
                 cfg.accumulation, want_loss=want, nonfinite=cfg.nonfinite, skipped=self.skipped,
-                exact_reduction=cfg.exact_reduction,
+                exact_reduction=cfg.exact_reduction, clip_grad_norm=cfg.clip_grad_norm,
+                clip_grad_value=cfg.clip_grad_value,
             )
         except NonFiniteError as e:
             raise NonFiniteError(f"step {step}: {e}") from None
         except RuntimeError as e:
             self._collective_failed(e, f"step {step}")
+        self.last_norm = None
         if not want:
             return state, None
-        value = float(loss.item())  # intentional sync: a log line is due
+        if norm is None:
+            value = float(loss.item())  # intentional sync: a log line is due
+        else:  # intentional sync, one read for both: a log line is due
+            value, self.last_norm = torch.stack([loss.detach().double(), norm.double()]).tolist()
+            self.grad_norms.append((step, self.last_norm))
         self.logged.append((step, value))
         self.log(log_line(step, value))
         return state, value
@@ -252,7 +261,8 @@ class Session:
         progress, state, loader_state = self.pending
         if self.main:
             progress = dict(self.expect, **progress, kind=self.kind, before=self.before,
-                            losses=list(self.logged), evals=[[k, r] for k, r in self.evals])
+                            losses=list(self.logged), evals=[[k, r] for k, r in self.evals],
+                            **({"grad_norms": list(self.grad_norms)} if self.grad_norms else {}))
             save_checkpoint(self.cfg.checkpoint_path, self.runner, state=state, progress=progress,
                             loader_state=loader_state)
         self.saved, self.saved_step = True, progress["step"]
@@ -269,10 +279,15 @@ class Session:
         report = TrainReport(
             self.before, after, steps, seen, tuple(self.logged), time.perf_counter() - self.started,
             interrupted=self.stopped, skipped_steps=skipped, evals=tuple(self.evals),
+            grad_norms=tuple(self.grad_norms),
         )
         for cb in self.callbacks:
             cb.on_end(report)
         return report
+
+
+# What a checkpoint written before a setting existed implies for it.
+EXPECT_DEFAULTS = {"accumulate": 1}
 
 
 def progress_problems(kind: str, p: dict) -> list[str]:
@@ -286,10 +301,11 @@ def progress_problems(kind: str, p: dict) -> list[str]:
             out.append(f"progress.{key}: expected an integer >= 0, got {v!r}")
     if p.get("before") is not None and not is_number(p.get("before")):
         out.append(f"progress.before: expected a number or null, got {p.get('before')!r}")
-    losses = p.get("losses")
-    if not (isinstance(losses, list) and all(
-            isinstance(x, list) and len(x) == 2 and is_int(x[0]) and is_number(x[1]) for x in losses)):
-        out.append("progress.losses: expected a list of [step, loss] pairs")
+    for key in ("losses", "grad_norms"):
+        pairs = p.get(key, [] if key == "grad_norms" else None)
+        if not (isinstance(pairs, list) and all(
+                isinstance(x, list) and len(x) == 2 and is_int(x[0]) and is_number(x[1]) for x in pairs)):
+            out.append(f"progress.{key}: expected a list of [step, value] pairs")
     evals = p.get("evals", [])
     if not (isinstance(evals, list) and all(
             isinstance(x, list) and len(x) == 2 and is_int(x[0]) and isinstance(x[1], dict) for x in evals)):

@@ -17,6 +17,8 @@ from . import distributed
 from ..errors import DataError, NonFiniteError
 from ..validate import check_choice
 from ..optim import OptState, Optimizer
+from ..optim.clipping import check_clip, clip_
+from ..params.packs import canonical_gradients
 from ..optim.optimizer import GENERIC, NATIVE
 from .binding import BufferSnapshot, rng_state, set_rng_state
 from .config import ACCUMULATION_MODES, NONFINITE_MODES
@@ -199,30 +201,38 @@ def update(
     op: str, runner: Runner, opt: Optimizer, state: OptState, native: bool, batch: list[Sample],
     accumulation: str = "exact", *, want_loss: bool = False, nonfinite: str = "raise",
     skipped: Optional[torch.Tensor] = None, exact_reduction: bool = False,
-) -> tuple[OptState, torch.Tensor]:
+    clip_grad_norm: Optional[float] = None, clip_grad_value: Optional[float] = None,
+) -> tuple[OptState, torch.Tensor, Optional[torch.Tensor]]:
     """One update over a list batch (the modes already validated, as the loops' configs
-    are); returns the new state and the mean loss tensor (read only if the caller does)."""
+    are); returns the new state, the mean loss tensor and, when clipping by norm, the
+    gradient norm before clipping (device tensors: read only if the caller does)."""
     path = NATIVE if native else GENERIC
     batch = _check_batch(op, batch)
     opt.check(op, state, runner.params, path)  # before buffers advance
     loss, grads, snapshot = _accumulate(op, runner, batch, accumulation, want_loss, exact_reduction)
     found = nonfinite_flag(loss, grads, snapshot.written if snapshot is not None else ())
+    if nonfinite == "raise":
+        # Intentional host read of one flag per step: raise mode must know before updating.
+        if found.item():
+            if snapshot is not None:
+                snapshot.restore()
+            raise NonFiniteError(
+                f"{op}: the loss, a gradient or a buffer the step wrote is NaN or infinite; "
+                f"nothing was updated, buffers included (use nonfinite='skip' to skip such steps)"
+            )
+    clipping = clip_grad_norm is not None or clip_grad_value is not None
+    norm = None
+    if clipping:  # on the canonical gradients: each storage once, a tie with its sum
+        grads = canonical_gradients(runner.params.canonical_slot_indices(), grads)
+        norm = clip_(grads, clip_grad_norm, clip_grad_value)
     if nonfinite == "skip":
         if snapshot is not None:
             snapshot.restore_where(found)  # a skipped step leaves the buffers as they were
         if skipped is not None:
             skipped.add_(found[0])
-        return opt.apply(state, runner.params, grads, path, found_inf=found), loss
-    # Intentional host read of one flag per step: raise mode must know before updating.
-    if found.item():
-        if snapshot is not None:
-            snapshot.restore()
-        raise NonFiniteError(
-            f"{op}: the loss, a gradient or a buffer the step wrote is NaN or infinite; "
-            f"nothing was updated, buffers included (use nonfinite='skip' to skip such steps)"
-        )
+        return opt.apply(state, runner.params, grads, path, found_inf=found, presummed=clipping), loss, norm
     # The gradients come from the runner's own slots: their shapes and dtypes fit.
-    return opt.apply(state, runner.params, grads, path), loss
+    return opt.apply(state, runner.params, grads, path, presummed=clipping), loss, norm
 
 
 def _check_modes(op: str, accumulation: str, nonfinite: str) -> None:
@@ -240,6 +250,8 @@ def step_batch(
     accumulation: str = "exact",
     nonfinite: str = "raise",
     skipped: Optional[torch.Tensor] = None,
+    clip_grad_norm: Optional[float] = None,
+    clip_grad_value: Optional[float] = None,
 ) -> OptState:
     """One optimizer update over the batch's mean gradient, without reading a loss.
 
@@ -251,12 +263,15 @@ def step_batch(
     ``nonfinite="raise"`` checks the loss and gradients before updating (one flag read
     per step, a sync on CUDA) and raises ``NonFiniteError`` with nothing changed;
     ``"skip"`` never reads the host: the update is undone on the device where the flag
-    is set, and ``skipped`` (a device tensor) counts the skips.
+    is set, and ``skipped`` (a device tensor) counts the skips. ``clip_grad_norm`` /
+    ``clip_grad_value`` clip the mean canonical gradients before the update (see
+    ``optim.clipping``).
     """
     _check_modes("step_batch", accumulation, nonfinite)
+    check_clip("step_batch", clip_grad_norm, clip_grad_value)
     return update(
         "step_batch", runner, opt, state, use_native_singleton, batch, accumulation,
-        nonfinite=nonfinite, skipped=skipped,
+        nonfinite=nonfinite, skipped=skipped, clip_grad_norm=clip_grad_norm, clip_grad_value=clip_grad_value,
     )[0]
 
 
@@ -270,11 +285,15 @@ def step_batch_and_loss(
     accumulation: str = "exact",
     nonfinite: str = "raise",
     skipped: Optional[torch.Tensor] = None,
+    clip_grad_norm: Optional[float] = None,
+    clip_grad_value: Optional[float] = None,
 ) -> tuple[OptState, float]:
     """One update and the batch's mean loss, measured before the update."""
     _check_modes("step_batch_and_loss", accumulation, nonfinite)
-    state, loss = update(
+    check_clip("step_batch_and_loss", clip_grad_norm, clip_grad_value)
+    state, loss, _ = update(
         "step_batch_and_loss", runner, opt, state, use_native_singleton, batch, accumulation,
-        want_loss=True, nonfinite=nonfinite, skipped=skipped,
+        want_loss=True, nonfinite=nonfinite, skipped=skipped, clip_grad_norm=clip_grad_norm,
+        clip_grad_value=clip_grad_value,
     )
     return state, float(loss.item())  # intentional sync: the caller asked for the loss
