@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="under torchrun: fold every item's gradient in order (the one-process bits)")
     t.add_argument("--clip-grad-norm", type=float, metavar="X",
                    help="clip the global L2 norm of each update's gradient to X (norm logged in metrics)")
+    t.add_argument("--ema", type=float, metavar="DECAY",
+                   help="keep a moving average of the weights (e.g. 0.999), saved and evaluated at the end")
     t.add_argument("--collective-timeout", type=float, metavar="SECONDS",
                    help="under torchrun: how long a rank waits for the others before failing (300)")
     i = sub.add_parser("inspect", help="show a checkpoint's slots, optimizer, progress and integrity")
@@ -74,10 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=natural)
     c.add_argument("--max-ratio", type=float, default=2.0, help="slowest step time accepted vs a hand loop (2.0)")
     c.add_argument("--json", metavar="FILE", help="also write the report as JSON")
-    e = sub.add_parser("export", help="export a checkpoint in TorchLean's formats")
+    e = sub.add_parser("export", help="export a checkpoint's weights (safetensors) or in TorchLean's formats")
     e.add_argument("checkpoint")
-    e.add_argument("--torchlean", action="store_true", required=True,
+    e.add_argument("--torchlean", action="store_true",
                    help="TLPF32B parameters at -o FILE, Adam/AdamW state as TLADAMF at FILE.adam")
+    e.add_argument("--weights", action="store_true", help="a safetensors weights file (leantrain.weights)")
+    e.add_argument("--ema", action="store_true", help="the moving average of the weights (trained with --ema)")
     e.add_argument("-o", "--output", required=True, help="the parameter file to write")
     p = sub.add_parser("plot", help="plot a metrics.jsonl file")
     p.add_argument("metrics")
@@ -169,7 +173,10 @@ def cmd_inspect(args) -> int:
               f"lr {opt['lr']:.6g}, histories {len(opt['records'])}")
     else:
         print("optimizer: none saved")
-    progress = {k: v for k, v in manifest.get("progress", {}).items() if k != "losses"}
+    ema = manifest.get("ema")
+    if ema is not None:
+        print(f"moving average: decay {ema['decay']}, {ema['count']} updates, {len(ema['storages'])} storages")
+    progress = {k: v for k, v in manifest.get("progress", {}).items() if k not in ("losses", "grad_norms")}
     print(f"progress: {json.dumps(progress, sort_keys=True)}")
     return 0
 

@@ -44,6 +44,7 @@ class RunConfig:
     exact_reduction: bool = False  # under torchrun: the one-process bits on any number of ranks
     collective_timeout: float = 300.0  # under torchrun: seconds to wait for the slowest rank
     clip_grad_norm: Optional[float] = None  # clip the mean gradient's global L2 norm to this
+    ema: Optional[float] = None  # keep a moving average of the weights with this decay
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ConfigError:
@@ -87,6 +88,9 @@ class RunConfig:
         c = self.clip_grad_norm
         if c is not None and not (is_number(c) and math.isfinite(c) and c > 0):
             raise bad("clip_grad_norm", "expected a finite number > 0")
+        e = self.ema
+        if e is not None and not (is_number(e) and math.isfinite(e) and 0 <= e < 1):
+            raise bad("ema", "expected a decay in [0, 1)")
         if not is_int(self.warmup) or self.warmup < 0:
             raise bad("warmup", "expected an integer >= 0")
 

@@ -10,22 +10,38 @@ from ..io import torchlean
 from ..io.bits import read_json
 from ..io.framing import U64, ByteReader
 from ..io.checkpoint import load_checkpoint, optimizer_of, params_from_checkpoint, read_checkpoint
+from ..io.weights import save_weights
 from ..optim.hyper import Adam, AdamW
 from .usage import UserError
 
 
 def cmd_export(args) -> int:
-    """Parameters as the ``TLPF32B`` stream at ``-o FILE``; Adam/AdamW state, when the
-    checkpoint has some, as ``TLADAMF`` at ``FILE.adam``."""
+    """``--weights``: a safetensors weights file at ``-o FILE``. ``--torchlean``: the
+    parameters as the ``TLPF32B`` stream at ``-o FILE``; Adam/AdamW state, when the
+    checkpoint has some, as ``TLADAMF`` at ``FILE.adam``. ``--ema``: the checkpoint's
+    moving average of the weights instead of the trained values."""
     src, out = Path(args.checkpoint), Path(args.output)
+    if src.is_dir() and (src / "checkpoint.ckpt").is_file():
+        src = src / "checkpoint.ckpt"  # a run folder: its checkpoint
     if out.is_dir():
         raise UserError(f"export: -o {out}: is a folder; give a file name")
-    params = params_from_checkpoint(src, "export")
+    if args.weights == args.torchlean:
+        raise UserError("export: choose the format: --weights (safetensors) or --torchlean")
+    what = "moving average" if args.ema else "weights"
+    if args.weights:
+        params = params_from_checkpoint(src, "export", ema=args.ema)
+        save_weights(out, params)
+        print(f"wrote {out} (safetensors, {len(params)} slots, the {what})")
+        return 0
+    params = params_from_checkpoint(src, "export", ema=args.ema)
     manifest, _ = read_checkpoint(src, "export")
-    opt = optimizer_of(manifest)
-    ck = load_checkpoint(src, params, optimizer=opt, restore_rng=False)
     torchlean.write_torchlean_f32(out, params)
-    print(f"wrote {out} (TLPF32B v2, {len(params)} slots)")
+    print(f"wrote {out} (TLPF32B v2, {len(params)} slots, the {what})")
+    if args.ema:
+        print("optimizer state not exported: it belongs to the trained weights, not their average")
+        return 0
+    opt = optimizer_of(manifest)
+    ck = load_checkpoint(src, params_from_checkpoint(src, "export"), optimizer=opt, restore_rng=False)
     state = ck.state
     if state is not None and isinstance(state.hyper, (Adam, AdamW)) and state.steps > 0:
         adam = out.with_name(out.name + ".adam")

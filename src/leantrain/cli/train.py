@@ -30,7 +30,7 @@ from ..training.events import StepEvent
 
 FLAGS = ("preset", "epochs", "batch_size", "accumulate", "optimizer", "lr", "scheduler", "seed",
          "device", "out", "log_every", "checkpoint_every", "model", "data", "loss", "weight_decay", "warmup",
-         "exact_reduction", "collective_timeout", "clip_grad_norm")
+         "exact_reduction", "collective_timeout", "clip_grad_norm", "ema")
 
 
 def _config(args) -> tuple[RunConfig, bool]:
@@ -175,7 +175,7 @@ def _train(args) -> int:
         log_every=cfg.log_every, checkpoint_every=cfg.checkpoint_every, checkpoint_path=ckpt,
         resume_from=ckpt if resuming else None, exact_reduction=cfg.exact_reduction,
         collective_timeout=None,  # the process group itself was made with --collective-timeout
-        clip_grad_norm=cfg.clip_grad_norm, accumulate=cfg.accumulate,
+        clip_grad_norm=cfg.clip_grad_norm, accumulate=cfg.accumulate, ema_decay=cfg.ema,
     )
     start_step = 0
     if resuming:
@@ -256,6 +256,8 @@ def _train(args) -> int:
               f"continue with: leantrain train --resume {out}")
         return EXIT_INTERRUPTED
     res = evaluate(runner, test_batches, {"accuracy": accuracy} if classify else None)
+    res_ema = evaluate(runner, test_batches, {"accuracy": accuracy} if classify else None, ema=True) \
+        if cfg.ema is not None else None
     result = {
         "preset": cfg.preset if cfg.model is None else None, "model": cfg.model,
         "loss_before": report.before, "loss_after": report.after, "test_loss": res["loss"],
@@ -263,6 +265,9 @@ def _train(args) -> int:
         "steps": report.steps, "images_seen": cfg.epochs * len(train),
         "wall_time_s": round(report.wall_time, 3), "aliased_slots": aliases, "frozen_slots": frozen,
     }
+    if res_ema is not None:
+        result["test_loss_ema"] = res_ema["loss"]
+        result["test_accuracy_ema"] = res_ema["accuracy"] if classify else None
     atomic_write_bytes(out / "report.json", (json.dumps(result, indent=2) + "\n").encode(), "--out")
     plot_metrics(metrics_path, out / "loss.png")
     print(f"mean training loss: {report.before:.4f} -> {report.after:.4f}")
@@ -270,6 +275,9 @@ def _train(args) -> int:
         print(f"test accuracy: {res['accuracy']:.4f} ({round(res['accuracy'] * len(test))}/{len(test)})")
     else:
         print(f"test loss: {res['loss']:.6f}")
+    if res_ema is not None:
+        shown = f"accuracy {res_ema['accuracy']:.4f}" if classify else f"loss {res_ema['loss']:.6f}"
+        print(f"test {shown} with the moving average (decay {cfg.ema})")
     print(f"steps: {report.steps}, images: {cfg.epochs * len(train)}, wall time: {report.wall_time:.1f} s"
           + (" (this session)" if resuming else ""))
     print(f"wrote {ckpt}, {metrics_path}, {out / 'loss.png'}, {out / 'report.json'}")

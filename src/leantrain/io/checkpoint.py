@@ -50,9 +50,11 @@ def save_checkpoint(
     progress: Optional[dict] = None,
     loader_state: Optional[dict] = None,
     rng: bool = True,
+    ema=None,
 ) -> Path:
     """Write ``target``'s parameters (and optionally optimizer state, progress, loader
-    state and RNG states) to ``path`` atomically. ``target`` is a Runner or a ParamList."""
+    state and RNG states, and a moving average of the weights: ``ema``, an ``EMA``) to
+    ``path`` atomically. ``target`` is a Runner or a ParamList."""
     op = "save_checkpoint"
     params = params_of(op, target)
     path = check_destination(op, path)
@@ -90,6 +92,12 @@ def save_checkpoint(
         order = loader_state["order"]
         tensors["loader.order"] = torch.tensor(list(order), dtype=torch.int64)
         manifest["loader"] = {k: v for k, v in loader_state.items() if k != "order"}
+    if ema is not None:
+        kept = [k for k in ema.trainable if ema.values[k] is not None]
+        manifest["ema"] = {"decay": ema.decay, "count": ema.count, "storages": kept}
+        for k in kept:
+            # Intentional device-to-host read of the averages: saving asks for them.
+            tensors[f"ema.{k}"] = ema.values[k].detach().to("cpu").contiguous()
     if rng:
         tensors["rng.torch"] = torch.get_rng_state()
         manifest["rng"]["torch"] = True
@@ -151,6 +159,7 @@ class Checkpoint:
     state: Optional[OptState] = None
     progress: dict = field(default_factory=dict)
     loader_state: Optional[dict] = None
+    ema: Optional[dict] = None  # {"decay", "count", "values": {storage index: CPU tensor}}
 
 
 def _tensor_problem(where: str, name: str, t: Optional[torch.Tensor], shape, dtype) -> Optional[str]:
@@ -268,7 +277,11 @@ def load_checkpoint(
     loader_state = None
     if manifest.get("loader") is not None:
         loader_state = dict(manifest["loader"], order=tensors["loader.order"].tolist())
-    return Checkpoint(path, manifest, state, manifest.get("progress", {}), loader_state)
+    ema = None
+    if manifest.get("ema") is not None:
+        e = manifest["ema"]
+        ema = {"decay": e["decay"], "count": e["count"], "values": {k: tensors[f"ema.{k}"] for k in e["storages"]}}
+    return Checkpoint(path, manifest, state, manifest.get("progress", {}), loader_state, ema)
 
 
 def _rebuild_state(entry: dict, tensors: dict, params: ParamList, opt) -> OptState:
@@ -287,10 +300,16 @@ def _rebuild_state(entry: dict, tensors: dict, params: ParamList, opt) -> OptSta
     return OptState(opt.hyper, float(entry["lr"]), entry["path"], tuple(slots), int(entry["steps"]))
 
 
-def params_from_checkpoint(path: PathLike, op: str = "params_from_checkpoint") -> ParamList:
+def params_from_checkpoint(path: PathLike, op: str = "params_from_checkpoint", *, ema: bool = False) -> ParamList:
     """The parameter list a checkpoint describes (its slots, names, frozen flags and ties),
-    holding the saved values: what exporting a checkpoint needs without the model."""
+    holding the saved values (``ema=True``: the saved moving average where there is one):
+    what exporting a checkpoint needs without the model."""
     manifest, tensors = read_checkpoint(path, op)
+    if ema:
+        if manifest.get("ema") is None:
+            raise CheckpointError(f"{op}: {path}: the checkpoint holds no moving average (train with ema_decay)")
+        for k in manifest["ema"]["storages"]:
+            tensors[f"storage.{k}"] = tensors[f"ema.{k}"]
     try:
         schema = ParameterSchema.from_manifest(manifest.get("slots"), manifest.get("representatives"))
         storages: dict[int, Storage] = {}

@@ -78,6 +78,15 @@ def manifest_problems(m: dict) -> list[str]:
         out.append(f"progress: expected an object, got {_short(m.get('progress'))}")
     if m.get("loader") is not None and not isinstance(m.get("loader"), dict):
         out.append(f"loader: expected an object or null, got {_short(m.get('loader'))}")
+    ema = m.get("ema")
+    if ema is not None:
+        n = next_storage
+        ks = ema.get("storages") if isinstance(ema, dict) else None
+        if not (isinstance(ema, dict) and _finite(ema.get("decay"), 0.0, 1.0) and ema["decay"] < 1.0
+                and _count(ema.get("count")) and isinstance(ks, list) and all(_count(k) and k < n for k in ks)
+                and ks == sorted(set(ks))):
+            out.append(f"ema: expected {{decay in [0, 1), count, storages: increasing storage numbers < {n}}}, "
+                       f"got {_short(ema)}")
     rng = m.get("rng")
     if not (isinstance(rng, dict) and isinstance(rng.get("torch"), bool)
             and _count(rng.get("cuda")) and rng["cuda"] <= MAX_CUDA_DEVICES):
@@ -142,6 +151,12 @@ def expected_tensors(m: dict) -> dict[str, tuple[torch.dtype, Optional[tuple[int
                 want[f"state.{key}.{name}"] = (DTYPE_NAMES[s["dtype"]], tuple(s["shape"]))
     if m.get("loader") is not None:
         want["loader.order"] = (torch.int64, None)
+    if m.get("ema") is not None:
+        first = {}
+        for s in slots:
+            first.setdefault(s["storage"], s)
+        for k in m["ema"]["storages"]:
+            want[f"ema.{k}"] = (DTYPE_NAMES[first[k]["dtype"]], tuple(first[k]["shape"]))
     if m["rng"]["torch"]:
         want["rng.torch"] = (torch.uint8, tuple(torch.get_rng_state().shape))
     for d in range(m["rng"]["cuda"]):

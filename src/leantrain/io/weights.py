@@ -22,10 +22,20 @@ from .checkpoint import current_value, dtype_name
 from ..errors import CheckpointError, shape_str, slot_label
 
 
-def export_state_dict(target) -> dict[str, torch.Tensor]:
-    """``{slot name: current value}`` on the CPU; aliased names share one tensor."""
+def export_state_dict(target, *, ema: bool = False) -> dict[str, torch.Tensor]:
+    """``{slot name: current value}`` on the CPU; aliased names share one tensor.
+    ``ema=True``: the moving average a Runner trained with ``ema_decay`` keeps instead
+    (frozen slots and buffers: their value)."""
     params = params_of("export_state_dict", target)
-    values = {id(s): current_value(s) for s in params.storages()}
+    if ema:
+        average = getattr(target, "ema", None)
+        if average is None:
+            raise CheckpointError("export_state_dict: ema=True needs a Runner that keeps a moving average "
+                                  "(train with ema_decay)")
+        # Intentional device-to-host reads: exporting asks for the values.
+        values = {id(s): t.detach().to("cpu") for s, t in zip(params.storages(), average.storage_values(params))}
+    else:
+        values = {id(s): current_value(s) for s in params.storages()}
     out = {}
     for i, v in enumerate(params):
         if not v.name:
@@ -34,12 +44,13 @@ def export_state_dict(target) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_weights(path: PathLike, target) -> Path:
-    """Write a safetensors weights file: each storage once, aliases in the metadata."""
+def save_weights(path: PathLike, target, *, ema: bool = False) -> Path:
+    """Write a safetensors weights file: each storage once, aliases in the metadata
+    (``ema=True``: the Runner's moving average of the weights)."""
     params = params_of("save_weights", target)
     first: dict[int, str] = {}
     tensors, aliases = {}, {}
-    for name, t in export_state_dict(params).items():
+    for name, t in export_state_dict(target, ema=ema).items():
         s = next(v.storage for v in params if v.name == name)
         if id(s) in first:
             aliases[name] = first[id(s)]

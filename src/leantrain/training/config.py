@@ -10,6 +10,7 @@ from typing import Callable, Mapping, Optional, Union
 from ..errors import ConfigError
 from ..optim import Optimizer, Schedule, sgd
 from ..optim.clipping import check_clip
+from .ema import check_decay
 from ..validate import check_bool, check_choice, check_count
 
 ACCUMULATION_MODES = ("exact", "vectorized")
@@ -49,6 +50,10 @@ def _common(op: str, cfg) -> None:
     if t is not None and not (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < 10**7):
         raise ConfigError(f"{op}: collective_timeout must be seconds > 0 (below 10**7) or None, got {t!r}")
     check_clip(op, cfg.clip_grad_norm, cfg.clip_grad_value)
+    check_decay(op, cfg.ema_decay)
+    check_bool(op, "eval_ema", cfg.eval_ema)
+    if cfg.eval_ema and cfg.ema_decay is None:
+        raise ConfigError(f"{op}: eval_ema evaluates the moving average: set ema_decay")
     if cfg.exact_reduction and cfg.accumulation != "exact":
         raise ConfigError(f"{op}: exact_reduction folds items one by one: it needs accumulation='exact'")
     if cfg.eval_metrics is not None and (
@@ -84,7 +89,9 @@ class LoopOptions:
     loop raises ``CollectiveError`` (``None``: the process group's own timeout);
     ``clip_grad_norm``/``clip_grad_value``: clip the mean canonical gradients before each
     update (one of them; ``torch.nn.utils.clip_grad_norm_``'s rule), the norm before
-    clipping reported on logged steps (``TrainReport.grad_norms``, ``StepEvent.grad_norm``).
+    clipping reported on logged steps (``TrainReport.grad_norms``, ``StepEvent.grad_norm``);
+    ``ema_decay``: keep a moving average of the weights (``Runner.ema_values()``, saved in
+    checkpoints; see ema.py); ``eval_ema``: evaluate ``eval_data`` with the averaged weights.
     """
 
     accumulation: str = "exact"
@@ -101,6 +108,8 @@ class LoopOptions:
     collective_timeout: Optional[float] = 300.0
     clip_grad_norm: Optional[float] = None
     clip_grad_value: Optional[float] = None
+    ema_decay: Optional[float] = None
+    eval_ema: bool = False
 
 
 @dataclass(frozen=True)

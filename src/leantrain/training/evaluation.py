@@ -41,14 +41,20 @@ def eval_items(op: str, data: EvalData, device: torch.device) -> list[Sample]:
 
 
 def evaluate(
-    runner: Runner, data: EvalData, metrics: Optional[Mapping[str, Metric]] = None
+    runner: Runner, data: EvalData, metrics: Optional[Mapping[str, Metric]] = None, *, ema: bool = False
 ) -> dict[str, float]:
-    """``{"loss": mean item loss, name: metric, ..., "items": count}`` on ``data``.
+    """``{"loss": mean item loss, name: metric, ..., "items": count}`` on ``data``;
+    ``ema=True``: with the moving average of the weights (``ema_decay``) in their place.
 
     Reads the results back to the host once (a device sync on CUDA), as asked."""
     op = "evaluate"
     if not isinstance(runner, Runner):
         raise ConfigError(f"{op}: expected a Runner, got {type(runner).__name__}")
+    if ema:
+        if runner.ema is None:
+            raise ConfigError(f"{op}: ema=True but the runner keeps no moving average (train with ema_decay)")
+        with runner.ema.applied(runner.params):
+            return evaluate(runner, data, metrics)
     metrics = dict(metrics or {})
     for name, fn in metrics.items():
         if not isinstance(name, str) or not callable(fn) or name in ("loss", "items"):

@@ -18,6 +18,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
+from .ema import EMA
 from .binding import MODEL_ERRORS, Binding, rng_preserved
 from ..errors import ConfigError, DataError, slot_label
 from ..params.module_slots import module_entries
@@ -72,6 +73,7 @@ class Runner:
         self._scratch_locations = [loc for _, _, loc in module_entries(module, persistent=False)]
         self._device_copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.bound: Optional[Binding] = None  # the Binding in force during a call
+        self.ema: Optional[EMA] = None  # the weights' moving average, when a loop keeps one
         # Whether a train-mode forward writes any buffer: None until a step tells (by
         # the tensors' version counters, see binding.py).
         self.buffer_writes: Optional[bool] = None
@@ -108,6 +110,14 @@ class Runner:
         when a mirror is newer; the loops call it once, when they return)."""
         for s in self.params.storages():
             s.sync_to_host()
+
+    def ema_values(self) -> list[torch.Tensor]:
+        """Per slot, the moving average of the trained weights a loop with ``ema_decay``
+        keeps (frozen slots and buffers: their current value); copies, on the storages'
+        devices."""
+        if self.ema is None:
+            raise ConfigError("Runner.ema_values: no moving average: train with ema_decay=... first")
+        return self.ema.slot_values(self.params)
 
     @property
     def has_buffer_updates(self) -> bool:

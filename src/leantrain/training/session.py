@@ -29,6 +29,7 @@ from .runner import Runner, Sample
 from .step import update
 from .callbacks import Callback, ProgressBar
 from .evaluation import evaluate
+from .ema import EMA, restored_ema
 from .events import StepCallback, StepEvent
 
 Log = Callable[[str], None]
@@ -125,13 +126,17 @@ class Session:
         and ``loader_check(manifest, tensors)`` find no problem)."""
         check_schedule(self.op, self.cfg, self.runner)
         self.runner.train()
-        self.expect = dict(expect)
+        self.expect = dict(expect, ema_decay=self.cfg.ema_decay)
         self.resume_from = resume_path(self.cfg)
         if self.resume_from is None:
             self._start_replicas()
+            if self.cfg.ema_decay is not None:
+                self.runner.ema = EMA(self.runner.params, self.cfg.ema_decay)
             self.before = self.runner.mean_loss(items) if self.cfg.measure_loss else None
             return self.opt.init(self.runner.params, native=uses_native(self.runner, self.opt)), None
-        ck = self._resume(expect, loader_check)
+        ck = self._resume(self.expect, loader_check)
+        if self.cfg.ema_decay is not None:
+            self.runner.ema = restored_ema(self.runner.params, ck.ema)
         self.before = ck.progress["before"]
         self.logged = [tuple(x) for x in ck.progress["losses"]]
         self.grad_norms = [tuple(x) for x in ck.progress.get("grad_norms", [])]
@@ -152,6 +157,10 @@ class Session:
             problems = progress_problems(self.kind, p)
             problems += [f"{key}: checkpoint has {p.get(key, EXPECT_DEFAULTS.get(key))!r}, this run has {value!r}"
                          for key, value in expect.items() if p.get(key, EXPECT_DEFAULTS.get(key)) != value]
+            e = manifest.get("ema")
+            if self.cfg.ema_decay is not None and (e is None or e["decay"] != self.cfg.ema_decay):
+                problems.append(f"ema: checkpoint has {None if e is None else e['decay']!r}, "
+                                f"this run has ema_decay={self.cfg.ema_decay!r}")
             if manifest["optimizer"].get("path") != want_path:
                 problems.append(f"the checkpoint's optimizer history is {manifest['optimizer'].get('path')}; "
                                 f"resume with parameters on the same kind of device")
@@ -178,6 +187,8 @@ class Session:
             raise NonFiniteError(f"step {step}: {e}") from None
         except RuntimeError as e:
             self._collective_failed(e, f"step {step}")
+        if cfg.ema_decay is not None:
+            self.runner.ema.update(self.runner.params)  # after the step, on the device
         self.last_norm = None
         if not want:
             return state, None
@@ -247,7 +258,7 @@ class Session:
 
     def evaluate(self, step: int) -> bool:
         """Evaluate on ``cfg.eval_data``, keep the results, tell the callbacks."""
-        results = evaluate(self.runner, self.cfg.eval_data, self.cfg.eval_metrics)
+        results = evaluate(self.runner, self.cfg.eval_data, self.cfg.eval_metrics, ema=self.cfg.eval_ema)
         self.evals.append((step, results))
         stop = False
         for cb in self.callbacks:
@@ -264,7 +275,7 @@ class Session:
                             losses=list(self.logged), evals=[[k, r] for k, r in self.evals],
                             **({"grad_norms": list(self.grad_norms)} if self.grad_norms else {}))
             save_checkpoint(self.cfg.checkpoint_path, self.runner, state=state, progress=progress,
-                            loader_state=loader_state)
+                            loader_state=loader_state, ema=self.runner.ema if self.cfg.ema_decay is not None else None)
         self.saved, self.saved_step = True, progress["step"]
 
     # ---------------------------------------------------------------- finish
@@ -287,7 +298,7 @@ class Session:
 
 
 # What a checkpoint written before a setting existed implies for it.
-EXPECT_DEFAULTS = {"accumulate": 1}
+EXPECT_DEFAULTS = {"accumulate": 1, "ema_decay": None}
 
 
 def progress_problems(kind: str, p: dict) -> list[str]:
