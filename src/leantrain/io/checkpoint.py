@@ -139,7 +139,7 @@ def _state_manifest(state: OptState, tensors: dict, params: ParamList) -> dict:
             tensors[f"state.{i}.{name}"] = t.detach().to("cpu").contiguous()
         records[str(i)] = entry
     h = state.hyper
-    return {
+    entry = {
         "kind": h.kind,
         "hyper": h.as_dict(),
         "lr": state.lr,
@@ -147,6 +147,9 @@ def _state_manifest(state: OptState, tensors: dict, params: ParamList) -> dict:
         "steps": state.steps,
         "records": records,
     }
+    if state.overrides:  # only then: default checkpoints keep their exact bytes
+        entry["per_slot"] = [[i, dict(kv)] for i, kv in state.overrides]
+    return entry
 
 
 # ------------------------------------------------------------------------ load
@@ -208,6 +211,11 @@ def _state_problems(manifest: dict, tensors: dict, params: ParamList, optimizer)
             f"optimizer: checkpoint has {saved.hyper.describe()}, destination uses "
             f"{optimizer.hyper.describe()}; load with the same optimizer or without one"
         )
+    if optimizer is not None:
+        asked = optimizer.settings("load_checkpoint", params)[1]
+        if saved_overrides(entry) != asked:
+            problems.append(f"optimizer: per-slot hyperparameters: checkpoint has {entry.get('per_slot', [])}, "
+                            f"destination asks for {[[i, dict(kv)] for i, kv in asked]}")
     if entry.get("path") not in (GENERIC, NATIVE):
         problems.append(f"optimizer: unknown update path {entry.get('path')!r}")
     reps = params.canonical_slot_indices()
@@ -297,7 +305,13 @@ def _rebuild_state(entry: dict, tensors: dict, params: ParamList, opt) -> OptSta
             slots[i] = R.RECORDS[rec["type"]](**fields, **rec["scalars"])
         elif c is not None and not native:
             slots[i] = slots[c]
-    return OptState(opt.hyper, float(entry["lr"]), entry["path"], tuple(slots), int(entry["steps"]))
+    return OptState(opt.hyper, float(entry["lr"]), entry["path"], tuple(slots), int(entry["steps"]),
+                    saved_overrides(entry))
+
+
+def saved_overrides(entry: dict) -> tuple:
+    """A manifest's per-slot hyperparameters in ``OptState.overrides`` form."""
+    return tuple((i, tuple(sorted(kv.items()))) for i, kv in entry.get("per_slot", []))
 
 
 def params_from_checkpoint(path: PathLike, op: str = "params_from_checkpoint", *, ema: bool = False) -> ParamList:

@@ -120,6 +120,12 @@ def _optimizer_problems(entry: object, schema: ParameterSchema) -> list[str]:
         out.append(f"optimizer.path: expected {GENERIC!r} or {NATIVE!r}, got {_short(entry.get('path'))}")
     if not _count(entry.get("steps")):
         out.append(f"optimizer.steps: expected an integer in [0, 2**63), got {_short(entry.get('steps'))}")
+    per_slot = entry.get("per_slot", [])
+    if not (isinstance(per_slot, list) and all(
+            isinstance(x, list) and len(x) == 2 and _count(x[0]) and schema.is_representative(x[0])
+            and isinstance(x[1], dict) and x[1] and all(isinstance(k, str) and _finite(v) for k, v in x[1].items())
+            for x in per_slot) and [x[0] for x in per_slot] == sorted({x[0] for x in per_slot})):
+        out.append(f"optimizer.per_slot: expected increasing [slot, {{name: number}}] pairs, got {_short(per_slot)}")
     records = entry.get("records")
     if not isinstance(records, dict):
         return out + [f"optimizer.records: expected an object, got {_short(records)}"]

@@ -20,15 +20,16 @@ with ``torch.optim``. Pass back the state a step returned.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..errors import OptimizerStateError, PackError, slot_label
+from ..errors import ConfigError, OptimizerStateError, PackError, slot_label
 from ..params.packs import canonical_gradients
 from ..params.paramlist import ParamList
 from .hyper import Hyper, check_rate
+from .per_slot import Settings, plain, resolve
 from .reference import reference_update
 from .rules import SGDState, clone_record, rule_for
 
@@ -50,12 +51,14 @@ class OptState:
     path: str
     slots: tuple
     steps: int = 0
+    overrides: tuple = ()  # the per-slot hyperparameters asked for: ((slot, ((key, value), ...)), ...)
 
     def with_lr(self, lr: float) -> "OptState":
         """The same state with the learning rate of every slot set to ``lr``."""
         if lr == self.lr:
             return self
-        return OptState(self.hyper, check_rate("OptState.with_lr", "lr", lr), self.path, self.slots, self.steps)
+        return OptState(self.hyper, check_rate("OptState.with_lr", "lr", lr), self.path, self.slots, self.steps,
+                        self.overrides)
 
     def records(self) -> dict[int, object]:
         """Slot index -> record for the slots that own their history."""
@@ -72,6 +75,28 @@ class Optimizer:
     """An optimizer kind with its hyperparameters; stateless itself."""
 
     hyper: Hyper
+    slot_fn: Optional[Callable] = field(default=None, compare=False, repr=False)
+    _resolved: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def per_slot(self, fn: Callable) -> "Optimizer":
+        """This optimizer with per-slot hyperparameters: ``fn(param)`` returns overrides
+        for each trainable slot (see ``per_slot.py``), e.g. no weight decay on vectors:
+        ``optim.adamw(1e-3, 0.1).per_slot(lambda p: {"weight_decay": 0.0} if len(p.shape) < 2 else {})``."""
+        if not callable(fn):
+            raise ConfigError(f"{self.kind}.per_slot: expected a function of a slot, got {type(fn).__name__}")
+        return Optimizer(self.hyper, fn)
+
+    def settings(self, op: str, params: ParamList) -> tuple[Settings, tuple]:
+        """Per slot (hyper, lr_scale), and the overrides record (``()`` without ``per_slot``)."""
+        if self.slot_fn is None:
+            return plain(self.hyper, params), ()
+        key = (id(params), tuple(params.canonical_slot_indices()), tuple(id(v.storage) for v in params))
+        hit = self._resolved.get(key)
+        if hit is None:
+            hit = resolve(op, self.hyper, self.slot_fn, params)
+            self._resolved.clear()  # one layout at a time
+            self._resolved[key] = hit
+        return hit
 
     @property
     def kind(self) -> str:
@@ -105,14 +130,17 @@ class Optimizer:
                 self.hyper.check_dtype(params[i].dtype)
                 if native and params[i].storage.mirror is None:
                     raise _no_mirror(op, params, i)
+        settings, asked = self.settings(op, params)
+        if native and not all(rule.native(st[0]) for st in settings if st is not None):
+            raise OptimizerStateError(f"{op}: a per-slot setting has no native path (SGD momentum); use the generic path")
         records: list = [None] * len(params)
         for i, c in enumerate(slots_map):
             if c == i:
                 s = params[i].storage
-                records[i] = rule.init(self.hyper, s.mirror if native else s.host)
+                records[i] = rule.init(settings[i][0], s.mirror if native else s.host)
             elif c is not None and not native:
                 records[i] = records[c]
-        return OptState(self.hyper, self.hyper.lr, NATIVE if native else GENERIC, tuple(records))
+        return OptState(self.hyper, self.hyper.lr, NATIVE if native else GENERIC, tuple(records), 0, asked)
 
     # --------------------------------------------------------------------- step
     def step(self, state: OptState, params: ParamList, gradients: Sequence) -> OptState:
@@ -147,6 +175,12 @@ class Optimizer:
             raise OptimizerStateError(
                 f"{op}: state has {len(state.slots)} slots, parameter list has {len(params)}"
             )
+        asked = self.settings(op, params)[1]
+        if state.overrides != asked:
+            raise OptimizerStateError(
+                f"{op}: the state was made with per-slot hyperparameters {_show(state.overrides)}, this "
+                f"optimizer asks for {_show(asked)}; call init"
+            )
 
     def apply(
         self, state: OptState, params: ParamList, gradients: Sequence, path: str,
@@ -164,12 +198,13 @@ class Optimizer:
         """
         op = f"{self.kind}.{'step_native' if path == NATIVE else 'step'}"
         slots_map, plan = self._plan(op, state, params, gradients, path, presummed)  # nothing written yet
+        settings = self.settings(op, params)[0]
         if found_inf is None:
-            return self._run(state, slots_map, plan, path)
+            return self._run(state, slots_map, plan, path, settings)
         targets = [_target(storage, path) for _, storage, _, _ in plan]
         targets += [t for rec in state.records().values() for t in rec.tensors().values()]
         saved = [t.detach().clone() for t in targets]
-        new = self._run(state, slots_map, plan, path)
+        new = self._run(state, slots_map, plan, path, settings)
         keep = found_inf[0] == 0
         with torch.no_grad():
             for t, old in zip(targets, saved):
@@ -223,29 +258,32 @@ class Optimizer:
             plan.append((i, storage, rec, g))
         return slots_map, plan
 
-    def _run(self, state: OptState, slots_map: list, plan: list, path: str) -> OptState:
-        """Write: one multi-tensor call per (device, dtype) group, then the alias records."""
+    def _run(self, state: OptState, slots_map: list, plan: list, path: str, settings: Settings) -> OptState:
+        """Write: one multi-tensor call per (device, dtype, hyperparameters) group, then
+        the alias records."""
         native = path == NATIVE
-        rule, hyper = rule_for(self.hyper), self.hyper
+        rule = rule_for(self.hyper)
         records = list(state.slots)
         groups: dict[tuple, tuple[list, list, list, list]] = {}
         for i, storage, rec, g in plan:
             p = _target(storage, path)
             if not native and not (storage.host_current and storage.mirror is None):
                 p = storage.begin_host_update()  # sync a newer mirror, then drop it
+            hyper, scale = settings[i]
             if rec is None:
                 rec = rule.init(hyper, p)
-            key = (p.get_device(), p.dtype)
+            key = (p.get_device(), p.dtype, hyper, scale)
             group = groups.get(key)
             if group is None:
                 group = groups[key] = ([], [], [], [])
             group[0].append(i), group[1].append(rec), group[2].append(p), group[3].append(g)
         with torch.no_grad():
-            for idx, recs, ps, gs in groups.values():
+            for (_, _, hyper, scale), (idx, recs, ps, gs) in groups.items():
+                lr = state.lr if scale == 1.0 else state.lr * scale
                 if hyper.numerics == "torchlean":  # upstream's order, tensor by tensor
-                    news = [reference_update(hyper, state.lr, r, p, g) for r, p, g in zip(recs, ps, gs)]
+                    news = [reference_update(hyper, lr, r, p, g) for r, p, g in zip(recs, ps, gs)]
                 else:
-                    news = rule.update_many(hyper, state.lr, recs, ps, gs)
+                    news = rule.update_many(hyper, lr, recs, ps, gs)
                 for i, r in zip(idx, news):
                     records[i] = r
         if native:
@@ -258,7 +296,11 @@ class Optimizer:
                         records[i] = None  # a slot that left the trainable set releases its history
                 elif c != i:
                     records[i] = None if native else records[c]
-        return OptState(state.hyper, state.lr, state.path, tuple(records), state.steps + 1)
+        return OptState(state.hyper, state.lr, state.path, tuple(records), state.steps + 1, state.overrides)
+
+
+def _show(overrides: tuple) -> str:
+    return "{" + ", ".join(f"slot {i}: {dict(kv)}" for i, kv in overrides) + "}" if overrides else "none"
 
 
 def _target(storage, path: str) -> torch.Tensor:
