@@ -20,6 +20,7 @@ from ..validate import is_int, is_number
 
 SCHEDULERS = ("none", "step", "exponential", "cosine")
 DEVICES = ("cpu", "cuda")
+PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}  # -> the loops' autocast
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class RunConfig:
     collective_timeout: float = 300.0  # under torchrun: seconds to wait for the slowest rank
     clip_grad_norm: Optional[float] = None  # clip the mean gradient's global L2 norm to this
     ema: Optional[float] = None  # keep a moving average of the weights with this decay
+    precision: str = "fp32"  # fp32, bf16 (autocast) or fp16 (autocast and loss scaling)
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ConfigError:
@@ -91,6 +93,8 @@ class RunConfig:
         e = self.ema
         if e is not None and not (is_number(e) and math.isfinite(e) and 0 <= e < 1):
             raise bad("ema", "expected a decay in [0, 1)")
+        if not one_of(self.precision, PRECISIONS):
+            raise bad("precision", f"expected one of {', '.join(PRECISIONS)}")
         if not is_int(self.warmup) or self.warmup < 0:
             raise bad("warmup", "expected an integer >= 0")
 

@@ -24,13 +24,13 @@ from .digits import stack_minibatches
 from .usermodel import build_task
 from ..training.loader_loop import train_loader
 from .plotting import plot_metrics
-from .runconfig import RunConfig
+from .runconfig import PRECISIONS, RunConfig
 from ..training.runner import Runner
 from ..training.events import StepEvent
 
 FLAGS = ("preset", "epochs", "batch_size", "accumulate", "optimizer", "lr", "scheduler", "seed",
          "device", "out", "log_every", "checkpoint_every", "model", "data", "loss", "weight_decay", "warmup",
-         "exact_reduction", "collective_timeout", "clip_grad_norm", "ema")
+         "exact_reduction", "collective_timeout", "clip_grad_norm", "ema", "precision")
 
 
 def _config(args) -> tuple[RunConfig, bool]:
@@ -176,6 +176,7 @@ def _train(args) -> int:
         resume_from=ckpt if resuming else None, exact_reduction=cfg.exact_reduction,
         collective_timeout=None,  # the process group itself was made with --collective-timeout
         clip_grad_norm=cfg.clip_grad_norm, accumulate=cfg.accumulate, ema_decay=cfg.ema,
+        autocast=PRECISIONS[cfg.precision],
     )
     start_step = 0
     if resuming:
@@ -197,7 +198,8 @@ def _train(args) -> int:
     say(f"leantrain train: {cfg.model or cfg.preset}, {len(train)} train / {len(test)} test samples, "
           f"{cfg.epochs} epochs x {steps_per_epoch} steps, {cfg.optimizer} lr={cfg.lr}, "
           f"batch {cfg.batch_size} x accumulate {cfg.accumulate}, device {cfg.device}"
-          + (f", {world} processes" if world > 1 else ""))
+          + (f", {world} processes" if world > 1 else "")
+          + (f", precision {cfg.precision}" if cfg.precision != "fp32" else ""))
     say(f"slots: {len(params)} ({aliases} aliased, {frozen} frozen), "
           f"{sum(s.host.numel() for s in params.storages()):,} values in {len(params.storages())} storages"
           + (f"; resuming at step {start_step}" if resuming else ""))

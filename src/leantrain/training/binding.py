@@ -177,7 +177,8 @@ class Binding:
                 for sample in batch:
                     x, _ = runner.inputs(sample)
                     try:
-                        runner.module(x)
+                        with runner.autocast():
+                            runner.module(x)
                     except MODEL_ERRORS as e:
                         raise DataError(
                             f"{op}: the model rejected the sample (x {tuple(x.shape)} "

@@ -11,6 +11,7 @@ from ..errors import ConfigError
 from ..optim import Optimizer, Schedule, sgd
 from ..optim.clipping import check_clip
 from .ema import check_decay
+from .precision import check_autocast
 from ..validate import check_bool, check_choice, check_count
 
 ACCUMULATION_MODES = ("exact", "vectorized")
@@ -51,6 +52,7 @@ def _common(op: str, cfg) -> None:
         raise ConfigError(f"{op}: collective_timeout must be seconds > 0 (below 10**7) or None, got {t!r}")
     check_clip(op, cfg.clip_grad_norm, cfg.clip_grad_value)
     check_decay(op, cfg.ema_decay)
+    check_autocast(op, cfg.autocast)
     check_bool(op, "eval_ema", cfg.eval_ema)
     if cfg.eval_ema and cfg.ema_decay is None:
         raise ConfigError(f"{op}: eval_ema evaluates the moving average: set ema_decay")
@@ -91,7 +93,9 @@ class LoopOptions:
     update (one of them; ``torch.nn.utils.clip_grad_norm_``'s rule), the norm before
     clipping reported on logged steps (``TrainReport.grad_norms``, ``StepEvent.grad_norm``);
     ``ema_decay``: keep a moving average of the weights (``Runner.ema_values()``, saved in
-    checkpoints; see ema.py); ``eval_ema``: evaluate ``eval_data`` with the averaged weights.
+    checkpoints; see ema.py); ``eval_ema``: evaluate ``eval_data`` with the averaged weights;
+    ``autocast``: ``"bfloat16"`` or ``"float16"`` mixed precision (precision.py; float16
+    scales the loss and skips overflow steps whatever ``nonfinite`` says).
     """
 
     accumulation: str = "exact"
@@ -110,6 +114,7 @@ class LoopOptions:
     clip_grad_value: Optional[float] = None
     ema_decay: Optional[float] = None
     eval_ema: bool = False
+    autocast: Optional[str] = None
 
 
 @dataclass(frozen=True)

@@ -70,8 +70,9 @@ def evaluate(
         with rng_preserved(runner.device), torch.no_grad(), runner.binding(op) as bound, bound.scratch_buffers():
             for sample in items:
                 x, y = runner.inputs(sample)
-                out = runner.module(x)
-                loss = runner.loss_fn(out, y)
+                with runner.autocast():
+                    out = runner.module(x)
+                    loss = runner.loss_fn(out, y)
                 total = loss if total is None else total + loss
                 for name, fn in metrics.items():
                     value = fn(out, y)

@@ -101,24 +101,25 @@ def train_loader(
         )
     with distributed.collectives(cfg.collective_timeout):  # fail, not hang, on a lost peer
         session = Session(op, runner, cfg, "loader", log=log, callback=callback, callbacks=callbacks)
-        items = loader_items(op, loader, runner.device)
-        state, ck = session.start(items, {"n_samples": len(items), "accumulate": cfg.accumulate},
-                                  _loader_check(op, loader))
-        start = (0, 0, 0, 0)
-        if ck is not None:
-            p = ck.progress
-            if isinstance(loader, DataLoader):
-                if ck.loader_state is None:
-                    raise DataError(f"{op}: {session.resume_from}: the checkpoint has no loader state")
-                loader = loader.restored(ck.loader_state, op)
-            start = (p["epoch"], p["batch"], p["step"], p["seen"])
-            _warn_unseeded(loader)
-        session.begin(_total_steps(loader, cfg.epochs, cfg.accumulate), start[2])
-        loader, state, _, steps, seen = run_loader_epochs(
-            runner, cfg, loader, cfg.optimizer, state, lambda t, s: s.with_lr(lr_for(cfg, t)),
-            start=start, session=session,
-        )
-        return session.finish(loader_items(op, loader, runner.device), steps, seen), loader
+        with session.computing():  # autocast and the loss scale, for this loop only
+            items = loader_items(op, loader, runner.device)
+            state, ck = session.start(items, {"n_samples": len(items), "accumulate": cfg.accumulate},
+                                      _loader_check(op, loader))
+            start = (0, 0, 0, 0)
+            if ck is not None:
+                p = ck.progress
+                if isinstance(loader, DataLoader):
+                    if ck.loader_state is None:
+                        raise DataError(f"{op}: {session.resume_from}: the checkpoint has no loader state")
+                    loader = loader.restored(ck.loader_state, op)
+                start = (p["epoch"], p["batch"], p["step"], p["seen"])
+                _warn_unseeded(loader)
+            session.begin(_total_steps(loader, cfg.epochs, cfg.accumulate), start[2])
+            loader, state, _, steps, seen = run_loader_epochs(
+                runner, cfg, loader, cfg.optimizer, state, lambda t, s: s.with_lr(lr_for(cfg, t)),
+                start=start, session=session,
+            )
+            return session.finish(loader_items(op, loader, runner.device), steps, seen), loader
 
 
 def _group_update(session: Session, state: OptState, group: list[Sample], step: int, seen: int,

@@ -13,6 +13,7 @@ naming the slot), never silently left untrained.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Optional, Sequence, Union
 
 import torch
@@ -74,6 +75,10 @@ class Runner:
         self._device_copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.bound: Optional[Binding] = None  # the Binding in force during a call
         self.ema: Optional[EMA] = None  # the weights' moving average, when a loop keeps one
+        # Mixed precision, set by a loop for its duration (precision.py): the autocast
+        # dtype, and the float16 loss scale (a device tensor) losses are multiplied by.
+        self.amp: Optional[torch.dtype] = None
+        self.loss_scale: Optional[torch.Tensor] = None
         # Whether a train-mode forward writes any buffer: None until a step tells (by
         # the tensors' version counters, see binding.py).
         self.buffer_writes: Optional[bool] = None
@@ -110,6 +115,12 @@ class Runner:
         when a mirror is newer; the loops call it once, when they return)."""
         for s in self.params.storages():
             s.sync_to_host()
+
+    def autocast(self):
+        """``torch.autocast`` on the runner's device when a loop asked for it, else nothing."""
+        if self.amp is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp)
 
     def ema_values(self) -> list[torch.Tensor]:
         """Per slot, the moving average of the trained weights a loop with ``ema_decay``
@@ -223,7 +234,8 @@ class Runner:
         x, y = self.inputs(sample)
         with self.binding("Runner.loss"):
             try:
-                loss = self.loss_fn(self.module(x), y)
+                with self.autocast():
+                    loss = self.loss_fn(self.module(x), y)
             except MODEL_ERRORS as e:
                 raise DataError(
                     f"Runner.loss: the model or loss rejected the sample (x {tuple(x.shape)} "
@@ -245,7 +257,8 @@ class Runner:
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """The model's output at the current parameters (no gradients, buffers unchanged)."""
         with self.binding("Runner.predict") as bound, bound.scratch_buffers():
-            return self.module(x.to(self.device))
+            with self.autocast():
+                return self.module(x.to(self.device))
 
     def mean_loss(self, samples: Sequence[Sample]) -> float:
         """``(l1 + ... + ln) / n`` under the current parameters and mode.
@@ -284,7 +297,8 @@ class Runner:
                 "parameters (was it detached, converted with .item(), or computed under "
                 "torch.no_grad()?); return the loss tensor autograd built"
             )
-        grads = torch.autograd.grad(loss, wrt, allow_unused=True)
+        scaled = loss if self.loss_scale is None else loss * self.loss_scale[0]
+        grads = torch.autograd.grad(scaled, wrt, allow_unused=True)
         it = iter(grads)
         out = []
         for t in leaves:
@@ -326,6 +340,7 @@ class Runner:
         self.check_stackable(batch)
         xs, ys = self.inputs((torch.stack([x for x, _ in batch]), torch.stack([y for _, y in batch])))
         with self.binding("vectorized accumulation"):
-            per_item = torch.vmap(self.loss_fn)(self.module(xs), ys)
+            with self.autocast():
+                per_item = torch.vmap(self.loss_fn)(self.module(xs), ys)
         total = per_item.sum()
         return self._grads(total * (1.0 / len(batch) if scale is None else scale), leaves)

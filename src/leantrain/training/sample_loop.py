@@ -87,17 +87,18 @@ def train_samples(
     n, k = len(samples), cfg.batch_size
     with distributed.collectives(cfg.collective_timeout):  # fail, not hang, on a lost peer
         session = Session(op, runner, cfg, "samples", log=log, callback=callback, callbacks=callbacks)
-        state, ck = session.start(samples, {"batch_size": k, "n_samples": n})
-        start = 0 if ck is None else ck.progress["step"]
-        session.begin(cfg.steps, start)
-        watch = MemoryWatch(cadence(cfg.mem_watch, cfg.steps, runner.device), cfg.steps, runner.device, session.log)
-        watch(start)
-        batches = cyclic_batches(op, samples, k, cursor=(start * k) % n)
-        state, _, done = run_sample_steps(
-            runner, cfg, lambda: next(batches), watch, cfg.optimizer, state,
-            lambda t, s: s.with_lr(lr_for(cfg, t)), start_step=start, session=session,
-        )
-        return session.finish(samples, done, done * k)
+        with session.computing():  # autocast and the loss scale, for this loop only
+            state, ck = session.start(samples, {"batch_size": k, "n_samples": n})
+            start = 0 if ck is None else ck.progress["step"]
+            session.begin(cfg.steps, start)
+            watch = MemoryWatch(cadence(cfg.mem_watch, cfg.steps, runner.device), cfg.steps, runner.device, session.log)
+            watch(start)
+            batches = cyclic_batches(op, samples, k, cursor=(start * k) % n)
+            state, _, done = run_sample_steps(
+                runner, cfg, lambda: next(batches), watch, cfg.optimizer, state,
+                lambda t, s: s.with_lr(lr_for(cfg, t)), start_step=start, session=session,
+            )
+            return session.finish(samples, done, done * k)
 
 
 def train_dataset(

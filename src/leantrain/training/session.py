@@ -30,6 +30,7 @@ from .step import update
 from .callbacks import Callback, ProgressBar
 from .evaluation import evaluate
 from .ema import EMA, restored_ema
+from .precision import LossScaler, precision, scaler_state_problems
 from .events import StepCallback, StepEvent
 
 Log = Callable[[str], None]
@@ -100,6 +101,7 @@ class Session:
     def __init__(self, op: str, runner: Runner, cfg, kind: str, *, log: Log = print,
                  callback: Optional[StepCallback] = None, callbacks: Sequence[Callback] = ()) -> None:
         self.op, self.runner, self.cfg, self.kind = op, runner, cfg, kind
+        scaler = LossScaler(runner.device) if getattr(cfg, "autocast", None) == "float16" else None
         self.opt: Optimizer = cfg.optimizer
         self.main = distributed.is_main()  # under torch.distributed only rank 0 logs and writes
         self.log: Log = log if self.main else _silent
@@ -112,12 +114,18 @@ class Session:
         self.grad_norms: list[tuple[int, float]] = []  # (step, norm before clipping) on logged steps
         self.last_norm: Optional[float] = None  # the newest logged step's norm (None: not logged)
         # The device-side count of skipped steps (skip mode), read once, at the end.
-        self.skipped = torch.zeros((), device=runner.device) if cfg.nonfinite == "skip" else None
+        self.skipped = (torch.zeros((), device=runner.device)
+                        if cfg.nonfinite == "skip" or cfg.autocast == "float16" else None)
+        self.scaler: Optional[LossScaler] = scaler  # float16's dynamic loss scale
         self.stopped = False
         self.expect: dict = {}  # what a resume must match; saved in every progress
         self.pending: Optional[tuple[dict, OptState, Optional[dict]]] = None  # the newest step
         self.saved = True  # whether ``pending`` is on disk
         self.saved_step: Optional[int] = None  # the step of the newest checkpoint written
+
+    def computing(self):
+        """The runner under the loop's precision (autocast, loss scale) while it runs."""
+        return precision(self.runner, self.cfg.autocast, self.scaler)
 
     # ------------------------------------------------------------------ start
     def start(self, items: list[Sample], expect: dict, loader_check=None) -> tuple[OptState, Optional[Checkpoint]]:
@@ -126,7 +134,7 @@ class Session:
         and ``loader_check(manifest, tensors)`` find no problem)."""
         check_schedule(self.op, self.cfg, self.runner)
         self.runner.train()
-        self.expect = dict(expect, ema_decay=self.cfg.ema_decay)
+        self.expect = dict(expect, ema_decay=self.cfg.ema_decay, autocast=self.cfg.autocast)
         self.resume_from = resume_path(self.cfg)
         if self.resume_from is None:
             self._start_replicas()
@@ -135,6 +143,9 @@ class Session:
             self.before = self.runner.mean_loss(items) if self.cfg.measure_loss else None
             return self.opt.init(self.runner.params, native=uses_native(self.runner, self.opt)), None
         ck = self._resume(self.expect, loader_check)
+        if self.scaler is not None:
+            self.scaler.scale.fill_(ck.progress["loss_scale"])
+            self.scaler.tracker.fill_(ck.progress["scale_tracker"])
         if self.cfg.ema_decay is not None:
             self.runner.ema = restored_ema(self.runner.params, ck.ema)
         self.before = ck.progress["before"]
@@ -155,6 +166,8 @@ class Session:
             if not isinstance(p, dict) or p.get("kind") != self.kind or not manifest.get("optimizer"):
                 return [f"not a {self.kind} training checkpoint with optimizer state"]
             problems = progress_problems(self.kind, p)
+            if self.scaler is not None and p.get("autocast") == "float16":
+                problems += scaler_state_problems(p)
             problems += [f"{key}: checkpoint has {p.get(key, EXPECT_DEFAULTS.get(key))!r}, this run has {value!r}"
                          for key, value in expect.items() if p.get(key, EXPECT_DEFAULTS.get(key)) != value]
             e = manifest.get("ema")
@@ -181,7 +194,7 @@ class Session:
                 self.op, self.runner, self.opt, state, state.path == NATIVE, batch,
                 cfg.accumulation, want_loss=want, nonfinite=cfg.nonfinite, skipped=self.skipped,
                 exact_reduction=cfg.exact_reduction, clip_grad_norm=cfg.clip_grad_norm,
-                clip_grad_value=cfg.clip_grad_value,
+                clip_grad_value=cfg.clip_grad_value, scaler=self.scaler,
             )
         except NonFiniteError as e:
             raise NonFiniteError(f"step {step}: {e}") from None
@@ -273,7 +286,8 @@ class Session:
         if self.main:
             progress = dict(self.expect, **progress, kind=self.kind, before=self.before,
                             losses=list(self.logged), evals=[[k, r] for k, r in self.evals],
-                            **({"grad_norms": list(self.grad_norms)} if self.grad_norms else {}))
+                            **({"grad_norms": list(self.grad_norms)} if self.grad_norms else {}),
+                            **(self.scaler.state() if self.scaler is not None else {}))
             save_checkpoint(self.cfg.checkpoint_path, self.runner, state=state, progress=progress,
                             loader_state=loader_state, ema=self.runner.ema if self.cfg.ema_decay is not None else None)
         self.saved, self.saved_step = True, progress["step"]
@@ -298,7 +312,7 @@ class Session:
 
 
 # What a checkpoint written before a setting existed implies for it.
-EXPECT_DEFAULTS = {"accumulate": 1, "ema_decay": None}
+EXPECT_DEFAULTS = {"accumulate": 1, "ema_decay": None, "autocast": None}
 
 
 def progress_problems(kind: str, p: dict) -> list[str]:

@@ -21,6 +21,7 @@ from ..optim.clipping import check_clip, clip_
 from ..params.packs import canonical_gradients
 from ..optim.optimizer import GENERIC, NATIVE
 from .binding import BufferSnapshot, rng_state, set_rng_state
+from .precision import LossScaler
 from .config import ACCUMULATION_MODES, NONFINITE_MODES
 from .runner import Runner, Sample, check_sample
 
@@ -178,12 +179,14 @@ def mean_loss_and_gradients(
 _FLAGS: dict = {}  # per device: (a reusable flag, a unit scale)
 
 
-def nonfinite_flag(loss: torch.Tensor, grads: Pack, buffers: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+def nonfinite_flag(loss: torch.Tensor, grads: Pack, buffers: Sequence[torch.Tensor] = (),
+                   inv_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """A one-element device tensor: 1.0 when the loss, any gradient or any of
     ``buffers`` (those the step's buffer pass wrote) is NaN or infinite.
 
     One fused kernel (the one ``GradScaler`` uses) with a unit scale, which leaves the
-    values bit for bit as they are. Nothing is read to the host.
+    values bit for bit as they are; with ``inv_scale`` (float16 loss scaling) the
+    gradients are unscaled by it in the same pass. Nothing is read to the host.
     """
     device = loss.device
     pair = _FLAGS.get(device)
@@ -191,9 +194,13 @@ def nonfinite_flag(loss: torch.Tensor, grads: Pack, buffers: Sequence[torch.Tens
         pair = _FLAGS[device] = (torch.zeros(1, device=device), torch.ones(1, device=device))
     found, unit = pair
     found.zero_()  # reused every step: stream order keeps the last step's reads before this
-    torch._amp_foreach_non_finite_check_and_unscale_(
-        [loss.detach().view(1)] + [g for g in grads if g is not None] + list(buffers), found, unit
-    )
+    grads = [g for g in grads if g is not None]
+    if inv_scale is None:
+        torch._amp_foreach_non_finite_check_and_unscale_([loss.detach().view(1)] + grads + list(buffers), found, unit)
+        return found
+    if grads:
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv_scale)
+    torch._amp_foreach_non_finite_check_and_unscale_([loss.detach().view(1)] + list(buffers), found, unit)
     return found
 
 
@@ -202,6 +209,7 @@ def update(
     accumulation: str = "exact", *, want_loss: bool = False, nonfinite: str = "raise",
     skipped: Optional[torch.Tensor] = None, exact_reduction: bool = False,
     clip_grad_norm: Optional[float] = None, clip_grad_value: Optional[float] = None,
+    scaler: Optional[LossScaler] = None,
 ) -> tuple[OptState, torch.Tensor, Optional[torch.Tensor]]:
     """One update over a list batch (the modes already validated, as the loops' configs
     are); returns the new state, the mean loss tensor and, when clipping by norm, the
@@ -210,7 +218,10 @@ def update(
     batch = _check_batch(op, batch)
     opt.check(op, state, runner.params, path)  # before buffers advance
     loss, grads, snapshot = _accumulate(op, runner, batch, accumulation, want_loss, exact_reduction)
-    found = nonfinite_flag(loss, grads, snapshot.written if snapshot is not None else ())
+    found = nonfinite_flag(loss, grads, snapshot.written if snapshot is not None else (),
+                           scaler.inverse() if scaler is not None else None)
+    if scaler is not None:
+        nonfinite = "skip"  # float16 scaling: an overflow step is skipped and the scale backs off
     if nonfinite == "raise":
         # Intentional host read of one flag per step: raise mode must know before updating.
         if found.item():
@@ -230,7 +241,10 @@ def update(
             snapshot.restore_where(found)  # a skipped step leaves the buffers as they were
         if skipped is not None:
             skipped.add_(found[0])
-        return opt.apply(state, runner.params, grads, path, found_inf=found, presummed=clipping), loss, norm
+        state = opt.apply(state, runner.params, grads, path, found_inf=found, presummed=clipping)
+        if scaler is not None:
+            scaler.update(found)
+        return state, loss, norm
     # The gradients come from the runner's own slots: their shapes and dtypes fit.
     return opt.apply(state, runner.params, grads, path, presummed=clipping), loss, norm
 
