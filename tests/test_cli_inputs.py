@@ -152,3 +152,25 @@ def test_inspect_escapes_names_from_the_file(tmp_path, capsys, name):
     assert not any(c in out for c in "\x1b\x07\r\x00\t")
     assert len(out.splitlines()) == 8  # file, integrity, titles, 2 slots, summary, optimizer, progress
     assert name.encode("unicode_escape").decode("ascii")[:4] in out
+
+
+def test_the_everyday_features_from_the_command(tmp_path, capsys):
+    out = tmp_path / "all"
+    args = ["train", "--epochs", "1", "--accumulate", "2", "--clip-grad-norm", "0.5", "--ema", "0.9",
+            "--precision", "bf16", "--optimizer", "adamw", "--weight-decay", "0.1", "--decay-matrices-only",
+            "--checkpoint-every", "10", "--out", str(out)]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "with the moving average (decay 0.9)" in text and "precision bf16" in text
+    report = json.loads((out / "report.json").read_text())
+    assert report["steps"] == 23 and 0 <= report["test_accuracy_ema"] <= 1  # 45 batches, 2 per update
+    steps = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all("grad_norm" in r for r in steps if r["kind"] == "step")
+    manifest = lt.read_checkpoint(out / "checkpoint.ckpt")[0]
+    assert manifest["ema"]["decay"] == 0.9 and manifest["optimizer"]["per_slot"]
+    assert manifest["progress"]["autocast"] == "bfloat16" and manifest["progress"]["accumulate"] == 2
+    assert main(["train", "--resume", str(out), "--epochs", "2"]) == 0
+    assert json.loads((out / "report.json").read_text())["steps"] == 46
+    assert main(["export", str(out), "--weights", "--ema", "-o", str(tmp_path / "ema.safetensors")]) == 0
+    one_line_error(capsys, main(["train", "--decay-matrices-only", "--out", str(tmp_path / "x")]),
+                   "--decay-matrices-only: needs adamw with --weight-decay")

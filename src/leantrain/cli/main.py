@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="clip the global L2 norm of each update's gradient to X (norm logged in metrics)")
     t.add_argument("--ema", type=float, metavar="DECAY",
                    help="keep a moving average of the weights (e.g. 0.999), saved and evaluated at the end")
+    t.add_argument("--decay-matrices-only", action="store_true", default=None,
+                   help="with --weight-decay: no decay on biases and norms (per-slot hyperparameters)")
     t.add_argument("--precision", help="fp32 (default), bf16 (autocast) or fp16 (autocast, loss scaling)")
     t.add_argument("--collective-timeout", type=float, metavar="SECONDS",
                    help="under torchrun: how long a rank waits for the others before failing (300)")

@@ -47,6 +47,7 @@ class RunConfig:
     clip_grad_norm: Optional[float] = None  # clip the mean gradient's global L2 norm to this
     ema: Optional[float] = None  # keep a moving average of the weights with this decay
     precision: str = "fp32"  # fp32, bf16 (autocast) or fp16 (autocast and loss scaling)
+    decay_matrices_only: bool = False  # adamw: no weight decay on biases and norms (slots below 2-D)
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ConfigError:
@@ -93,6 +94,10 @@ class RunConfig:
         e = self.ema
         if e is not None and not (is_number(e) and math.isfinite(e) and 0 <= e < 1):
             raise bad("ema", "expected a decay in [0, 1)")
+        if not isinstance(self.decay_matrices_only, bool):
+            raise bad("decay_matrices_only", "expected true or false")
+        if self.decay_matrices_only and self.weight_decay is None:
+            raise bad("decay_matrices_only", "needs adamw with --weight-decay")
         if not one_of(self.precision, PRECISIONS):
             raise bad("precision", f"expected one of {', '.join(PRECISIONS)}")
         if not is_int(self.warmup) or self.warmup < 0:
@@ -115,7 +120,8 @@ class RunConfig:
 
     def make_optimizer(self) -> optim.Optimizer:
         if self.weight_decay is not None:
-            return optim.adamw(self.lr, self.weight_decay)
+            opt = optim.adamw(self.lr, self.weight_decay)
+            return opt.per_slot(no_decay_on_vectors) if self.decay_matrices_only else opt
         return optim.OPTIMIZERS[self.optimizer](self.lr)
 
     def make_schedule(self, steps_per_epoch: int) -> Optional[optim.Schedule]:
@@ -127,6 +133,11 @@ class RunConfig:
         if self.scheduler == "cosine":
             return optim.warmup_cosine(self.lr, self.lr / 20, self.warmup, self.epochs)
         return None
+
+
+def no_decay_on_vectors(p) -> dict:
+    """The usual split: weight decay on matrices and kernels, none on biases and norms."""
+    return {"weight_decay": 0.0} if len(p.shape) < 2 else {}
 
 
 def one_of(value: object, choices) -> bool:

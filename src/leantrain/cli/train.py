@@ -30,7 +30,7 @@ from ..training.events import StepEvent
 
 FLAGS = ("preset", "epochs", "batch_size", "accumulate", "optimizer", "lr", "scheduler", "seed",
          "device", "out", "log_every", "checkpoint_every", "model", "data", "loss", "weight_decay", "warmup",
-         "exact_reduction", "collective_timeout", "clip_grad_norm", "ema", "precision")
+         "exact_reduction", "collective_timeout", "clip_grad_norm", "ema", "precision", "decay_matrices_only")
 
 
 def _config(args) -> tuple[RunConfig, bool]:
