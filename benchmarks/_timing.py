@@ -29,3 +29,25 @@ def interleaved_ratio(
             times[id(acc)] = dt
         ratios.append(times[id(t_ours)] / times[id(t_theirs)])
     return statistics.median(ratios), statistics.median(t_ours), statistics.median(t_theirs)
+
+
+def interleaved_ratios(
+    ours: Callable[[], None], theirs: Callable[[], None], runs: int = 11, reps: int = 1, warmup: int = 2
+) -> tuple[float, float, float, float]:
+    """(median ratio, best ratio, median seconds ours, theirs): the best of N is the
+    figure least disturbed by a shared, noisy machine; the median shows the spread."""
+    for _ in range(warmup):
+        ours()
+        theirs()
+    ratios, t_ours, t_theirs = [], [], []
+    for r in range(runs):
+        order = [(ours, t_ours), (theirs, t_theirs)]
+        if r % 2:
+            order.reverse()
+        for fn, acc in order:
+            start = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            acc.append((time.perf_counter() - start) / reps)
+        ratios.append(t_ours[-1] / t_theirs[-1])
+    return statistics.median(ratios), min(ratios), statistics.median(t_ours), statistics.median(t_theirs)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Union
+from typing import Iterable, Iterator, Optional, Union
 
 import torch
 
@@ -28,6 +28,35 @@ def as_list_batch(op: str, batch: object) -> list[Sample]:
     )
 
 
+def fast_batches(loader: object) -> Optional[Iterator[tuple[torch.Tensor, torch.Tensor]]]:
+    """One pass over a plain ``torch.utils.data.DataLoader`` on a two-tensor
+    ``TensorDataset`` (default collate, no workers, no pinned memory) without its per-item
+    loop: the index lists come from the DataLoader's own iterator (so the shuffle and the
+    random draws are exactly those of iterating it) and each batch is gathered with one
+    indexing call per tensor, the bits ``default_collate`` stacks. ``None`` for any
+    other loader (iterate it as it is)."""
+    tdata = torch.utils.data
+    if not (type(loader) is tdata.DataLoader and type(loader.dataset) is tdata.TensorDataset
+            and len(loader.dataset.tensors) == 2 and loader.collate_fn is tdata.default_collate
+            and loader.num_workers == 0 and not loader.pin_memory and loader.batch_sampler is not None):
+        return None
+    it = iter(loader)  # the DataLoader's own start: its seed draws and its sampler
+    if not hasattr(it, "_next_index"):
+        return None
+    x, y = loader.dataset.tensors
+
+    def gen() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            try:
+                idx = it._next_index()
+            except StopIteration:
+                return
+            index = torch.as_tensor(idx, dtype=torch.long)
+            yield x[index], y[index]
+
+    return gen()
+
+
 def loader_generators(loader: object) -> list[torch.Generator]:
     """The generators iterating ``loader`` draws from (a torch DataLoader's own, its
     sampler's, its batch sampler's sampler's), each once."""
@@ -48,7 +77,8 @@ def loader_items(op: str, loader: Loader, device: torch.device) -> list[Sample]:
         items = loader.items(op)
     else:
         with rng_preserved(device, loader_generators(loader)):
-            items = [s for raw in loader for s in as_list_batch(op, raw)]
+            batches = fast_batches(loader) or loader
+            items = [s for raw in batches for s in as_list_batch(op, raw)]
     if not items:
         raise DataError(f"{op}: empty dataset")
     return items

@@ -17,7 +17,7 @@ import torch
 from ..data import DataLoader
 from ..errors import ConfigError, DataError
 from ..optim import OptState, Optimizer
-from .batches import Loader, as_list_batch, loader_generators, loader_items
+from .batches import Loader, as_list_batch, fast_batches, loader_generators, loader_items
 from .config import LoaderTrainConfig, TrainReport, lr_for
 from .runner import Runner, Sample
 from .callbacks import Callback
@@ -52,7 +52,7 @@ def run_loader_epochs(
         if isinstance(loader, DataLoader):
             loader, batches = loader.epoch(op)
         else:
-            batches = loader
+            batches = fast_batches(loader) or loader  # a TensorDataset: one gather per batch
         state = schedule_state(epoch, state)  # the schedule advances once per epoch
         group: list[Sample] = []  # the items of up to cfg.accumulate loader batches
         b = -1
