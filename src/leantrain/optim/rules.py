@@ -230,6 +230,36 @@ def _underflows(x: float, dtype: torch.dtype) -> bool:
     return x <= limit
 
 
+FUSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def fusable(ps) -> bool:
+    """Whether torch's fused kernels take these tensors (CPU or CUDA, a float dtype)."""
+    return all(p.device.type in ("cpu", "cuda") and p.dtype in FUSED_DTYPES for p in ps)
+
+
+def _fused_adam(h, lr: float, ss: list, ps, gs) -> list:
+    """Adam/AdamW by ``torch._fused_adam(w)_``, the kernel of ``torch.optim.Adam(fused=True)``:
+    per element ``m = lerp(m, g, 1-b1)``, ``v = v*b2 + (1-b2)*g*g``, ``p -= (lr/c1) * m /
+    (sqrt(v)/sqrt(c2) + eps)`` with ``c = 1 - b^t`` in binary64 (AdamW first ``p *= 1 -
+    lr*wd``). ``eps`` is added after the bias correction, so a tiny eps never rounds the
+    denominator to 0. One call per (device, dtype, t) group; ``t`` is passed as a float32
+    tensor, as torch.optim keeps it."""
+    kernel = torch._fused_adamw_ if isinstance(h, AdamW) else torch._fused_adam_
+    wd = h.weight_decay if isinstance(h, AdamW) else 0.0
+    news, groups = [], {}
+    for s, p, g in zip(ss, ps, gs):
+        n = AdamState(s.step + 1, s.m, s.v, s.beta1_power * h.beta1, s.beta2_power * h.beta2)
+        news.append(n)
+        group = groups.setdefault((p.device, p.dtype, n.step), ([], [], [], []))
+        group[0].append(p), group[1].append(g), group[2].append(s.m), group[3].append(s.v)
+    for (device, _, t), (pl, gl, ml, vl) in groups.items():
+        step = torch.full((), float(t), dtype=torch.float32, device=device)  # an upload, never a read
+        kernel(pl, gl, ml, vl, [], [step] * len(pl), lr=lr, beta1=h.beta1, beta2=h.beta2, weight_decay=wd,
+               eps=h.eps, amsgrad=False, maximize=False)
+    return news
+
+
 class AdamRule:
     hypers = (Adam, AdamW)
     records = (AdamState,)
@@ -248,6 +278,8 @@ class AdamRule:
     # ``(lr/c1) * m / (sqrt(v)*(1/sqrt(c2)) + eps)``, which keeps it finite.
     @staticmethod
     def update(h, lr, s: AdamState, p, g):
+        if fusable([p]):  # the kernel is elementwise: one tensor alone gives the same bits
+            return _fused_adam(h, lr, [s], [p], [g])[0]
         if isinstance(h, AdamW):
             p.mul_(1.0 - lr * h.weight_decay)
         s, scale, eps, inv_root_c2 = _adam_scalars(h, s)
@@ -261,6 +293,8 @@ class AdamRule:
 
     @staticmethod
     def update_many(h, lr, ss: list, ps, gs):
+        if fusable(ps):
+            return _fused_adam(h, lr, ss, ps, gs)
         if isinstance(h, AdamW):
             torch._foreach_mul_(ps, 1.0 - lr * h.weight_decay)
         news, scalars = [], []

@@ -1,0 +1,69 @@
+"""Adam and AdamW run torch's fused kernels: on every zoo model without a tie,
+leantrain's steps equal ``torch.optim.Adam(fused=True)`` / ``AdamW(fused=True)`` bit for
+bit (host and native paths); a tie agrees to rounding (two occurrences summed)."""
+
+import copy
+
+import pytest
+import torch
+
+import leantrain as lt
+from leantrain import optim
+from oracle import assert_same_state
+from zoo_models import ZOO
+
+FUSED = {
+    "adam": (lambda: optim.adam(0.01), lambda ps: torch.optim.Adam(ps, lr=0.01, fused=True)),
+    "adamw": (lambda: optim.adamw(0.01, 0.05), lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.05, fused=True)),
+}
+
+
+@pytest.mark.parametrize("mirror", [False, True], ids=["host", "mirror"])
+@pytest.mark.parametrize("name", sorted(FUSED))
+@pytest.mark.parametrize("entry", ZOO, ids=lambda e: e.name)
+def test_adam_equals_torch_fused_bit_for_bit(entry, name, mirror):
+    ours_opt, make_torch = FUSED[name]
+    model = entry.model()
+    ref = copy.deepcopy(model)
+    samples = entry.samples(4)
+    r = lt.Runner.from_module(model, entry.loss)
+    if mirror:
+        r.to("cpu")
+    torch.manual_seed(5)  # single items: the gradients are autograd's own, so only the update is compared
+    lt.train_samples(r, lt.TrainConfig(steps=4, batch_size=1, optimizer=ours_opt(), log_every=0), samples)
+    torch.manual_seed(5)
+    topt = make_torch([p for p in ref.parameters() if p.requires_grad])
+    for x, y in samples:
+        topt.zero_grad(set_to_none=True)
+        entry.loss_fn()(ref(x), y).backward()
+        topt.step()
+    assert_same_state(model, ref, exact=not entry.tied, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_one_tensor_alone_equals_the_group(dtype):
+    from leantrain.optim import rules as R
+    from leantrain.optim.hyper import AdamW
+
+    g = torch.Generator().manual_seed(0)
+    h = AdamW(0.01, 0.1)
+    ps = [torch.randn(n, generator=g).to(dtype) for n in (3, 7, 1)]
+    gs = [torch.randn(p.shape, generator=g).to(dtype) for p in ps]
+    one = [p.clone() for p in ps]
+    ss = [R.AdamRule.init(h, p) for p in ps]
+    ss1 = [R.AdamRule.init(h, p) for p in ps]
+    for _ in range(3):
+        ss = R.AdamRule.update_many(h, 0.01, ss, ps, gs)
+        ss1 = [R.AdamRule.update(h, 0.01, s, p, gr) for s, p, gr in zip(ss1, one, gs)]
+    assert all(torch.equal(a, b) for a, b in zip(ps, one))
+    assert all(torch.equal(a.m, b.m) and torch.equal(a.v, b.v) and a.step == b.step == 3 for a, b in zip(ss, ss1))
+
+
+def test_a_tiny_eps_and_a_zero_gradient_stay_finite():
+    p = lt.Param(torch.ones(4), name="w")
+    params = lt.ParamList([p])
+    opt = optim.adam(0.1, eps=1e-45)
+    state = opt.init(params)
+    for _ in range(3):
+        state = opt.step(state, params, [torch.zeros(4)])
+    assert torch.isfinite(params.values()[0]).all()
