@@ -7,6 +7,11 @@ the header is parsed and bounded (its size, every entry's dtype, shape and byte
 range) before a single tensor byte is read, so the caller can compare the list of
 tensors with what it expects and reject strays for the price of the header.
 
+Tensors are views of a private copy-on-write mapping of the open file (no copy until
+written, as safetensors' own reader maps files): an atomic replacement of the path does
+not touch the mapped bytes. Like any mapping, it assumes nobody truncates the file in
+place while its tensors are alive (leantrain's writers never do).
+
 The format: a little-endian u64 header length, that many bytes of JSON (an object
 mapping each tensor name to ``{"dtype", "shape", "data_offsets"}``, plus an optional
 ``"__metadata__"`` object of strings), then the data, little-endian, each tensor at
@@ -16,6 +21,7 @@ mapping each tensor name to ``{"dtype", "shape", "data_offsets"}``, plus an opti
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import stat
 import struct
@@ -58,6 +64,7 @@ class TensorFile:
 
     def __init__(self, path: Path, op: str) -> None:
         self.path, self.op = path, op
+        self.map: Optional[mmap.mmap] = None
         try:
             self.fd = os.open(path, os.O_RDONLY)
         except IsADirectoryError:
@@ -93,9 +100,10 @@ class TensorFile:
     def _fail(self, why: str) -> CheckpointError:
         return CheckpointError(f"{self.op}: {self.path}: not a readable checkpoint ({why})")
 
-    def _pread(self, n: int, offset: int) -> bytearray:
-        buf = bytearray(n)
-        view, done = memoryview(buf), 0
+    def _pread(self, n: int, offset: int, buf=None):
+        """``n`` bytes at ``offset`` into ``buf`` (a writable buffer; default: a new bytearray)."""
+        buf = bytearray(n) if buf is None else buf
+        view, done = memoryview(buf).cast("B"), 0
         while done < n:
             try:
                 got = os.preadv(self.fd, [view[done:]], offset + done)
@@ -165,8 +173,13 @@ class TensorFile:
         e = self.entries[name]
         if e.end == e.begin:
             return torch.empty(e.shape, dtype=e.dtype)
-        buf = self._pread(e.end - e.begin, self.data_start + e.begin)
-        return torch.frombuffer(buf, dtype=e.dtype).reshape(e.shape)
+        if self.map is None:
+            # A private copy-on-write mapping of this same open file: no copy until written,
+            # the bytes of the file opened (a rename over the path does not change them).
+            self.map = mmap.mmap(self.fd, 0, access=mmap.ACCESS_COPY)
+        n = e.end - e.begin
+        out = torch.frombuffer(self.map, dtype=torch.uint8, count=n, offset=self.data_start + e.begin)
+        return out.view(e.dtype).reshape(e.shape)
 
 
 def _nat(x: object) -> bool:
