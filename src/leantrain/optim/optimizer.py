@@ -86,10 +86,11 @@ class Optimizer:
             raise ConfigError(f"{self.kind}.per_slot: expected a function of a slot, got {type(fn).__name__}")
         return Optimizer(self.hyper, fn)
 
-    def settings(self, op: str, params: ParamList) -> tuple[Settings, tuple]:
-        """Per slot (hyper, lr_scale), and the overrides record (``()`` without ``per_slot``)."""
+    def settings(self, op: str, params: ParamList) -> tuple[Optional[Settings], tuple]:
+        """Per slot (hyper, lr_scale), and the overrides record; ``(None, ())`` without
+        ``per_slot`` (every slot on the base record)."""
         if self.slot_fn is None:
-            return plain(self.hyper, params), ()
+            return None, ()  # every slot on the base record
         key = (id(params), tuple(params.canonical_slot_indices()), tuple(id(v.storage) for v in params))
         hit = self._resolved.get(key)
         if hit is None:
@@ -131,6 +132,7 @@ class Optimizer:
                 if native and params[i].storage.mirror is None:
                     raise _no_mirror(op, params, i)
         settings, asked = self.settings(op, params)
+        settings = settings if settings is not None else plain(self.hyper, params)
         if native and not all(rule.native(st[0]) for st in settings if st is not None):
             raise OptimizerStateError(f"{op}: a per-slot setting has no native path (SGD momentum); use the generic path")
         records: list = [None] * len(params)
@@ -175,7 +177,7 @@ class Optimizer:
             raise OptimizerStateError(
                 f"{op}: state has {len(state.slots)} slots, parameter list has {len(params)}"
             )
-        asked = self.settings(op, params)[1]
+        asked = self.settings(op, params)[1] if self.slot_fn is not None or state.overrides else ()
         if state.overrides != asked:
             raise OptimizerStateError(
                 f"{op}: the state was made with per-slot hyperparameters {_show(state.overrides)}, this "
@@ -258,7 +260,7 @@ class Optimizer:
             plan.append((i, storage, rec, g))
         return slots_map, plan
 
-    def _run(self, state: OptState, slots_map: list, plan: list, path: str, settings: Settings) -> OptState:
+    def _run(self, state: OptState, slots_map: list, plan: list, path: str, settings: Optional[Settings]) -> OptState:
         """Write: one multi-tensor call per (device, dtype, hyperparameters) group, then
         the alias records."""
         native = path == NATIVE
@@ -269,7 +271,7 @@ class Optimizer:
             p = _target(storage, path)
             if not native and not (storage.host_current and storage.mirror is None):
                 p = storage.begin_host_update()  # sync a newer mirror, then drop it
-            hyper, scale = settings[i]
+            hyper, scale = settings[i] if settings is not None else (self.hyper, 1.0)
             if rec is None:
                 rec = rule.init(hyper, p)
             key = (p.get_device(), p.dtype, hyper, scale)
