@@ -48,7 +48,7 @@ CASES = {
                                                                                 lr=0.01, weight_decay=0.1), False),
     "sgd-momentum": (optim.sgd(0.05, 0.9).per_slot(
         lambda p: dict({"momentum": 0.5} if no_decay(p) else {}, **({"lr_scale": 0.5} if p.name and p.name.endswith("bias") else {}))),
-        lambda m: torch.optim.SGD(torch_groups(m, 0.05, momentum=0.9), lr=0.05, momentum=0.9), True),
+        lambda m: torch.optim.SGD(torch_groups(m, 0.05, momentum=0.9), lr=0.05, momentum=0.9, fused=True), True),
 }
 
 

@@ -135,6 +135,8 @@ class SGDRule:
 
     @staticmethod
     def update(h: SGD, lr: float, s, p: torch.Tensor, g: torch.Tensor):
+        if fusable([p]):  # the kernel is elementwise: one tensor alone gives the group's bits
+            return SGDRule.update_many(h, lr, [s], [p], [g])[0]
         if h.momentum == 0.0:
             p.add_(g, alpha=-lr)
             return s
@@ -144,6 +146,14 @@ class SGDRule:
 
     @staticmethod
     def update_many(h: SGD, lr: float, ss: list, ps: Tensors, gs: Tensors) -> list:
+        if fusable(ps):
+            # torch.optim.SGD(fused=True)'s kernel, in one pass (its rounding may differ from
+            # the foreach passes below in the last bit; the fallback for other devices).
+            bufs = [] if h.momentum == 0.0 else [s.buf for s in ss]
+            for group in _by_device_dtype(ps, gs, bufs):
+                torch._fused_sgd_(*group, weight_decay=0.0, momentum=h.momentum, lr=lr, dampening=0.0,
+                                  nesterov=False, maximize=False, is_first_step=False)
+            return ss
         if h.momentum == 0.0:
             torch._foreach_add_(ps, gs, alpha=-lr)
             return ss
@@ -236,6 +246,17 @@ FUSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 def fusable(ps) -> bool:
     """Whether torch's fused kernels take these tensors (CPU or CUDA, a float dtype)."""
     return all(p.device.type in ("cpu", "cuda") and p.dtype in FUSED_DTYPES for p in ps)
+
+
+def _by_device_dtype(ps, gs, extra) -> list[tuple[list, list, list]]:
+    """``(params, grads, extras)`` per (device, dtype) group, in order (``extra`` may be empty)."""
+    groups: dict[tuple, tuple[list, list, list]] = {}
+    for k, (p, g) in enumerate(zip(ps, gs)):
+        group = groups.setdefault((p.device, p.dtype), ([], [], []))
+        group[0].append(p), group[1].append(g)
+        if extra:
+            group[2].append(extra[k])
+    return list(groups.values())
 
 
 def _fused_adam(h, lr: float, ss: list, ps, gs) -> list:
