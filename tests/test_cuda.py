@@ -71,3 +71,69 @@ def test_memory_watch_samples_the_cuda_allocator():
     cfg = lt.TrainConfig(steps=4, optimizer=optim.sgd(0.01), log_every=0, mem_watch=2)
     lt.train_samples(r, cfg, on_cuda(regression_batches(2, 3)), log=lines.append)
     assert [ln.split(":")[0] for ln in lines] == ["  cuda_mem step=0", "  cuda_mem step=2", "  cuda_mem step=4"]
+
+
+def test_the_everyday_features_never_sync():
+    """Clipping, per-slot settings, float16 autocast with loss scaling and a moving
+    average: a loop that reads no loss reads nothing back from the device."""
+    torch.manual_seed(3)
+    r = lt.Runner.from_module(TiedNet(bn=True), "mse").to("cuda")
+    opt = optim.adamw(0.01, 0.1).per_slot(lambda p: {"weight_decay": 0.0} if len(p.shape) < 2 else {})
+    data = on_cuda(regression_batches(4, 5))
+    cfg = lt.TrainConfig(steps=6, batch_size=2, optimizer=opt, log_every=0, nonfinite="skip", measure_loss=False,
+                         clip_grad_norm=0.5, autocast="float16", ema_decay=0.9)
+    lt.train_samples(r, cfg, data)  # warm-up (allocations, the mirrors)
+    state = opt.init(r.params, native=True)
+    batches = lt.training.sample_loop.cyclic_batches("t", data, 2)
+    session = lt.training.session.Session("t", r, cfg, "samples", log=lambda s: None)
+    r.ema = lt.training.ema.EMA(r.params, 0.9)
+    with session.computing():
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            lt.run_sample_steps(r, cfg, lambda: next(batches), lambda d: None, opt, state,
+                                lambda t, s: s.with_lr(0.01), session=session)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("kind", ["adam", "adamw", "sgd"])
+def test_fused_kernels_equal_torch_fused_on_cuda(kind):
+    torch.manual_seed(4)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).cuda()
+    ref = copy.deepcopy(net)
+    r = lt.Runner.from_module(net, "mse").to("cuda")
+    ours = {"adam": optim.adam(0.01), "adamw": optim.adamw(0.01, 0.1), "sgd": optim.sgd(0.05, 0.9)}[kind]
+    theirs = {"adam": lambda ps: torch.optim.Adam(ps, lr=0.01, fused=True),
+              "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1, fused=True),
+              "sgd": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, fused=True)}[kind](ref.parameters())
+    data = [(x.cuda(), y.cuda()) for x, y in regression_batches(4, 2, d=5, out=3)]
+    lt.train_samples(r, lt.TrainConfig(steps=4, batch_size=1, optimizer=ours, log_every=0), data)
+    for x, y in data:
+        theirs.zero_grad()
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        theirs.step()
+    for a, b in zip(net.parameters(), ref.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_float16_on_cuda_is_the_grad_scaler_loop():
+    torch.manual_seed(5)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).cuda()
+    ref = copy.deepcopy(net)
+    r = lt.Runner.from_module(net, "mse").to("cuda")
+    data = [(x.cuda() * 100, y.cuda()) for x, y in regression_batches(6, 2, d=5, out=3)]
+    report = lt.train_samples(r, lt.TrainConfig(steps=6, batch_size=1, optimizer=optim.sgd(1e-4), log_every=0,
+                                                autocast="float16"), data)
+    opt = torch.optim.SGD(ref.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler("cuda")
+    for x, y in data:
+        opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = torch.nn.functional.mse_loss(ref(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    r.sync()
+    for a, b in zip(net.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
