@@ -119,7 +119,7 @@ def corrupt(path, how):
         header = json.loads(bytes(data[8 : 8 + n]))
         manifest = json.loads(header["__metadata__"]["leantrain"].split(" ", 1)[1])
         if how == "version":
-            manifest["version"] = 2
+            manifest["version"] = 3
         else:
             manifest["format"] = "leantrain.checkpoinX"
         header["__metadata__"] = {"leantrain": seal(json.dumps(manifest, sort_keys=True))}
@@ -138,7 +138,7 @@ def corrupt(path, how):
     [
         ("truncate", "not a readable checkpoint"),
         ("flip", "fails its checksum"),
-        ("version", "unsupported format version 2; expected 1"),
+        ("version", r"unsupported format version 3; expected one of \(1, 2\)"),
         ("format", "unsupported format 'leantrain.checkpoinX'"),
         ("header", "not a readable checkpoint|no leantrain manifest|manifest fails its checksum"),
         ("manifest", "the manifest fails its checksum"),
@@ -215,7 +215,8 @@ def test_failing_writer_leaves_the_old_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["f.ckpt"]  # no temporary left
 
 
-GOLDEN = HERE / "golden" / "tiny.ckpt"
+GOLDEN = HERE / "golden" / "tiny_v2.ckpt"  # the format written now (CRC-32C per tensor)
+GOLDEN_V1 = HERE / "golden" / "tiny_v1.ckpt"  # written by version 1 (CRC-32): still read
 
 
 def tiny_checkpoint(path):
@@ -285,3 +286,19 @@ def test_resume_in_a_fresh_process_is_bit_identical(case, resumed, tmp_path):
     child = json.loads((resumed / f"{case}.report").read_text())
     assert child["before"] == report.before and child["after"] == report.after
     assert [tuple(x) for x in child["losses"]] == list(report.losses) and child["steps"] == report.steps
+
+
+def test_version_1_files_still_load_and_verify(tmp_path):
+    params = ParamList([Param(torch.zeros(2), name="w"), Param(torch.tensor(0.0), name="b", requires_grad=False)])
+    params = ParamList([params[0], params[1], params[0]])
+    ck = lt.load_checkpoint(GOLDEN_V1, params, optimizer=optim.adam(0.1))
+    assert ck.manifest["version"] == 1 and ck.state.slots[0].step == 1
+    new = ParamList([Param(torch.zeros(2), name="w"), Param(torch.tensor(0.0), name="b", requires_grad=False)])
+    new = ParamList([new[0], new[1], new[0]])
+    lt.load_checkpoint(GOLDEN, new, optimizer=optim.adam(0.1))
+    assert all(torch.equal(a, b) for a, b in zip(params.values(), new.values()))  # the same content
+    damaged = bytearray(GOLDEN_V1.read_bytes())
+    damaged[-1] ^= 1  # a flipped data bit: version 1's CRC-32 catches it
+    (tmp_path / "d.ckpt").write_bytes(bytes(damaged))
+    with pytest.raises(lt.CheckpointError, match="fails its checksum"):
+        lt.load_checkpoint(tmp_path / "d.ckpt", new)

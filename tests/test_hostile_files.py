@@ -14,7 +14,7 @@ import leantrain as lt
 from leantrain import optim
 from leantrain.cli.main import main as cli
 from leantrain.io import tensorfile
-from leantrain.io.checkfile import crc32, seal
+from leantrain.io.checkfile import checksum, seal
 from filetools import edit_header, edit_manifest, manifest_of
 from models import TiedNet, regression_batches
 
@@ -141,7 +141,7 @@ def rewrite(path, tensors_edit=None, manifest_edit=None):
         tensors_edit(tensors)
     if manifest_edit:
         manifest_edit(manifest)
-    manifest["checksums"] = {k: crc32(t) for k, t in sorted(tensors.items())}
+    manifest["checksums"] = {k: checksum(t) for k, t in sorted(tensors.items())}
     save_file(tensors, str(path), metadata={"leantrain": seal(json.dumps(manifest, sort_keys=True))})
 
 
@@ -162,8 +162,9 @@ def test_consistent_but_wrong_tensors_are_refused(tmp_path, unchanged, edit):
     rewrite(path, *TENSOR_EDITS[edit])
     r = lt.Runner.from_module(TiedNet(bn=True), "mse")
     rng = torch.get_rng_state()
-    with unchanged(r.params), pytest.raises(lt.CheckpointError, match="nothing was loaded"):
+    with unchanged(r.params), pytest.raises(lt.CheckpointError, match="nothing was loaded") as e:
         lt.load_checkpoint(path, r, optimizer=optim.adam(0.01))
+    assert "fails its checksum" not in str(e.value)  # refused for what it holds, not for damage
     assert torch.equal(torch.get_rng_state(), rng)
 
 

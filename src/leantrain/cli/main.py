@@ -160,7 +160,8 @@ def cmd_inspect(args) -> int:
     manifest, tensors = read_checkpoint(path, "inspect")
     slots, reps = manifest["slots"], manifest["representatives"]
     print(f"{path}: {manifest['format']} v{manifest['version']}, {path.stat().st_size:,} bytes")
-    print(f"integrity: OK ({len(tensors)} tensors, every CRC-32 verified)")
+    kind = "CRC-32" if manifest["version"] == 1 else "CRC-32C"
+    print(f"integrity: OK ({len(tensors)} tensors, every {kind} verified)")
     print(f"{'slot':>4}  {'name':<28} {'shape':<16} {'dtype':<8} {'trainable':<9} representative")
     for i, s in enumerate(slots):
         rep = "-" if reps[i] is None else ("self" if reps[i] == i else f"slot {reps[i]} (alias)")

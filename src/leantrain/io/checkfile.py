@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
+import crc32c
 import torch
 
 from ..errors import CheckpointError, shape_str
@@ -17,18 +18,30 @@ from .atomic import PathLike
 from .manifest import expected_tensors, manifest_problems
 from .tensorfile import TensorFile
 
-FORMAT, VERSION = "leantrain.checkpoint", 1
+# Version 2 checksums each tensor with CRC-32C (hardware accelerated, ~17 GB/s per thread
+# here); version 1, CRC-32 (zlib, ~3.4 GB/s), is still read.
+FORMAT, VERSION = "leantrain.checkpoint", 2
+READABLE = (1, 2)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _bytes(t: torch.Tensor):
+    return t.detach().reshape(-1).contiguous().view(torch.uint8).numpy()
+
+
 def crc32(t: torch.Tensor) -> int:
-    flat = t.detach().reshape(-1)
-    if flat.numel() == 0:
-        return 0
-    return zlib.crc32(flat.contiguous().view(torch.uint8).numpy())
+    """CRC-32 (zlib) of the tensor's bytes: version-1 files."""
+    return zlib.crc32(_bytes(t)) if t.numel() else 0
+
+
+def checksum(t: torch.Tensor, version: int = VERSION) -> int:
+    """The per-tensor checksum of a file of ``version``: CRC-32C from version 2."""
+    if version == 1:
+        return crc32(t)
+    return crc32c.crc32c(_bytes(t)) if t.numel() else 0
 
 
 def seal(text: str) -> str:
@@ -73,8 +86,8 @@ def read_checkpoint(path: PathLike, op: str = "read_checkpoint") -> tuple[dict, 
         raise_all(op, path, problems)
         names = sorted(want)
         tensors = {n: f.read(n) for n in names}
-    with ThreadPoolExecutor(max_workers=2) as pool:  # zlib releases the GIL
-        actual = list(pool.map(lambda n: crc32(tensors[n]), names))
+    with ThreadPoolExecutor(max_workers=2) as pool:  # both checksums release the GIL
+        actual = list(pool.map(lambda n: checksum(tensors[n], manifest["version"]), names))
     for name, got in zip(names, actual):
         if got != manifest["checksums"][name]:
             problems.append(f"tensor {name!r} fails its checksum (the file is corrupt)")
@@ -97,9 +110,9 @@ def _manifest(f: TensorFile, op: str, path: Path) -> dict:
         raise CheckpointError(f"{op}: {path}: the manifest is not a JSON object")
     if manifest.get("format") != FORMAT:
         raise CheckpointError(f"{op}: {path}: unsupported format {manifest.get('format')!r:.80}; expected {FORMAT!r}")
-    if manifest.get("version") != VERSION or not isinstance(manifest.get("version"), int):
+    if manifest.get("version") not in READABLE or not isinstance(manifest.get("version"), int):
         raise CheckpointError(
-            f"{op}: {path}: unsupported format version {manifest.get('version')!r:.80}; expected {VERSION}"
+            f"{op}: {path}: unsupported format version {manifest.get('version')!r:.80}; expected one of {READABLE}"
         )
     raise_all(op, path, manifest_problems(manifest))
     return manifest

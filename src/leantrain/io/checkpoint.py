@@ -5,7 +5,7 @@ never pair new weights with old optimizer state. The safetensors header carries 
 JSON manifest (metadata key ``leantrain``): format and version, the slot schema
 (names, shapes, dtypes, trainability, alias map), the optimizer (kind,
 hyperparameters, path, per-representative record scalars), progress, loader state
-and a CRC-32 per tensor. Each storage is written once (``storage.K``); aliases
+and a checksum per tensor (CRC-32C from format version 2; version 1's CRC-32 is still read). Each storage is written once (``storage.K``); aliases
 point at it through the schema. Loading is strict: every problem is collected and
 reported at once, and nothing is installed unless there is none.
 """
@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import save_file
 
 from .atomic import PathLike, atomic_write
-from .checkfile import FORMAT, VERSION, crc32, dtype_name, raise_all, read_checkpoint, seal
+from .checkfile import FORMAT, VERSION, checksum, dtype_name, raise_all, read_checkpoint, seal
 from .manifest import check_json
 from ..errors import CheckpointError, shape_str, slot_label
 from ..optim import OptState, Optimizer
@@ -106,8 +106,8 @@ def save_checkpoint(
                 tensors[f"rng.cuda.{d}"] = st
             manifest["rng"]["cuda"] = torch.cuda.device_count()
     names = sorted(tensors)
-    with ThreadPoolExecutor(max_workers=2) as pool:  # zlib releases the GIL
-        sums = list(pool.map(lambda n: crc32(tensors[n]), names))
+    with ThreadPoolExecutor(max_workers=2) as pool:  # the checksum releases the GIL
+        sums = list(pool.map(lambda n: checksum(tensors[n]), names))
     manifest["checksums"] = dict(zip(names, sums))
     meta = {"leantrain": seal(json.dumps(manifest, sort_keys=True))}
 

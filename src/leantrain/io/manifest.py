@@ -93,7 +93,7 @@ def manifest_problems(m: dict) -> list[str]:
         out.append(f"rng: expected {{torch: true/false, cuda: device count}}, got {_short(rng)}")
     sums = m.get("checksums")
     if not (isinstance(sums, dict) and all(is_int(v) and 0 <= v < 2**32 for v in sums.values())):
-        out.append("checksums: expected a map of tensor names to CRC-32 values")
+        out.append("checksums: expected a map of tensor names to 32-bit checksums")
     return out
 
 

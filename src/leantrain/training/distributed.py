@@ -158,9 +158,10 @@ def check_replicas(params, op: str = "check_replicas") -> None:
 
     Reads every value to the host once (a sync on CUDA): run at start and after resume.
     """
-    from ..io.checkpoint import crc32, current_value
+    from ..io.checkfile import checksum
+    from ..io.checkpoint import current_value
 
-    sums = [crc32(current_value(s)) for s in params.storages()]
+    sums = [checksum(current_value(s)) for s in params.storages()]
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, sums, group=_group)
     for rank, other in enumerate(gathered):
