@@ -136,14 +136,15 @@ def _lt_run(opt, p0, grads):
 
 
 TORCH_EQUIVALENTS = [
-    # (leantrain, torch.optim, kwargs, exact bits?)
-    (optim.sgd(0.1), torch.optim.SGD, dict(lr=0.1), True),
-    (optim.sgd(0.1, 0.8), torch.optim.SGD, dict(lr=0.1, momentum=0.8), True),
-    (optim.adagrad(0.1), torch.optim.Adagrad, dict(lr=0.1, eps=1e-10), True),
+    # (leantrain, torch.optim, kwargs, exact bits?): the fused kernels where leantrain uses them
+    (optim.sgd(0.1), torch.optim.SGD, dict(lr=0.1, fused=True), True),
+    (optim.sgd(0.1, 0.8), torch.optim.SGD, dict(lr=0.1, momentum=0.8, fused=True), True),
+    (optim.adagrad(0.1), torch.optim.Adagrad, dict(lr=0.1, eps=1e-10, fused=True), True),
     (optim.rmsprop(0.01, 0.9), torch.optim.RMSprop, dict(lr=0.01, alpha=0.9, eps=1e-8), True),
     (optim.adadelta(1.0, 0.9, 1e-6), torch.optim.Adadelta, dict(lr=1.0, rho=0.9, eps=1e-6), True),
-    (optim.adam(0.01), torch.optim.Adam, dict(lr=0.01), False),
-    (optim.adamw(0.01, 0.05), torch.optim.AdamW, dict(lr=0.01, weight_decay=0.05), False),
+    (optim.adam(0.01), torch.optim.Adam, dict(lr=0.01, fused=True), True),
+    (optim.adamw(0.01, 0.05), torch.optim.AdamW, dict(lr=0.01, weight_decay=0.05, fused=True), True),
+    (optim.adam(0.01), torch.optim.Adam, dict(lr=0.01), False),  # the foreach form: to rounding
 ]
 
 

@@ -18,6 +18,11 @@ Operation order is leantrain's definition (chosen for speed, fixed for exactness
   binary64): ``p += -(lr*sqrt(c2)/c1) * m / (sqrt(v) + eps*sqrt(c2))``, which is
   ``p - lr*mhat/(sqrt(vhat)+eps)`` rearranged so the bias corrections cost no pass.
 * AdamW:     ``p *= 1 - lr*wd`` first, then the Adam update with the raw gradient.
+
+On CPU and CUDA float tensors SGD, Adagrad, Adam and AdamW run torch's fused kernels
+instead (fused.py: the bits of ``torch.optim.*(fused=True)``; SGD's equal the form above,
+Adagrad's and Adam's round differently; Adam's is ``p -= (lr/c1) * m / (sqrt(v)/sqrt(c2)
++ eps)`` with ``c`` from ``t`` in binary64); the forms above remain for other devices.
 * Adadelta:  ``E = E*rho + (1-rho)*g*g``; ``d = sqrt(D+eps)/sqrt(E+eps)*g``;
   ``D = D*rho + (1-rho)*d*d``; ``p += -lr * d``.
 """
@@ -30,6 +35,7 @@ from typing import ClassVar, Sequence
 
 import torch
 
+from .fused import adam as fused_adam_kernel, by_device_dtype, fusable
 from .hyper import Adadelta, Adagrad, Adam, AdamW, Hyper, RMSProp, SGD
 
 Tensors = Sequence[torch.Tensor]
@@ -150,7 +156,7 @@ class SGDRule:
             # torch.optim.SGD(fused=True)'s kernel, in one pass (its rounding may differ from
             # the foreach passes below in the last bit; the fallback for other devices).
             bufs = [] if h.momentum == 0.0 else [s.buf for s in ss]
-            for group in _by_device_dtype(ps, gs, bufs):
+            for group in by_device_dtype(ps, gs, bufs):
                 torch._fused_sgd_(*group, weight_decay=0.0, momentum=h.momentum, lr=lr, dampening=0.0,
                                   nesterov=False, maximize=False, is_first_step=False)
             return ss
@@ -178,12 +184,22 @@ class AdagradRule:
 
     @staticmethod
     def update(h: Adagrad, lr, s, p, g):
+        if fusable([p]):  # the kernel is elementwise: one tensor alone gives the group's bits
+            return AdagradRule.update_many(h, lr, [s], [p], [g])[0]
         s.sum.addcmul_(g, g, value=1.0)
         p.addcdiv_(g, s.sum.sqrt().add_(h.eps), value=-lr)
         return s
 
     @staticmethod
     def update_many(h: Adagrad, lr, ss, ps, gs):
+        if fusable(ps):
+            # torch.optim.Adagrad(fused=True)'s kernel: G += g*g; p -= lr * g / (sqrt(G) + eps)
+            # (no learning-rate decay, so the step count it reads is irrelevant: 1).
+            for pl, gl, sl in by_device_dtype(ps, gs, [s.sum for s in ss]):
+                one = torch.ones((), dtype=torch.float32, device=pl[0].device)
+                torch._fused_adagrad_(pl, gl, sl, [one] * len(pl), lr=lr, lr_decay=0.0, weight_decay=0.0,
+                                      eps=h.eps, maximize=False)
+            return ss
         sums = [s.sum for s in ss]
         torch._foreach_addcmul_(sums, gs, gs, value=1.0)
         denom = torch._foreach_sqrt(sums)
@@ -240,44 +256,12 @@ def _underflows(x: float, dtype: torch.dtype) -> bool:
     return x <= limit
 
 
-FUSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-
-
-def fusable(ps) -> bool:
-    """Whether torch's fused kernels take these tensors (CPU or CUDA, a float dtype)."""
-    return all(p.device.type in ("cpu", "cuda") and p.dtype in FUSED_DTYPES for p in ps)
-
-
-def _by_device_dtype(ps, gs, extra) -> list[tuple[list, list, list]]:
-    """``(params, grads, extras)`` per (device, dtype) group, in order (``extra`` may be empty)."""
-    groups: dict[tuple, tuple[list, list, list]] = {}
-    for k, (p, g) in enumerate(zip(ps, gs)):
-        group = groups.setdefault((p.device, p.dtype), ([], [], []))
-        group[0].append(p), group[1].append(g)
-        if extra:
-            group[2].append(extra[k])
-    return list(groups.values())
-
-
 def _fused_adam(h, lr: float, ss: list, ps, gs) -> list:
-    """Adam/AdamW by ``torch._fused_adam(w)_``, the kernel of ``torch.optim.Adam(fused=True)``:
-    per element ``m = lerp(m, g, 1-b1)``, ``v = v*b2 + (1-b2)*g*g``, ``p -= (lr/c1) * m /
-    (sqrt(v)/sqrt(c2) + eps)`` with ``c = 1 - b^t`` in binary64 (AdamW first ``p *= 1 -
-    lr*wd``). ``eps`` is added after the bias correction, so a tiny eps never rounds the
-    denominator to 0. One call per (device, dtype, t) group; ``t`` is passed as a float32
-    tensor, as torch.optim keeps it."""
-    kernel = torch._fused_adamw_ if isinstance(h, AdamW) else torch._fused_adam_
-    wd = h.weight_decay if isinstance(h, AdamW) else 0.0
-    news, groups = [], {}
-    for s, p, g in zip(ss, ps, gs):
-        n = AdamState(s.step + 1, s.m, s.v, s.beta1_power * h.beta1, s.beta2_power * h.beta2)
-        news.append(n)
-        group = groups.setdefault((p.device, p.dtype, n.step), ([], [], [], []))
-        group[0].append(p), group[1].append(g), group[2].append(s.m), group[3].append(s.v)
-    for (device, _, t), (pl, gl, ml, vl) in groups.items():
-        step = torch.full((), float(t), dtype=torch.float32, device=device)  # an upload, never a read
-        kernel(pl, gl, ml, vl, [], [step] * len(pl), lr=lr, beta1=h.beta1, beta2=h.beta2, weight_decay=wd,
-               eps=h.eps, amsgrad=False, maximize=False)
+    """Adam/AdamW by torch's fused kernel (see fused.py); the records advance as always."""
+    news = [AdamState(s.step + 1, s.m, s.v, s.beta1_power * h.beta1, s.beta2_power * h.beta2) for s in ss]
+    fused_adam_kernel(ps, gs, [s.m for s in ss], [s.v for s in ss], [n.step for n in news],
+                      adamw=isinstance(h, AdamW), lr=lr, beta1=h.beta1, beta2=h.beta2,
+                      weight_decay=getattr(h, "weight_decay", 0.0), eps=h.eps)
     return news
 
 
