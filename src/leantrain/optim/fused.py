@@ -14,7 +14,10 @@ DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 def fusable(ps) -> bool:
     """Whether the fused kernels take these tensors (CPU or CUDA, a float dtype)."""
-    return all(p.device.type in ("cpu", "cuda") and p.dtype in DTYPES for p in ps)
+    for p in ps:  # a plain loop over tensor attributes: this runs every step
+        if not ((p.is_cpu or p.is_cuda) and p.dtype in DTYPES):
+            return False
+    return True
 
 
 def by_device_dtype(ps, gs, extra) -> list[tuple[list, list, list]]:

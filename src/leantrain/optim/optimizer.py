@@ -266,21 +266,21 @@ class Optimizer:
         native = path == NATIVE
         rule = rule_for(self.hyper)
         records = list(state.slots)
-        groups: dict[tuple, tuple[list, list, list, list]] = {}
+        groups: dict[tuple, tuple] = {}  # -> (hyper, slots, records, params, grads)
         for i, storage, rec, g in plan:
             p = _target(storage, path)
             if not native and not (storage.host_current and storage.mirror is None):
                 p = storage.begin_host_update()  # sync a newer mirror, then drop it
-            hyper, scale = settings[i] if settings is not None else (self.hyper, 1.0)
+            hyper, scale = (self.hyper, 1.0) if settings is None else settings[i]
             if rec is None:
                 rec = rule.init(hyper, p)
-            key = (p.get_device(), p.dtype, hyper, scale)
+            key = (p.get_device(), p.dtype, id(hyper), scale)  # id: no dataclass hash per slot
             group = groups.get(key)
             if group is None:
-                group = groups[key] = ([], [], [], [])
-            group[0].append(i), group[1].append(rec), group[2].append(p), group[3].append(g)
+                group = groups[key] = (hyper, [], [], [], [])
+            group[1].append(i), group[2].append(rec), group[3].append(p), group[4].append(g)
         with torch.no_grad():
-            for (_, _, hyper, scale), (idx, recs, ps, gs) in groups.items():
+            for (_, _, _, scale), (hyper, idx, recs, ps, gs) in groups.items():
                 lr = state.lr if scale == 1.0 else state.lr * scale
                 if hyper.numerics == "torchlean":  # upstream's order, tensor by tensor
                     news = [reference_update(hyper, lr, r, p, g) for r, p, g in zip(recs, ps, gs)]
