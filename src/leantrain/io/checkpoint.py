@@ -36,9 +36,8 @@ from ..params.schema import ParameterSchema
 
 def current_value(storage) -> torch.Tensor:
     """The newest value of a storage on the CPU, without changing who is current."""
-    t = storage.host if storage.host_current or storage.mirror is None else storage.mirror
     # Intentional device-to-host read: a checkpoint is a request for current values.
-    return t.detach().to("cpu")
+    return storage.newest().detach().to("cpu")
 
 
 # ------------------------------------------------------------------------ save

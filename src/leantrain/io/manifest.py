@@ -147,8 +147,11 @@ def expected_tensors(m: dict) -> dict[str, tuple[torch.dtype, Optional[tuple[int
     """Each tensor a sound manifest implies: name -> (dtype, shape; ``None``: any 1-D)."""
     want: dict[str, tuple[torch.dtype, Optional[tuple[int, ...]]]] = {}
     slots = m["slots"]
+    storage: dict[int, tuple] = {}  # storage number -> (dtype, shape) of its first slot
     for s in slots:
-        want.setdefault(f"storage.{s['storage']}", (DTYPE_NAMES[s["dtype"]], tuple(s["shape"])))
+        storage.setdefault(s["storage"], (DTYPE_NAMES[s["dtype"]], tuple(s["shape"])))
+    for k, entry in storage.items():
+        want[f"storage.{k}"] = entry
     opt = m.get("optimizer")
     if opt:
         for key, rec in opt["records"].items():
@@ -158,11 +161,8 @@ def expected_tensors(m: dict) -> dict[str, tuple[torch.dtype, Optional[tuple[int
     if m.get("loader") is not None:
         want["loader.order"] = (torch.int64, None)
     if m.get("ema") is not None:
-        first = {}
-        for s in slots:
-            first.setdefault(s["storage"], s)
         for k in m["ema"]["storages"]:
-            want[f"ema.{k}"] = (DTYPE_NAMES[first[k]["dtype"]], tuple(first[k]["shape"]))
+            want[f"ema.{k}"] = storage[k]
     if m["rng"]["torch"]:
         want["rng.torch"] = (torch.uint8, tuple(torch.get_rng_state().shape))
     for d in range(m["rng"]["cuda"]):

@@ -88,6 +88,10 @@ class Storage:
         self.host_current = True  # the mirror was just made from the host: both agree
         return mirror
 
+    def newest(self) -> torch.Tensor:
+        """The tensor holding the newest value: the mirror after a device write, else the host."""
+        return self.host if self.host_current or self.mirror is None else self.mirror
+
     def working(self, device: Optional[torch.device] = None) -> torch.Tensor:
         """The tensor computation should read: the mirror if any, else the host.
 

@@ -27,11 +27,6 @@ def check_decay(op: str, decay: object) -> None:
         raise ConfigError(f"{op}: ema_decay must be a number in [0, 1) or None, got {decay!r}")
 
 
-def newest(storage) -> torch.Tensor:
-    """The storage's newest tensor: the mirror after a device write, else the host."""
-    return storage.host if storage.host_current or storage.mirror is None else storage.mirror
-
-
 class EMA:
     """The averages of ``params``' trainable storages (``values[k]``: storage ``k``'s,
     ``None`` for a frozen storage or before the first update)."""
@@ -52,11 +47,11 @@ class EMA:
         with torch.no_grad():
             if self.count == 0:
                 for k in self.trainable:
-                    self.values[k] = newest(storages[k]).detach().clone()
+                    self.values[k] = storages[k].newest().detach().clone()
             else:
                 groups: dict[tuple, tuple[list, list]] = {}
                 for k in self.trainable:
-                    w = newest(storages[k]).detach()
+                    w = storages[k].newest().detach()
                     avg = self.values[k]
                     if avg.device != w.device:  # the runner moved: the average follows
                         avg = self.values[k] = avg.to(w.device)
@@ -68,7 +63,7 @@ class EMA:
 
     def storage_values(self, params) -> list[torch.Tensor]:
         """Per storage: the average, or the current value (frozen, or nothing averaged yet)."""
-        return [v if v is not None else newest(s).detach() for v, s in zip(self.values, params.storages())]
+        return [v if v is not None else s.newest().detach() for v, s in zip(self.values, params.storages())]
 
     def slot_values(self, params) -> list[torch.Tensor]:
         """Per slot, copies: the averaged weights (frozen slots and buffers: their value)."""
@@ -104,5 +99,5 @@ def restored_ema(params, saved: dict) -> EMA:
     storages = params.storages()
     values: list[Optional[torch.Tensor]] = [None] * len(storages)
     for k, t in saved["values"].items():
-        values[k] = t.to(newest(storages[k]).device, copy=True)
+        values[k] = t.to(storages[k].newest().device, copy=True)
     return EMA(params, saved["decay"], saved["count"], values)

@@ -101,7 +101,7 @@ class Session:
     def __init__(self, op: str, runner: Runner, cfg, kind: str, *, log: Log = print,
                  callback: Optional[StepCallback] = None, callbacks: Sequence[Callback] = ()) -> None:
         self.op, self.runner, self.cfg, self.kind = op, runner, cfg, kind
-        scaler = LossScaler(runner.device) if getattr(cfg, "autocast", None) == "float16" else None
+        scaler = LossScaler(runner.device) if cfg.autocast == "float16" else None
         self.opt: Optimizer = cfg.optimizer
         self.main = distributed.is_main()  # under torch.distributed only rank 0 logs and writes
         self.log: Log = log if self.main else _silent
