@@ -60,8 +60,8 @@ def test_a_broken_update_rule_fails_the_optimizer_check(monkeypatch):
 
     real = rules.SGDRule.update_many
 
-    def doubled(h, lr, ss, ps, gs):  # an injected fault: twice the step
-        return real(h, 2 * lr, ss, ps, gs)
+    def doubled(h, lr, ss, ps, gs, **kw):  # an injected fault: twice the step
+        return real(h, 2 * lr, ss, ps, gs, **kw)
 
     monkeypatch.setattr(rules.SGDRule, "update_many", staticmethod(doubled))
     cfg = lt.TrainConfig(steps=4, batch_size=2, optimizer=lt.optim.sgd(0.1))

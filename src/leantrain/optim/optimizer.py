@@ -25,15 +25,14 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..errors import ConfigError, OptimizerStateError, PackError, slot_label
+from ..errors import ConfigError, OptimizerStateError
 from ..params.packs import canonical_gradients
 from ..params.paramlist import ParamList
 from .hyper import Hyper, check_rate
 from .per_slot import Settings, plain, resolve
+from .layout import GENERIC, NATIVE, Layout, build_layout, no_mirror
 from .reference import reference_update
-from .rules import SGDState, clone_record, rule_for
-
-GENERIC, NATIVE = "generic", "native"
+from .rules import rule_for
 
 
 @dataclass(frozen=True)
@@ -130,7 +129,7 @@ class Optimizer:
             if c is not None:
                 self.hyper.check_dtype(params[i].dtype)
                 if native and params[i].storage.mirror is None:
-                    raise _no_mirror(op, params, i)
+                    raise no_mirror(op, params, i)
         settings, asked = self.settings(op, params)
         settings = settings if settings is not None else plain(self.hyper, params)
         if native and not all(rule.native(st[0]) for st in settings if st is not None):
@@ -187,6 +186,7 @@ class Optimizer:
     def apply(
         self, state: OptState, params: ParamList, gradients: Sequence, path: str,
         found_inf: Optional[torch.Tensor] = None, presummed: bool = False,
+        cache: Optional[dict] = None, slots_map: Optional[list] = None,
     ) -> OptState:
         """The update, for a state and gradients the caller has checked (``check``, and a
         pack with the slots' shapes and dtypes, as the runner's own gradients are).
@@ -196,17 +196,26 @@ class Optimizer:
         device, with no host read: one copy of the updated tensors per step. Host-side
         counters (Adam's ``t``) still advance on a skipped step. ``presummed``: the pack
         already holds the canonical gradients (``canonical_gradients``' result: sums at
-        representatives, ``None`` elsewhere), as clipping leaves it.
+        representatives, ``None`` elsewhere), as clipping leaves it. ``cache``: a loop's
+        steady cache (``Runner.steady``): the update's layout is built at the first step
+        and reused while the cache lives; ``slots_map``: the canonical map, if known.
         """
         op = f"{self.kind}.{'step_native' if path == NATIVE else 'step'}"
-        slots_map, plan = self._plan(op, state, params, gradients, path, presummed)  # nothing written yet
-        settings = self.settings(op, params)[0]
+        records = list(state.slots)
+        lay = None if cache is None else cache.get("layout")
+        if lay is None:  # everything validated here, nothing written yet
+            if slots_map is None:
+                slots_map = params.canonical_slot_indices()
+            lay = build_layout(op, self.hyper, records, params, slots_map, gradients, path, presummed,
+                               self.settings(op, params)[0])
+            if cache is not None and lay.reusable:
+                cache["layout"] = lay
         if found_inf is None:
-            return self._run(state, slots_map, plan, path, settings)
-        targets = [_target(storage, path) for _, storage, _, _ in plan]
+            return self._run(state, records, lay, gradients, path, presummed)
+        targets = [t for group in lay.groups for t in group.targets]
         targets += [t for rec in state.records().values() for t in rec.tensors().values()]
         saved = [t.detach().clone() for t in targets]
-        new = self._run(state, slots_map, plan, path, settings)
+        new = self._run(state, records, lay, gradients, path, presummed)
         keep = found_inf[0] == 0
         with torch.no_grad():
             for t, old in zip(targets, saved):
@@ -218,81 +227,36 @@ class Optimizer:
                         torch.where(keep, t, torch.zeros_like(t), out=t)
         return new
 
-    def _plan(self, op: str, state: OptState, params: ParamList, gradients: Sequence, path: str,
-              presummed: bool = False) -> tuple:
-        """The canonical slot map and, per representative, (slot, storage, record or None
-        for a fresh one, summed gradient on the target's device). Raises before anything
-        is written."""
-        native = path == NATIVE
-        slots_map = params.canonical_slot_indices()
-        sums = list(gradients) if presummed else canonical_gradients(slots_map, gradients, names=params)
-        records = state.slots
-        plan = []
-        owned: set[int] = set()  # ids of records some representative updates this step
-        for i, c in enumerate(slots_map):
-            rec = records[i]
-            if c != i:
-                if native and c is not None and rec is not None and rec is not records[c]:
-                    raise OptimizerStateError(
-                        f"{op}: {params.label(i)} now aliases {params.label(c)}, but both "
-                        f"have separate optimizer histories; re-tying would merge them. "
-                        f"Call init to start a fresh history"
-                    )
-                continue
-            storage, g = params[i].storage, sums[i]
-            target = storage.mirror if native else storage.host
-            if target is None:
-                raise _no_mirror(op, params, i)
-            if g.get_device() != target.get_device():
-                if native:
-                    raise PackError(
-                        f"{op}: {params.label(i)}: gradient is on {g.device}, expected "
-                        f"{target.device} (the native path updates the mirror there)"
-                    )
-                # The generic path updates host tensors: a gradient computed on a device is
-                # brought to the host (a device-to-host copy, the documented cost of this path).
-                g = g.to(target.device)
-            if rec is not None and type(rec) is not SGDState:
-                _check_record(op, params, i, rec, target)
-                if id(rec) in owned:  # un-tied since the last step: split the history
-                    rec = clone_record(rec)
-                owned.add(id(rec))
-            plan.append((i, storage, rec, g))
-        return slots_map, plan
-
-    def _run(self, state: OptState, slots_map: list, plan: list, path: str, settings: Optional[Settings]) -> OptState:
-        """Write: one multi-tensor call per (device, dtype, hyperparameters) group, then
-        the alias records."""
+    def _run(self, state: OptState, records: list, lay: Layout, gradients: Sequence, path: str,
+             presummed: bool) -> OptState:
+        """Write: one multi-tensor call per group of the layout, then the alias records."""
         native = path == NATIVE
         rule = rule_for(self.hyper)
-        records = list(state.slots)
-        groups: dict[tuple, tuple] = {}  # -> (hyper, slots, records, params, grads)
-        for i, storage, rec, g in plan:
-            p = _target(storage, path)
-            if not native and not (storage.host_current and storage.mirror is None):
-                p = storage.begin_host_update()  # sync a newer mirror, then drop it
-            hyper, scale = (self.hyper, 1.0) if settings is None else settings[i]
-            if rec is None:
-                rec = rule.init(hyper, p)
-            key = (p.get_device(), p.dtype, id(hyper), scale)  # id: no dataclass hash per slot
-            group = groups.get(key)
-            if group is None:
-                group = groups[key] = (hyper, [], [], [], [])
-            group[1].append(i), group[2].append(rec), group[3].append(p), group[4].append(g)
+        sums = canonical_gradients(lay.slots_map, gradients) if lay.tied and not presummed else gradients
+        for storage in lay.host_syncs:
+            storage.begin_host_update()  # sync a newer mirror, then drop it
         with torch.no_grad():
-            for (_, _, _, scale), (hyper, idx, recs, ps, gs) in groups.items():
-                lr = state.lr if scale == 1.0 else state.lr * scale
+            for group in lay.groups:
+                idx, ps, hyper = group.slots, group.targets, group.hyper
+                gs = [sums[i] for i in idx]
+                if group.move:  # a gradient computed on a device, for a host update
+                    gs = [g.to(p.device) for g, p in zip(gs, ps)]
+                recs = [records[i] for i in idx]
+                if lay.fresh:
+                    recs = [rule.init(hyper, p) if r is None else r for r, p in zip(recs, ps)]
+                lr = state.lr if group.scale == 1.0 else state.lr * group.scale
                 if hyper.numerics == "torchlean":  # upstream's order, tensor by tensor
                     news = [reference_update(hyper, lr, r, p, g) for r, p, g in zip(recs, ps, gs)]
                 else:
-                    news = rule.update_many(hyper, lr, recs, ps, gs)
+                    news = rule.update_many(hyper, lr, recs, ps, gs, uniform=True)  # one device, one dtype
                 for i, r in zip(idx, news):
                     records[i] = r
         if native:
-            for _, storage, _, _ in plan:
-                storage.host_current = False  # the mirror is newer now
-        if len(plan) != len(slots_map):
-            for i, c in enumerate(slots_map):
+            for group in lay.groups:
+                for storage in group.storages:
+                    storage.host_current = False  # the mirror is newer now
+        if lay.n_reps != len(lay.slots_map):
+            for i, c in enumerate(lay.slots_map):
                 if c is None:
                     if native:
                         records[i] = None  # a slot that left the trainable set releases its history
@@ -303,25 +267,3 @@ class Optimizer:
 
 def _show(overrides: tuple) -> str:
     return "{" + ", ".join(f"slot {i}: {dict(kv)}" for i, kv in overrides) + "}" if overrides else "none"
-
-
-def _target(storage, path: str) -> torch.Tensor:
-    """The tensor an update on ``path`` writes: the mirror (native) or the host."""
-    return storage.mirror if path == NATIVE else storage.host
-
-
-def _no_mirror(op: str, params: ParamList, i: int) -> OptimizerStateError:
-    return OptimizerStateError(
-        f"{op}: {params.label(i)} has no device mirror; the native path updates mirrors "
-        f"only: call params.to_device(device) first"
-    )
-
-
-def _check_record(op: str, params: ParamList, i: int, rec, target: torch.Tensor) -> None:
-    for field, t in rec.tensors().items():
-        if t.shape != target.shape or t.device != target.device or t.dtype != target.dtype:
-            raise OptimizerStateError(
-                f"{op}: {slot_label(i, params[i].name)}: optimizer state '{field}' does not "
-                f"fit the parameter: expected {tuple(target.shape)} {target.dtype} on "
-                f"{target.device}, got {tuple(t.shape)} {t.dtype} on {t.device}"
-            )

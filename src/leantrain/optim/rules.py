@@ -3,7 +3,8 @@
 Each rule has three parts: ``init(h, p)`` makes the zero state of one tensor;
 ``update(h, lr, state, p, g)`` is the reference per-tensor rule; ``update_many``
 does the same over lists with ``torch._foreach_*`` and must agree bit for bit
-(tested). Updates are in place: ``p`` and the state's buffers are overwritten, and
+(tested); ``uniform=True`` tells it the tensors share one device and dtype (the
+optimizer's groups do), which saves regrouping them. Updates are in place: ``p`` and the state's buffers are overwritten, and
 a new record carries the scalar fields. No parameter-sized temporary is allocated
 except the one denominator the adaptive rules need.
 
@@ -151,12 +152,12 @@ class SGDRule:
         return s
 
     @staticmethod
-    def update_many(h: SGD, lr: float, ss: list, ps: Tensors, gs: Tensors) -> list:
-        if fusable(ps):
+    def update_many(h: SGD, lr: float, ss: list, ps: Tensors, gs: Tensors, uniform: bool = False) -> list:
+        if fusable(ps[:1] if uniform else ps):
             # torch.optim.SGD(fused=True)'s kernel, in one pass (its rounding may differ from
             # the foreach passes below in the last bit; the fallback for other devices).
             bufs = [] if h.momentum == 0.0 else [s.buf for s in ss]
-            for group in by_device_dtype(ps, gs, bufs):
+            for group in ([(ps, gs, bufs)] if uniform else by_device_dtype(ps, gs, bufs)):
                 torch._fused_sgd_(*group, weight_decay=0.0, momentum=h.momentum, lr=lr, dampening=0.0,
                                   nesterov=False, maximize=False, is_first_step=False)
             return ss
@@ -191,11 +192,12 @@ class AdagradRule:
         return s
 
     @staticmethod
-    def update_many(h: Adagrad, lr, ss, ps, gs):
-        if fusable(ps):
+    def update_many(h: Adagrad, lr, ss, ps, gs, uniform: bool = False):
+        if fusable(ps[:1] if uniform else ps):
             # torch.optim.Adagrad(fused=True)'s kernel: G += g*g; p -= lr * g / (sqrt(G) + eps)
             # (no learning-rate decay, so the step count it reads is irrelevant: 1).
-            for pl, gl, sl in by_device_dtype(ps, gs, [s.sum for s in ss]):
+            sums = [s.sum for s in ss]
+            for pl, gl, sl in ([(ps, gs, sums)] if uniform else by_device_dtype(ps, gs, sums)):
                 one = torch.ones((), dtype=torch.float32, device=pl[0].device)
                 torch._fused_adagrad_(pl, gl, sl, [one] * len(pl), lr=lr, lr_decay=0.0, weight_decay=0.0,
                                       eps=h.eps, maximize=False)
@@ -227,7 +229,7 @@ class RMSPropRule:
         return s
 
     @staticmethod
-    def update_many(h: RMSProp, lr, ss, ps, gs):
+    def update_many(h: RMSProp, lr, ss, ps, gs, uniform: bool = False):
         avgs = [s.avg for s in ss]
         torch._foreach_mul_(avgs, h.decay)
         torch._foreach_addcmul_(avgs, gs, gs, value=1.0 - h.decay)
@@ -297,8 +299,8 @@ class AdamRule:
         return s
 
     @staticmethod
-    def update_many(h, lr, ss: list, ps, gs):
-        if fusable(ps):
+    def update_many(h, lr, ss: list, ps, gs, uniform: bool = False):
+        if fusable(ps[:1] if uniform else ps):
             return _fused_adam(h, lr, ss, ps, gs)
         if isinstance(h, AdamW):
             torch._foreach_mul_(ps, 1.0 - lr * h.weight_decay)
@@ -348,7 +350,7 @@ class AdadeltaRule:
         return s
 
     @staticmethod
-    def update_many(h: Adadelta, lr, ss, ps, gs):
+    def update_many(h: Adadelta, lr, ss, ps, gs, uniform: bool = False):
         sq, da = [s.square_avg for s in ss], [s.delta_avg for s in ss]
         torch._foreach_mul_(sq, h.rho)
         torch._foreach_addcmul_(sq, gs, gs, value=1.0 - h.rho)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import torch
 
 from . import distributed
+from .backward import all_plain
 from ..errors import ConfigError, DataError, slot_label
 from ..params.module_slots import bind
 
@@ -102,11 +103,13 @@ class BufferSnapshot:
 class Binding:
     """The module bound for one call. Use as a context; re-entrant within one runner."""
 
-    __slots__ = ("runner", "leaves", "working", "swaps", "depth")
+    __slots__ = ("runner", "leaves", "working", "swaps", "depth", "wrt", "plain")
 
     def __init__(self, runner: "Runner", leaves: list, working: list, swaps: list) -> None:
         self.runner = runner
         self.leaves: list[Optional[torch.Tensor]] = leaves  # one per trainable slot
+        self.wrt = tuple(t for t in leaves if t is not None)  # what a gradient pass differentiates
+        self.plain = all_plain(self.wrt)
         self.working: list[torch.Tensor] = working  # what the module reads at each slot
         self.swaps = swaps  # (location, bound tensor, original)
         self.depth = 0

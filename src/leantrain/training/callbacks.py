@@ -28,7 +28,14 @@ from .events import StepEvent
 
 
 class Callback:
-    """Base class of loop callbacks: every hook does nothing."""
+    """Base class of loop callbacks: every hook does nothing.
+
+    ``reads_only``: set it to True on a callback whose hooks only read (the event, the
+    results, the report) and never change the module, its parameters or the runner; a
+    loop then need not check the module again after it runs (see ``Runner.steady``).
+    The default, False, is always safe."""
+
+    reads_only = False
 
     def on_begin(self, total: Optional[int], start: int) -> None:
         return None
@@ -49,6 +56,8 @@ class Callback:
 class EarlyStopping(Callback):
     """Stop when ``monitor`` (a key of the evaluation results) has not improved by more
     than ``min_delta`` for ``patience`` evaluations in a row (``mode``: "min" or "max")."""
+
+    reads_only = True
 
     def __init__(self, monitor: str = "loss", patience: int = 3, mode: str = "min", min_delta: float = 0.0) -> None:
         op = "EarlyStopping"
@@ -80,6 +89,8 @@ class ProgressBar(Callback):
     """A tqdm bar over the run's updates, with the last logged loss and the rate. The
     loops add one when they run in a terminal with logging on (``log_every > 0``)."""
 
+    reads_only = True
+
     def __init__(self, file: Optional[IO[str]] = None) -> None:
         self.file = file
         self.bar = None
@@ -110,6 +121,8 @@ class JSONLLogger(Callback):
     """One JSON object per line: ``{"kind": "step", "step", "epoch", "loss", "lr"}`` on
     logged steps (``step`` is the update's index, as in the log line) and
     ``{"kind": "eval", "step", ...results}`` after each evaluation."""
+
+    reads_only = True
 
     def __init__(self, path) -> None:
         self.path = Path(path)
@@ -162,6 +175,8 @@ class CSVLogger(JSONLLogger):
 class TensorBoardLogger(Callback):
     """Scalars for TensorBoard: ``train/loss`` and ``train/lr`` on logged steps,
     ``eval/NAME`` after evaluations. Needs ``pip install leantrain[tensorboard]``."""
+
+    reads_only = True
 
     def __init__(self, log_dir) -> None:
         try:

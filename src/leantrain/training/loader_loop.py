@@ -41,9 +41,15 @@ def run_loader_epochs(
 
     Returns (next loader, state, the (step, loss) pairs this call logged, steps,
     samples seen). ``session`` (the one ``train_loader`` runs in) hears every step."""
-    op = "train_loader"
     if session is None:
-        session = Session(op, runner, cfg, "loader", log=log)
+        session = Session("train_loader", runner, cfg, "loader", log=log)
+    with runner.steady():  # checked at the first step, again after the user's code ran
+        return _epochs(cfg, loader, state, schedule_state, start, session)
+
+
+def _epochs(cfg: LoaderTrainConfig, loader: Loader, state: OptState, schedule_state: ScheduleState,
+            start: tuple[int, int, int, int], session: Session):
+    op = "train_loader"
     first_logged = len(session.logged)
     epoch, skip, step, seen = start
     event: Optional[StepEvent] = None

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .ema import EMA
+from .backward import differentiate
 from .binding import MODEL_ERRORS, Binding, rng_preserved
 from ..errors import ConfigError, DataError, slot_label
 from ..params.module_slots import module_entries
@@ -82,6 +83,9 @@ class Runner:
         # Whether a train-mode forward writes any buffer: None until a step tells (by
         # the tensors' version counters, see binding.py).
         self.buffer_writes: Optional[bool] = None
+        # Within a loop (``steady()``): what the steps checked once and reuse (the slot
+        # map, a binding without swaps, the optimizer's layout) until ``recheck()``.
+        self.steady_cache: Optional[dict] = None
         hosts = [v.storage.host.device for v in self.params]
         self.device: torch.device = hosts[0] if hosts else torch.device("cpu")
         self._index_slots()
@@ -95,17 +99,20 @@ class Runner:
     # ------------------------------------------------------------------ modes
     def train(self) -> "Runner":
         self.mode = "train"
+        self.recheck()
         self.module.train()
         return self
 
     def eval(self) -> "Runner":
         self.mode = "eval"
+        self.recheck()
         self.module.eval()
         return self
 
     def to(self, device: Union[str, torch.device]) -> "Runner":
         """Compute on ``device``: every storage gets a mirror there (host stays the owner)."""
         self.device = canonical_device(device)
+        self.recheck()
         self.params.to_device(self.device)
         self._index_slots()
         return self
@@ -134,16 +141,61 @@ class Runner:
     def has_buffer_updates(self) -> bool:
         return self.mode == "train" and bool(self.buffer_slots)
 
+    # ------------------------------------------------------------ steady loop
+    @contextlib.contextmanager
+    def steady(self):
+        """For the length of a training loop: what a step checks about the module, the
+        slots and the optimizer state is checked at the first step and reused by the
+        next ones, until ``recheck()``. The loops call ``recheck()`` after any code of
+        the user's runs between steps (a callback, a log line, an evaluation, a
+        checkpoint), so a parameter replaced, frozen or re-tied there is seen at the
+        next step, as outside a loop."""
+        outer = self.steady_cache
+        self.steady_cache = {}
+        try:
+            yield self
+        finally:
+            self.steady_cache = outer
+
+    def recheck(self) -> None:
+        """Forget what the current loop checked: the next step checks everything again."""
+        if self.steady_cache:
+            self.steady_cache.clear()
+
+    def slot_map(self) -> list[Optional[int]]:
+        """``params.canonical_slot_indices()``; computed once per steady stretch of a loop
+        (read only: callers must not modify it)."""
+        cache = self.steady_cache
+        if cache is None:
+            return self.params.canonical_slot_indices()
+        m = cache.get("slot_map")
+        if m is None:
+            m = cache["slot_map"] = self.params.canonical_slot_indices()
+        return m
+
     # --------------------------------------------------------------- binding
     def binding(self, op: str = "Runner") -> Binding:
         """The module bound at the current values for one call (use as a context).
 
-        Checks first that the module still holds the objects the slots were read from.
+        Checks first that the module still holds the objects the slots were read from
+        (in a loop: at its first step and after each ``recheck()``; a binding that swaps
+        nothing in, the usual case, is then reused as it is).
         """
         if self.bound is not None:
             return self.bound
+        cache = self.steady_cache
+        if cache is not None:
+            b = cache.get("binding")
+            if b is None:
+                b = self._bind(op)
+                if not b.swaps:
+                    cache["binding"] = b
+            return b
+        return self._bind(op)
+
+    def _bind(self, op: str) -> Binding:
         views, dev = self.params, self.device
-        slots_map = views.canonical_slot_indices()
+        slots_map = self.slot_map()
         leaves: list[Optional[torch.Tensor]] = [None] * len(views)
         working = list(self._originals)
         swaps: list = []
@@ -285,29 +337,8 @@ class Runner:
         return self._grads(self.loss(sample), leaves)
 
     def _grads(self, loss: torch.Tensor, leaves):
-        if not loss.is_floating_point():
-            raise ConfigError(f"Runner.loss: the loss must be a floating-point tensor, got dtype {loss.dtype}")
-        wrt = [t for t in leaves if t is not None]
-        if not wrt:
-            # Every slot frozen: nothing to differentiate (upstream: frozen slots have none).
-            return loss.detach(), [None for _ in leaves]
-        if not loss.requires_grad:
-            raise ConfigError(
-                "Runner.loss: the loss carries no gradient although the model has trainable "
-                "parameters (was it detached, converted with .item(), or computed under "
-                "torch.no_grad()?); return the loss tensor autograd built"
-            )
-        scaled = loss if self.loss_scale is None else loss * self.loss_scale[0]
-        grads = torch.autograd.grad(scaled, wrt, allow_unused=True)
-        it = iter(grads)
-        out = []
-        for t in leaves:
-            if t is None:
-                out.append(None)
-            else:
-                g = next(it)
-                out.append(torch.zeros_like(t) if g is None else g)  # unused by the forward: zero
-        return loss.detach(), out
+        bound = self.bound
+        return differentiate(loss, leaves, self.loss_scale, bound if bound is not None and bound.leaves is leaves else None)
 
     # ----------------------------------------------------------- vectorised
     def check_stackable(self, batch: Sequence[Sample]) -> None:

@@ -54,14 +54,15 @@ def run_sample_steps(
     first_logged = len(session.logged)
     k = cfg.batch_size
     step = start_step
-    while step < cfg.steps:
-        batch = next_batch()
-        state = schedule_state(step, state)  # the schedule advances per optimizer step
-        state, loss = session.update(state, batch, step)
-        step += 1
-        watch_memory(step)
-        if session.after_update(StepEvent(step, state, loss, grad_norm=session.last_norm), {"batch_size": k}):
-            break
+    with runner.steady():  # checked at the first step, again after the user's code ran
+        while step < cfg.steps:
+            batch = next_batch()
+            state = schedule_state(step, state)  # the schedule advances per optimizer step
+            state, loss = session.update(state, batch, step)
+            step += 1
+            watch_memory(step)
+            if session.after_update(StepEvent(step, state, loss, grad_norm=session.last_norm), {"batch_size": k}):
+                break
     return state, session.logged[first_logged:], step
 
 

@@ -104,9 +104,14 @@ class Session:
         scaler = LossScaler(runner.device) if cfg.autocast == "float16" else None
         self.opt: Optimizer = cfg.optimizer
         self.main = distributed.is_main()  # under torch.distributed only rank 0 logs and writes
-        self.log: Log = log if self.main else _silent
+        self.user_log = log
+        self.log: Log = self._log if self.main else _silent
         self.callback = callback
         self.callbacks = _callbacks(op, cfg, callbacks, self.main)
+        # Whether the user's code may run after an update (a step callback, or a
+        # callback that does not declare ``reads_only``): the runner checks the module
+        # again after it (``Runner.recheck``).
+        self.user_hooks = callback is not None or not all(cb.reads_only for cb in self.callbacks)
         self.evals: list[tuple[int, dict]] = []  # (step, evaluate's results), resumed ones first
         self.started = time.perf_counter()
         self.before = float("nan")
@@ -122,6 +127,10 @@ class Session:
         self.pending: Optional[tuple[dict, OptState, Optional[dict]]] = None  # the newest step
         self.saved = True  # whether ``pending`` is on disk
         self.saved_step: Optional[int] = None  # the step of the newest checkpoint written
+
+    def _log(self, line: str) -> None:
+        self.user_log(line)
+        self.runner.recheck()  # the user's log function ran: check the module at the next step
 
     def computing(self):
         """The runner under the loop's precision (autocast, loss scale) while it runs."""
@@ -246,6 +255,8 @@ class Session:
         stop = bool(self.callback and self.callback(event))
         for cb in self.callbacks:
             stop = bool(cb.on_step(event)) or stop
+        if self.user_hooks:
+            self.runner.recheck()  # the user's code ran: check the module at the next step
         if self.kind == "samples" and self.cfg.eval_data is not None and event.step % self.cfg.eval_every == 0:
             stop = self.evaluate(event.step) or stop
         self.pending, self.saved = (dict(progress, step=event.step), event.state, loader_state), False
@@ -261,6 +272,8 @@ class Session:
         stop = False
         for cb in self.callbacks:
             stop = bool(cb.on_epoch_end(event)) or stop
+        if self.user_hooks:
+            self.runner.recheck()
         if self.cfg.eval_data is not None and (epoch + 1) % self.cfg.eval_every == 0:
             stop = self.evaluate(event.step) or stop
         if stop:
@@ -276,12 +289,14 @@ class Session:
         stop = False
         for cb in self.callbacks:
             stop = bool(cb.on_eval(step, results)) or stop
+        self.runner.recheck()  # metrics and callbacks are the user's code
         return stop
 
     def save(self) -> None:
         """Write the newest step's checkpoint (rank 0 only)."""
         if self.pending is None:
             return
+        self.runner.recheck()  # saving syncs storages to the host: check again at the next step
         progress, state, loader_state = self.pending
         if self.main:
             progress = dict(self.expect, **progress, kind=self.kind, before=self.before,

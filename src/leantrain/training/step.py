@@ -216,7 +216,11 @@ def update(
     gradient norm before clipping (device tensors: read only if the caller does)."""
     path = NATIVE if native else GENERIC
     batch = _check_batch(op, batch)
-    opt.check(op, state, runner.params, path)  # before buffers advance
+    cache = runner.steady_cache
+    if cache is None or cache.get("checked") is not opt:  # in a loop: its first steady step
+        opt.check(op, state, runner.params, path)  # before buffers advance
+        if cache is not None:
+            cache["checked"] = opt
     loss, grads, snapshot = _accumulate(op, runner, batch, accumulation, want_loss, exact_reduction)
     found = nonfinite_flag(loss, grads, snapshot.written if snapshot is not None else (),
                            scaler.inverse() if scaler is not None else None)
@@ -234,19 +238,21 @@ def update(
     clipping = clip_grad_norm is not None or clip_grad_value is not None
     norm = None
     if clipping:  # on the canonical gradients: each storage once, a tie with its sum
-        grads = canonical_gradients(runner.params.canonical_slot_indices(), grads)
+        grads = canonical_gradients(runner.slot_map(), grads)
         norm = clip_(grads, clip_grad_norm, clip_grad_value)
     if nonfinite == "skip":
         if snapshot is not None:
             snapshot.restore_where(found)  # a skipped step leaves the buffers as they were
         if skipped is not None:
             skipped.add_(found[0])
-        state = opt.apply(state, runner.params, grads, path, found_inf=found, presummed=clipping)
+        state = opt.apply(state, runner.params, grads, path, found_inf=found, presummed=clipping,
+                          cache=cache, slots_map=runner.slot_map())
         if scaler is not None:
             scaler.update(found)
         return state, loss, norm
     # The gradients come from the runner's own slots: their shapes and dtypes fit.
-    return opt.apply(state, runner.params, grads, path, presummed=clipping), loss, norm
+    state = opt.apply(state, runner.params, grads, path, presummed=clipping, cache=cache, slots_map=runner.slot_map())
+    return state, loss, norm
 
 
 def _check_modes(op: str, accumulation: str, nonfinite: str) -> None:

@@ -1,0 +1,127 @@
+"""An update's layout: what ``Optimizer.apply`` decides about the slots before it writes.
+
+Which slots are representatives, which tensor each one updates, how they group into
+one multi-tensor call per (device, dtype, hyperparameters), whether any gradient has to
+be summed over a tie or moved to its target's device. Every update builds one from the
+slots, the state and the gradients, validating all of it before the first write.
+Within a training loop nothing of this can change between two steps unless the user's
+code runs (see ``Runner.steady``), so a loop keeps the layout of its first step and
+reuses it: the per-step work is then gathering the gradients and records by index and
+the kernel calls. The update itself is the same function of the same groups in the
+same order either way, so a reused layout gives the same bits as a fresh one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..errors import OptimizerStateError, PackError, slot_label
+from ..params.packs import canonical_gradients
+from ..params.paramlist import ParamList
+from .per_slot import Settings
+from .rules import SGDState, clone_record
+
+GENERIC, NATIVE = "generic", "native"
+
+
+@dataclass
+class Group:
+    """One multi-tensor call: its hyperparameters, learning-rate scale, the slots it
+    updates (representatives, in slot order) and their target tensors."""
+
+    hyper: object
+    scale: float
+    slots: list
+    targets: list
+    storages: list
+    move: bool  # some gradient lives on another device than its target (generic path)
+
+
+@dataclass
+class Layout:
+    slots_map: list  # the canonical map the layout was built for
+    tied: bool  # some slot aliases another: its gradient is summed into the representative's
+    groups: list  # Group, in order of first slot
+    n_reps: int
+    reusable: bool  # nothing of it depends on this step alone (no split history, no host sync)
+    fresh: bool  # some representative has no record yet (made at the update)
+    host_syncs: list  # storages whose newer mirror is synced to the host and dropped first
+
+
+def target(storage, path: str) -> torch.Tensor:
+    """The tensor an update on ``path`` writes: the mirror (native) or the host."""
+    return storage.mirror if path == NATIVE else storage.host
+
+
+def no_mirror(op: str, params: ParamList, i: int) -> OptimizerStateError:
+    return OptimizerStateError(
+        f"{op}: {params.label(i)} has no device mirror; the native path updates mirrors "
+        f"only: call params.to_device(device) first"
+    )
+
+
+def build_layout(op: str, hyper, records: list, params: ParamList, slots_map: list, gradients, path: str,
+          presummed: bool, settings: Optional[Settings]) -> Layout:
+    """The layout of one update, validated: raises before anything is written. May
+    replace entries of ``records`` (the caller's copy): a history split by an un-tie."""
+    native = path == NATIVE
+    if not presummed:  # validates the pack: a gradient at every trainable slot
+        canonical_gradients(slots_map, gradients, names=params)
+    groups: dict[tuple, Group] = {}
+    owned: set[int] = set()  # ids of records some representative updates this step
+    tied, fresh, n_reps, syncs, split = False, False, 0, [], False
+    for i, c in enumerate(slots_map):
+        rec = records[i]
+        if c != i:
+            if c is not None:
+                tied = True
+                if native and rec is not None and rec is not records[c]:
+                    raise OptimizerStateError(
+                        f"{op}: {params.label(i)} now aliases {params.label(c)}, but both "
+                        f"have separate optimizer histories; re-tying would merge them. "
+                        f"Call init to start a fresh history"
+                    )
+            continue
+        n_reps += 1
+        storage, g = params[i].storage, gradients[i]
+        p = target(storage, path)
+        if p is None:
+            raise no_mirror(op, params, i)
+        move = g.get_device() != p.get_device()
+        if move and native:
+            raise PackError(
+                f"{op}: {params.label(i)}: gradient is on {g.device}, expected "
+                f"{p.device} (the native path updates the mirror there)"
+            )
+        if not native and not (storage.host_current and storage.mirror is None):
+            syncs.append(storage)  # the generic path writes the host: sync it, drop the mirror
+        if rec is None:
+            fresh = True
+        elif type(rec) is not SGDState:
+            check_record(op, params, i, rec, p)
+            if id(rec) in owned:  # un-tied since the last step: split the history
+                records[i] = clone_record(rec)
+                split = True
+            owned.add(id(records[i]))
+        h, scale = (hyper, 1.0) if settings is None else settings[i]
+        key = (p.get_device(), p.dtype, id(h), scale)  # id: no dataclass hash per slot
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = Group(h, scale, [], [], [], False)
+        group.slots.append(i), group.targets.append(p), group.storages.append(storage)
+        group.move |= move
+    reusable = not (syncs or split or fresh)
+    return Layout(list(slots_map), tied, list(groups.values()), n_reps, reusable, fresh, syncs)
+
+
+def check_record(op: str, params: ParamList, i: int, rec, p: torch.Tensor) -> None:
+    for field, t in rec.tensors().items():
+        if t.shape != p.shape or t.device != p.device or t.dtype != p.dtype:
+            raise OptimizerStateError(
+                f"{op}: {slot_label(i, params[i].name)}: optimizer state '{field}' does not "
+                f"fit the parameter: expected {tuple(p.shape)} {p.dtype} on "
+                f"{p.device}, got {tuple(t.shape)} {t.dtype} on {t.device}"
+            )
