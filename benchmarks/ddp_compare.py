@@ -3,7 +3,8 @@ the same processes, interleaved: 2 gloo processes (one thread each), MLP 512-102
 every update a list batch of 8 minibatches of 64 samples split round-robin across ranks.
 DDP accumulates its rank's minibatches under ``no_sync`` and all-reduces (overlapped with
 the last backward) before one ``SGD(fused=True)`` step; leantrain sums its rank's items'
-gradients and all-reduces once after. Prints time per update, best and median ratios.
+gradients and all-reduces DDP-sized buckets as the last item's backward completes them
+(``training/overlap.py``). Prints time per update, best and median ratios.
 
 Run: .venv/bin/python benchmarks/ddp_compare.py [--steps 20] [--runs 11]
 """

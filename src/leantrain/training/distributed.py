@@ -4,9 +4,10 @@ When a process group of more than one rank is initialised, every list batch is
 split across ranks by a fixed rule: **item j goes to rank j mod world_size**. Every
 rank advances buffers on *all* items (so buffers stay identical everywhere and equal
 to a single-process run), differentiates its own items and sums their gradient packs
-left to right; one all-reduce over flattened buckets (one per dtype) gives the global
-sum; every rank multiplies by ``1/N`` (N = items in the whole batch) and takes the
-same optimizer step. The loss joins the all-reduce only when a step asked for it.
+left to right; all-reduces of flat gradient buckets, each started while the last
+item's backward still runs (``overlap.py``), give the global sum; every rank
+multiplies by ``1/N`` (N = items in the whole batch) and takes the same optimizer
+step. The loss joins the all-reduce only when a step asked for it.
 Rank 0 writes logs and checkpoints. Because batches are defined globally, a
 checkpoint resumes under any world size.
 """
@@ -61,6 +62,11 @@ def collectives(timeout: Optional[float]) -> Iterator[None]:
             dist.destroy_process_group(group)
 
 
+def group():
+    """The process group leantrain's collectives use now (``None``: the default group)."""
+    return _group
+
+
 def active() -> Optional[tuple[int, int]]:
     """``(rank, world_size)`` when a process group of more than one rank is running."""
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -77,35 +83,6 @@ def is_main() -> bool:
 def my_items(batch: Sequence, rank: int, world: int) -> list:
     """This rank's share of a list batch: items ``rank, rank + world, ...``."""
     return list(batch[rank::world])
-
-
-def all_reduce_sum(
-    loss: Optional[torch.Tensor], grads: list[Optional[torch.Tensor]]
-) -> tuple[Optional[torch.Tensor], list[Optional[torch.Tensor]]]:
-    """Sum ``loss`` (if given, returned as float64) and every gradient over ranks: one
-    collective per gradient dtype, plus one for the loss."""
-    buckets: dict[tuple, list[tuple[int, torch.Tensor]]] = {}
-    for i, g in enumerate(grads):
-        if g is not None:
-            buckets.setdefault((g.device, g.dtype), []).append((i, g))
-    if loss is not None:
-        # Its own float64 bucket, last: a rank without items does not know the loss dtype,
-        # and every rank must issue the same collectives in the same order.
-        buckets[("loss",)] = [(-1, loss.to(torch.float64))]
-    out: list[Optional[torch.Tensor]] = list(grads)
-    total = loss
-    for members in buckets.values():
-        flat = torch.cat([t.reshape(-1) for _, t in members])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=_group)
-        offset = 0
-        for i, t in members:
-            piece = flat[offset : offset + t.numel()].view(t.shape)
-            offset += t.numel()
-            if i < 0:
-                total = piece
-            else:
-                out[i] = piece
-    return total, out
 
 
 def gather_items(

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import distributed
+from . import distributed, overlap
 from ..errors import DataError, NonFiniteError
 from ..validate import check_choice
 from ..optim import OptState, Optimizer
@@ -87,6 +87,39 @@ def _exact_gradients(runner: Runner, leaves, scratch, batch, rank: int, world: i
     return _fold([x.to(dtype) for x in losses], packs, 1.0 / len(batch))
 
 
+def _overlapped_sums(runner: Runner, leaves, scratch, mine: list, accumulation: str, want_loss: bool):
+    """This rank's gradient sum over ``mine``, all-reduced over the ranks bucket by bucket
+    while the last backward runs (see ``overlap.py``): the same fold as ``_sum_items``, so
+    the same bits as summing first and all-reducing after. ``(None, grads)`` unless
+    ``want_loss``."""
+    cache = runner.steady_cache
+    plan = None if cache is None else cache.get("buckets")
+    if plan is None or plan.leaves is not leaves:
+        plan = overlap.plan_buckets(leaves)
+        if cache is not None:
+            cache["buckets"] = plan
+    if not mine:  # more ranks than items: this rank sends zeros in the same buckets
+        loss = torch.zeros((), device=runner.device)
+        return overlap.Reducer(plan, None).finish(None, loss if want_loss else None)
+    partial_loss, partial = None, None
+    if accumulation == "exact" and len(mine) > 1:
+        partial_loss, partial = _sum_items(runner, mine[:-1], leaves, scratch)
+        scratch.reset()
+    reducer = overlap.Reducer(plan, partial)
+    handles = [t.register_hook(reducer.hook(i)) for i, t in enumerate(leaves) if t is not None]
+    try:
+        if accumulation == "vectorized":
+            loss, grads = runner.stacked_loss_and_gradients(mine, leaves, scale=1.0)
+        else:
+            loss, grads = runner.loss_and_gradients(mine[-1], leaves)
+    finally:
+        for h in handles:
+            h.remove()
+    if partial_loss is not None:
+        loss = partial_loss + loss
+    return reducer.finish(grads, loss if want_loss else None)
+
+
 def _scale(loss: torch.Tensor, grads: Pack, inv: float) -> tuple[torch.Tensor, Pack]:
     for g in grads:  # the gradients are owned sums here: scale in place
         if g is not None:
@@ -113,15 +146,8 @@ def _gradients(
         return _scale(loss, grads, 1.0 / n)
     if exact_reduction:
         return _exact_gradients(runner, leaves, scratch, batch, *group)
-    mine = distributed.my_items(batch, *group)
-    if not mine:  # more ranks than items: this rank contributes zeros
-        loss = torch.zeros((), device=runner.device)
-        grads = [None if t is None else torch.zeros_like(t) for t in leaves]
-    elif accumulation == "vectorized":
-        loss, grads = runner.stacked_loss_and_gradients(mine, leaves, scale=1.0)
-    else:
-        loss, grads = _sum_items(runner, mine, leaves, scratch)
-    loss, grads = distributed.all_reduce_sum(loss if want_loss else None, grads)
+    loss, grads = _overlapped_sums(runner, leaves, scratch, distributed.my_items(batch, *group), accumulation,
+                                   want_loss)
     if loss is None:
         loss = torch.zeros((), device=runner.device)  # not asked for: never read
     return _scale(loss, grads, 1.0 / n)

@@ -1,0 +1,115 @@
+"""Data parallel with communication overlapped with backward (DDP's reducer's schedule).
+
+A rank sums its items' gradients left to right (``step._sum_items``' fold); the sum
+of all but the last item is ready before the last item's backward starts. During that
+backward each trained leaf carries one gradient hook: when autograd hands over the
+leaf's gradient for the last item, the hook writes ``partial + g`` (the very operation
+the plain fold does, so the same bits) straight into the leaf's place in a flat bucket.
+Buckets hold the leaves in reverse slot order (the order backward produces them), one
+device and dtype each, closed once they pass 1 MiB (the first) or 25 MiB (the rest),
+as ``DistributedDataParallel`` buckets parameters. A complete bucket is all-reduced
+asynchronously at once, but strictly in bucket order, so every rank issues the same
+collectives in the same order whatever order its hooks fire in; buckets of leaves the
+backward never reached (unused, or a rank without items) are filled after it and sent
+in order. The loss, when asked for, is one float64 all-reduce after the gradients (as
+as it always was). The hooks are removed when the backward ends, also
+on error. The result: the summed gradients as views into the reduced buckets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from . import distributed
+
+FIRST_BUCKET_BYTES = 1 << 20  # DDP's first bucket: small, so communication starts early
+BUCKET_BYTES = 25 << 20  # DDP's bucket_cap_mb default
+
+
+@dataclass
+class BucketPlan:
+    """Buckets as lists of ``(slot, offset, numel)``, with each bucket's size, device and dtype."""
+
+    leaves: list  # the leaves the plan was made for (a binding's)
+    buckets: list  # [(device, dtype, total, [(slot, offset, numel), ...])]
+    where: dict  # slot -> (bucket, offset, numel)
+
+
+def plan_buckets(leaves: list) -> BucketPlan:
+    buckets: list = []
+    current: Optional[list] = None
+    for i in range(len(leaves) - 1, -1, -1):
+        t = leaves[i]
+        if t is None:
+            continue
+        cap = FIRST_BUCKET_BYTES if len(buckets) == 1 else BUCKET_BYTES
+        if current is None or (current[0], current[1]) != (t.device, t.dtype) or current[2] * t.element_size() >= cap:
+            current = [t.device, t.dtype, 0, []]  # a new bucket: another dtype, or the last one is full
+            buckets.append(current)
+        current[3].append((i, current[2], t.numel()))
+        current[2] += t.numel()
+    where = {i: (b, off, n) for b, bucket in enumerate(buckets) for i, off, n in bucket[3]}
+    return BucketPlan(leaves, [tuple(b) for b in buckets], where)
+
+
+class Reducer:
+    """The flat buckets of one step and their asynchronous all-reduces."""
+
+    def __init__(self, plan: BucketPlan, partial: Optional[list]) -> None:
+        self.plan, self.partial = plan, partial
+        self.flats = [torch.empty(total, dtype=dtype, device=device) for device, dtype, total, _ in plan.buckets]
+        self.missing = [len(members) for *_, members in plan.buckets]
+        self.filled: set[int] = set()
+        self.works: list = []
+
+    def _view(self, i: int, like: torch.Tensor) -> torch.Tensor:
+        b, off, n = self.plan.where[i]
+        return self.flats[b][off: off + n].view(like.shape)
+
+    def fill(self, i: int, g: torch.Tensor) -> None:
+        """Slot ``i``'s summed gradient, ``partial[i] + g`` (or ``g`` alone), into its bucket."""
+        if i in self.filled:
+            return
+        view = self._view(i, g)
+        with torch.no_grad():
+            if self.partial is None:
+                view.copy_(g)
+            else:
+                torch.add(self.partial[i], g, out=view)
+        self.filled.add(i)
+        self.missing[self.plan.where[i][0]] -= 1
+        self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        """Start the all-reduce of every complete bucket whose predecessors have started."""
+        while len(self.works) < len(self.flats) and self.missing[len(self.works)] == 0:
+            flat = self.flats[len(self.works)]
+            self.works.append(dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=distributed.group(), async_op=True))
+
+    def hook(self, i: int) -> Callable:
+        def on_gradient(g: torch.Tensor) -> None:
+            self.fill(i, g)
+            return None  # the gradient itself is left as autograd made it
+
+        return on_gradient
+
+    def finish(self, grads: Optional[list], loss: Optional[torch.Tensor]):
+        """Fill what the hooks did not (from ``grads``, the step's own result, or zeros
+        without items), send the rest in order, reduce the loss, wait; the reduced
+        gradients as views into the buckets."""
+        leaves = self.plan.leaves
+        for i, t in enumerate(leaves):
+            if t is not None and i not in self.filled:
+                self.fill(i, grads[i] if grads is not None else torch.zeros_like(t))
+        total = None
+        if loss is not None:
+            total = loss.detach().to(torch.float64).reshape(1).clone()
+            self.works.append(dist.all_reduce(total, op=dist.ReduceOp.SUM, group=distributed.group(), async_op=True))
+        for w in self.works:
+            w.wait()
+        out = [None if t is None else self._view(i, t) for i, t in enumerate(leaves)]
+        return (None if total is None else total[0]), out
