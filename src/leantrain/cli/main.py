@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--decay-matrices-only", action="store_true", default=None,
                    help="with --weight-decay: no decay on biases and norms (per-slot hyperparameters)")
     t.add_argument("--precision", help="fp32 (default), bf16 (autocast) or fp16 (autocast, loss scaling)")
+    t.add_argument("--compile", action="store_true", default=None,
+                   help="compile each item's loss and gradients with torch.compile (may round differently)")
     t.add_argument("--collective-timeout", type=float, metavar="SECONDS",
                    help="under torchrun: how long a rank waits for the others before failing (300)")
     i = sub.add_parser("inspect", help="show a checkpoint's slots, optimizer, progress and integrity")

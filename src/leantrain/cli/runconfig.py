@@ -48,6 +48,7 @@ class RunConfig:
     ema: Optional[float] = None  # keep a moving average of the weights with this decay
     precision: str = "fp32"  # fp32, bf16 (autocast) or fp16 (autocast and loss scaling)
     decay_matrices_only: bool = False  # adamw: no weight decay on biases and norms (slots below 2-D)
+    compile: bool = False  # torch.compile each item's loss and gradients (rounds differently)
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ConfigError:
@@ -98,6 +99,8 @@ class RunConfig:
             raise bad("decay_matrices_only", "expected true or false")
         if self.decay_matrices_only and self.weight_decay is None:
             raise bad("decay_matrices_only", "needs adamw with --weight-decay")
+        if not isinstance(self.compile, bool):
+            raise bad("compile", "expected true or false")
         if not one_of(self.precision, PRECISIONS):
             raise bad("precision", f"expected one of {', '.join(PRECISIONS)}")
         if not is_int(self.warmup) or self.warmup < 0:

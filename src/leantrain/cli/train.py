@@ -30,7 +30,8 @@ from ..training.events import StepEvent
 
 FLAGS = ("preset", "epochs", "batch_size", "accumulate", "optimizer", "lr", "scheduler", "seed",
          "device", "out", "log_every", "checkpoint_every", "model", "data", "loss", "weight_decay", "warmup",
-         "exact_reduction", "collective_timeout", "clip_grad_norm", "ema", "precision", "decay_matrices_only")
+         "exact_reduction", "collective_timeout", "clip_grad_norm", "ema", "precision", "decay_matrices_only",
+         "compile")
 
 
 def _config(args) -> tuple[RunConfig, bool]:
@@ -176,7 +177,7 @@ def _train(args) -> int:
         resume_from=ckpt if resuming else None, exact_reduction=cfg.exact_reduction,
         collective_timeout=None,  # the process group itself was made with --collective-timeout
         clip_grad_norm=cfg.clip_grad_norm, accumulate=cfg.accumulate, ema_decay=cfg.ema,
-        autocast=PRECISIONS[cfg.precision],
+        autocast=PRECISIONS[cfg.precision], compile=cfg.compile,
     )
     start_step = 0
     if resuming:

@@ -38,11 +38,12 @@ def gradients(loss: torch.Tensor, wrt: tuple, plain: bool, force_public: bool = 
     return torch.autograd.grad(loss, wrt, allow_unused=True)
 
 
-def differentiate(loss: torch.Tensor, leaves: Sequence, loss_scale=None, bound=None) -> tuple:
+def differentiate(loss: torch.Tensor, leaves: Sequence, loss_scale=None, bound=None, force_public: bool = False) -> tuple:
     """(the detached loss, per-slot gradients: ``None`` at frozen slots, zeros where the
     forward did not use a leaf). ``loss_scale``: a float16 run's scale tensor, the loss
     is multiplied by its one element first; ``bound``: the ``Binding`` whose leaves these
-    are (its cached leaf tuple is then used)."""
+    are (its cached leaf tuple is then used); ``force_public``: through ``torch.autograd.grad``
+    (a compiled step's backward takes the documented route)."""
     if not loss.is_floating_point():
         raise ConfigError(f"Runner.loss: the loss must be a floating-point tensor, got dtype {loss.dtype}")
     if bound is not None:
@@ -60,7 +61,7 @@ def differentiate(loss: torch.Tensor, leaves: Sequence, loss_scale=None, bound=N
             "torch.no_grad()?); return the loss tensor autograd built"
         )
     scaled = loss if loss_scale is None else loss * loss_scale[0]
-    it = iter(gradients(scaled, wrt, plain))
+    it = iter(gradients(scaled, wrt, plain, force_public))
     out = []
     for t in leaves:
         if t is None:

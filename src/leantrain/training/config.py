@@ -54,6 +54,7 @@ def _common(op: str, cfg) -> None:
     check_decay(op, cfg.ema_decay)
     check_autocast(op, cfg.autocast)
     check_bool(op, "eval_ema", cfg.eval_ema)
+    check_bool(op, "compile", cfg.compile)
     if cfg.eval_ema and cfg.ema_decay is None:
         raise ConfigError(f"{op}: eval_ema evaluates the moving average: set ema_decay")
     if cfg.exact_reduction and cfg.accumulation != "exact":
@@ -95,7 +96,9 @@ class LoopOptions:
     ``ema_decay``: keep a moving average of the weights (``Runner.ema_values()``, saved in
     checkpoints; see ema.py); ``eval_ema``: evaluate ``eval_data`` with the averaged weights;
     ``autocast``: ``"bfloat16"`` or ``"float16"`` mixed precision (precision.py; float16
-    scales the loss and skips overflow steps whatever ``nonfinite`` says).
+    scales the loss and skips overflow steps whatever ``nonfinite`` says); ``compile``: each
+    item's loss and gradients through ``torch.compile`` (compiled.py: faster kernels that
+    may round differently, so exact only against itself).
     """
 
     accumulation: str = "exact"
@@ -115,6 +118,7 @@ class LoopOptions:
     ema_decay: Optional[float] = None
     eval_ema: bool = False
     autocast: Optional[str] = None
+    compile: bool = False
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from .ema import EMA
 from .backward import differentiate
+from .compiled import compiler_error, is_compiler_error
 from .binding import MODEL_ERRORS, Binding, rng_preserved
 from ..errors import ConfigError, DataError, slot_label
 from ..params.module_slots import module_entries
@@ -80,6 +81,7 @@ class Runner:
         # dtype, and the float16 loss scale (a device tensor) losses are multiplied by.
         self.amp: Optional[torch.dtype] = None
         self.loss_scale: Optional[torch.Tensor] = None
+        self.compiled: Optional[Callable] = None  # the compiled loss, while a compile=True loop runs
         # Whether a train-mode forward writes any buffer: None until a step tells (by
         # the tensors' version counters, see binding.py).
         self.buffer_writes: Optional[bool] = None
@@ -287,8 +289,13 @@ class Runner:
         with self.binding("Runner.loss"):
             try:
                 with self.autocast():
-                    loss = self.loss_fn(self.module(x), y)
+                    if self.compiled is not None and torch.is_grad_enabled():
+                        loss = self.compiled(x, y)  # compile=True (compiled.py)
+                    else:
+                        loss = self.loss_fn(self.module(x), y)
             except MODEL_ERRORS as e:
+                if is_compiler_error(e):
+                    raise compiler_error(e) from e
                 raise DataError(
                     f"Runner.loss: the model or loss rejected the sample (x {tuple(x.shape)} "
                     f"{x.dtype}, y {tuple(y.shape)} {y.dtype}): {str(e).splitlines()[0]}"
@@ -338,7 +345,8 @@ class Runner:
 
     def _grads(self, loss: torch.Tensor, leaves):
         bound = self.bound
-        return differentiate(loss, leaves, self.loss_scale, bound if bound is not None and bound.leaves is leaves else None)
+        return differentiate(loss, leaves, self.loss_scale, bound if bound is not None and bound.leaves is leaves else None,
+                             force_public=self.compiled is not None)
 
     # ----------------------------------------------------------- vectorised
     def check_stackable(self, batch: Sequence[Sample]) -> None:

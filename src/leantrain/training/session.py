@@ -10,6 +10,7 @@ The loops themselves only say what a batch is and in which order they come.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -28,6 +29,7 @@ from .config import TrainReport
 from .runner import Runner, Sample
 from .step import update
 from .callbacks import Callback, ProgressBar
+from .compiled import compiling
 from .evaluation import evaluate
 from .ema import EMA, restored_ema
 from .precision import LossScaler, precision, scaler_state_problems
@@ -132,9 +134,12 @@ class Session:
         self.user_log(line)
         self.runner.recheck()  # the user's log function ran: check the module at the next step
 
+    @contextlib.contextmanager
     def computing(self):
-        """The runner under the loop's precision (autocast, loss scale) while it runs."""
-        return precision(self.runner, self.cfg.autocast, self.scaler)
+        """The runner under the loop's precision (autocast, loss scale) and, with
+        ``compile=True``, its compiled loss, while the loop runs."""
+        with precision(self.runner, self.cfg.autocast, self.scaler), compiling(self.runner, self.cfg.compile):
+            yield
 
     # ------------------------------------------------------------------ start
     def start(self, items: list[Sample], expect: dict, loader_check=None) -> tuple[OptState, Optional[Checkpoint]]:
