@@ -43,8 +43,8 @@ def main() -> None:
     runner = lt.Runner.from_module(ours_model, "mse")
     cfg = lt.LoaderTrainConfig(epochs=1, optimizer=optim.sgd(0.01), log_every=0, measure_loss=False)
     loader = DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(2))
-    topt = torch.optim.SGD(ref_model.parameters(), lr=0.01)
-    sopt = torch.optim.SGD(slice_model.parameters(), lr=0.01)
+    topt = torch.optim.SGD(ref_model.parameters(), lr=0.01, fused=True)
+    sopt = torch.optim.SGD(slice_model.parameters(), lr=0.01, fused=True)
     steps = len(loader)
 
     def ours():

@@ -83,3 +83,24 @@ class iter_twice:
 
     def __len__(self):
         return len(self.loader)
+
+
+@pytest.mark.parametrize("measure", [False, True])
+def test_the_loader_is_read_once_per_epoch_unless_losses_are_measured(measure):
+    x, y = tensors(12)
+
+    class Counting(torch.utils.data.SequentialSampler):
+        passes = 0
+
+        def __iter__(self):
+            Counting.passes += 1
+            return super().__iter__()
+
+    ds = TensorDataset(x.reshape(12, 6), y.float().reshape(12, 1))
+    loader = DataLoader(ds, batch_size=5, sampler=Counting(ds), drop_last=True)
+    runner = lt.Runner.from_module(torch.nn.Linear(6, 1), "mse")
+    cfg = lt.LoaderTrainConfig(epochs=2, optimizer=lt.optim.sgd(0.1), log_every=0, measure_loss=measure)
+    report, _ = lt.train_loader(runner, cfg, loader, log=lambda s: None)
+    # two epochs; the before/after losses read one pass each, only when measured
+    assert Counting.passes == (4 if measure else 2)
+    assert report.steps == 4 and report.samples_seen == 4  # 2 batches (drop_last) per epoch: 2 items each

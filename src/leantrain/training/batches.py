@@ -28,6 +28,15 @@ def as_list_batch(op: str, batch: object) -> list[Sample]:
     )
 
 
+def plain_tensor_loader(loader: object) -> bool:
+    """A plain ``torch.utils.data.DataLoader`` on a two-tensor ``TensorDataset`` (default
+    collate, no workers, no pinned memory, batched): each batch is one ``(x, y)`` pair."""
+    tdata = torch.utils.data
+    return (type(loader) is tdata.DataLoader and type(loader.dataset) is tdata.TensorDataset
+            and len(loader.dataset.tensors) == 2 and loader.collate_fn is tdata.default_collate
+            and loader.num_workers == 0 and not loader.pin_memory and loader.batch_sampler is not None)
+
+
 def fast_batches(loader: object) -> Optional[Iterator[tuple[torch.Tensor, torch.Tensor]]]:
     """One pass over a plain ``torch.utils.data.DataLoader`` on a two-tensor
     ``TensorDataset`` (default collate, no workers, no pinned memory) without its per-item
@@ -35,10 +44,7 @@ def fast_batches(loader: object) -> Optional[Iterator[tuple[torch.Tensor, torch.
     random draws are exactly those of iterating it) and each batch is gathered with one
     indexing call per tensor, the bits ``default_collate`` stacks. ``None`` for any
     other loader (iterate it as it is)."""
-    tdata = torch.utils.data
-    if not (type(loader) is tdata.DataLoader and type(loader.dataset) is tdata.TensorDataset
-            and len(loader.dataset.tensors) == 2 and loader.collate_fn is tdata.default_collate
-            and loader.num_workers == 0 and not loader.pin_memory and loader.batch_sampler is not None):
+    if not plain_tensor_loader(loader):
         return None
     it = iter(loader)  # the DataLoader's own start: its seed draws and its sampler
     if not hasattr(it, "_next_index"):
@@ -82,3 +88,15 @@ def loader_items(op: str, loader: Loader, device: torch.device) -> list[Sample]:
     if not items:
         raise DataError(f"{op}: empty dataset")
     return items
+
+
+def loader_size(op: str, loader: Loader, device: torch.device) -> int:
+    """How many items one pass over ``loader`` gives (what a checkpoint's ``n_samples``
+    records): for a plain tensor loader its number of batches (each batch is one item),
+    known without reading; otherwise counted over one pass, as ``loader_items`` reads it."""
+    if plain_tensor_loader(loader):
+        n = len(loader)
+        if n == 0:
+            raise DataError(f"{op}: empty dataset")
+        return n
+    return len(loader_items(op, loader, device))

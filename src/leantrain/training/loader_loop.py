@@ -17,7 +17,7 @@ import torch
 from ..data import DataLoader
 from ..errors import ConfigError, DataError
 from ..optim import OptState, Optimizer
-from .batches import Loader, as_list_batch, fast_batches, loader_generators, loader_items
+from .batches import Loader, as_list_batch, fast_batches, loader_generators, loader_items, loader_size
 from .config import LoaderTrainConfig, TrainReport, lr_for
 from .runner import Runner, Sample
 from .callbacks import Callback
@@ -108,8 +108,10 @@ def train_loader(
     with distributed.collectives(cfg.collective_timeout):  # fail, not hang, on a lost peer
         session = Session(op, runner, cfg, "loader", log=log, callback=callback, callbacks=callbacks)
         with session.computing():  # autocast and the loss scale, for this loop only
-            items = loader_items(op, loader, runner.device)
-            state, ck = session.start(items, {"n_samples": len(items), "accumulate": cfg.accumulate},
+            # The items are read only for the before/after losses; their count is known anyway.
+            items = loader_items(op, loader, runner.device) if cfg.measure_loss else None
+            n = len(items) if items is not None else loader_size(op, loader, runner.device)
+            state, ck = session.start(items or [], {"n_samples": n, "accumulate": cfg.accumulate},
                                       _loader_check(op, loader))
             start = (0, 0, 0, 0)
             if ck is not None:
@@ -125,7 +127,8 @@ def train_loader(
                 runner, cfg, loader, cfg.optimizer, state, lambda t, s: s.with_lr(lr_for(cfg, t)),
                 start=start, session=session,
             )
-            return session.finish(loader_items(op, loader, runner.device), steps, seen), loader
+            after_items = loader_items(op, loader, runner.device) if cfg.measure_loss else []
+            return session.finish(after_items, steps, seen), loader
 
 
 def _group_update(session: Session, state: OptState, group: list[Sample], step: int, seen: int,
