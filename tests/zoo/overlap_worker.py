@@ -91,6 +91,21 @@ def worker(rank, world, init_file, out, tiny):
                 dist.all_gather(gathered, flat)
                 lines.append(f"{name} n={n} ranks_agree={all(torch.equal(gathered[0], x) for x in gathered)}")
                 assert isinstance(got_loss, float)
+        for name in ["gpt", "cnn_batchnorm"]:  # a loop (buckets and partial sums reused) == single steps
+            entry = BY_NAME[name]
+            samples = entry.samples(5, seed=9)
+            looped = lt.Runner.from_module(entry.model(), entry.loss)
+            torch.manual_seed(11)  # train mode (the loops set it): the same dropout draws on both sides
+            cfg = lt.TrainConfig(steps=3, batch_size=5, optimizer=lt.optim.adam(1e-2), log_every=0, measure_loss=False)
+            lt.train_samples(looped, cfg, samples, log=lambda s: None)
+            stepped = lt.Runner.from_module(entry.model(), entry.loss)
+            torch.manual_seed(11)
+            opt = lt.optim.adam(1e-2)
+            state = opt.init(stepped.params)
+            for _ in range(3):
+                state = lt.step_batch(stepped, opt, state, False, samples)
+            same = all(torch.equal(a, b) for a, b in zip(looped.params.values(), stepped.params.values()))
+            lines.append(f"{name} loop same={same}")
         lines.append(f"early={max(early)}")
     finally:
         dist.destroy_process_group()

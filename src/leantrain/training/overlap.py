@@ -37,6 +37,13 @@ class BucketPlan:
     leaves: list  # the leaves the plan was made for (a binding's)
     buckets: list  # [(device, dtype, total, [(slot, offset, numel), ...])]
     where: dict  # slot -> (bucket, offset, numel)
+    flats: Optional[list] = None  # the buckets' memory, kept across a loop's steps
+    partials: Optional[list] = None  # memory for the sum of all but the last item, likewise
+
+    def partial_buffers(self) -> list:
+        if self.partials is None:
+            self.partials = [None if t is None else torch.empty_like(t) for t in self.leaves]
+        return self.partials
 
 
 def plan_buckets(leaves: list) -> BucketPlan:
@@ -59,9 +66,16 @@ def plan_buckets(leaves: list) -> BucketPlan:
 class Reducer:
     """The flat buckets of one step and their asynchronous all-reduces."""
 
-    def __init__(self, plan: BucketPlan, partial: Optional[list]) -> None:
+    def __init__(self, plan: BucketPlan, partial: Optional[list], reuse: bool = False) -> None:
+        """``reuse``: the plan's buckets from its previous step are written again (a loop
+        whose step consumes the gradients before the next step starts); otherwise fresh."""
         self.plan, self.partial = plan, partial
-        self.flats = [torch.empty(total, dtype=dtype, device=device) for device, dtype, total, _ in plan.buckets]
+        if reuse and plan.flats is not None:
+            self.flats = plan.flats
+        else:
+            self.flats = [torch.empty(total, dtype=dtype, device=device) for device, dtype, total, _ in plan.buckets]
+            if reuse:
+                plan.flats = self.flats
         self.missing = [len(members) for *_, members in plan.buckets]
         self.filled: set[int] = set()
         self.works: list = []

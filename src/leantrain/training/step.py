@@ -36,17 +36,23 @@ def _check_batch(op: str, batch: Sequence[Sample]) -> list[Sample]:
     return [check_sample(op, s, i) for i, s in enumerate(batch)]
 
 
-def _sum_items(runner: Runner, batch: Sequence[Sample], leaves, scratch) -> tuple[torch.Tensor, Pack]:
+def _sum_items(runner: Runner, batch: Sequence[Sample], leaves, scratch, out: Optional[list] = None
+               ) -> tuple[torch.Tensor, Pack]:
     """Loss and gradient sums over the items, left to right (autograd's own tensors for one).
 
-    ``scratch.reset()`` before each item: every item sees the same advanced buffers."""
+    ``scratch.reset()`` before each item: every item sees the same advanced buffers.
+    ``out``: per slot, a tensor the sum is written into (the same ``g + h``) instead of
+    fresh memory, for a caller that reuses it step after step."""
     loss, grads = runner.loss_and_gradients(batch[0], leaves)
     if len(batch) == 1:
         return loss, grads
     scratch.reset()
     loss2, grads2 = runner.loss_and_gradients(batch[1], leaves)
     loss = loss + loss2
-    grads = [None if g is None else g + h for g, h in zip(grads, grads2)]  # owned from here
+    if out is None:
+        grads = [None if g is None else g + h for g, h in zip(grads, grads2)]  # owned from here
+    else:
+        grads = [None if g is None else torch.add(g, h, out=o) for g, h, o in zip(grads, grads2, out)]
     for sample in batch[2:]:
         scratch.reset()
         loss_k, grads_k = runner.loss_and_gradients(sample, leaves)
@@ -98,14 +104,16 @@ def _overlapped_sums(runner: Runner, leaves, scratch, mine: list, accumulation: 
         plan = overlap.plan_buckets(leaves)
         if cache is not None:
             cache["buckets"] = plan
+    reuse = cache is not None  # in a loop the step consumes the gradients: reuse the buckets
     if not mine:  # more ranks than items: this rank sends zeros in the same buckets
         loss = torch.zeros((), device=runner.device)
-        return overlap.Reducer(plan, None).finish(None, loss if want_loss else None)
+        return overlap.Reducer(plan, None, reuse).finish(None, loss if want_loss else None)
     partial_loss, partial = None, None
     if accumulation == "exact" and len(mine) > 1:
-        partial_loss, partial = _sum_items(runner, mine[:-1], leaves, scratch)
+        partial_loss, partial = _sum_items(runner, mine[:-1], leaves, scratch,
+                                           plan.partial_buffers() if reuse and len(mine) > 2 else None)
         scratch.reset()
-    reducer = overlap.Reducer(plan, partial)
+    reducer = overlap.Reducer(plan, partial, reuse)
     handles = [t.register_hook(reducer.hook(i)) for i, t in enumerate(leaves) if t is not None]
     try:
         if accumulation == "vectorized":
