@@ -34,7 +34,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--tensors", type=int, default=64)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=11)
     ap.add_argument("--dir", default=None)
     args = ap.parse_args()
     numel = int(args.gib * 2**30 / 4 / args.tensors)
@@ -87,6 +87,9 @@ def main() -> None:
             f"leantrain/torch = {ours / med[f'{phase} torch.' + phase]:.2f}x"
         )
     print(f"  save: leantrain/(safetensors + fsync) = {med['save leantrain'] / med['save st + fsync']:.2f}x")
+    for ours, other in (("save leantrain", "save st + fsync"), ("load leantrain", "load safetensors")):
+        ratios = [a / b for a, b in zip(times[ours], times[other])]  # per run: the two ran back to back
+        print(f"  {ours} / {other}: per-run ratio best {min(ratios):.2f}, median {statistics.median(ratios):.2f}")
     for p in paths.values():
         os.remove(p)
     os.rmdir(folder)

@@ -7,7 +7,9 @@ in the same process, interleaved; the hand loop uses torch's fused optimizers
 of per-run ratios (< 1 means leantrain is faster). ``train_samples`` and ``train_loader`` run
 with ``log_every=0`` and the default ``nonfinite="raise"`` check, and include their
 before/after mean losses (8 extra forward passes per call, spread over 800 or 240 steps).
-Also: exact vs vectorised accumulation of 32 single-sample items on (b)'s model.
+"floor (math)" is a loop with nothing but the math (forward, ``autograd.grad``, the
+fused optimizer step): no loop can go below it. Also: exact vs vectorised accumulation of
+32 single-sample items on (b)'s model.
 
 Run: .venv/bin/python benchmarks/step_overhead.py [--threads N]
 """
@@ -37,7 +39,7 @@ def mlp(sizes: list[int]) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def case(name, sizes, batch, loss, make_opt, make_torch_opt, steps, n_batches=4, runs=9):
+def case(name, sizes, batch, loss, make_opt, make_torch_opt, steps, kernel, n_batches=4, runs=9):
     gen = torch.Generator().manual_seed(0)
     xs = [torch.randn(batch, sizes[0], generator=gen) for _ in range(n_batches)]
     if loss == "mse":
@@ -68,7 +70,29 @@ def case(name, sizes, batch, loss, make_opt, make_torch_opt, steps, n_batches=4,
             crit(ref_model(x), y).backward()
             topt.step()
 
-    for label, fn in [("train_samples", ours_samples), ("train_loader", ours_loader)]:
+    floor_model = mlp(sizes)
+    floor_model.load_state_dict(ours_model.state_dict())
+    floor_params = list(floor_model.parameters())
+    ms = [torch.zeros_like(p) for p in floor_params]
+    vs = [torch.zeros_like(p) for p in floor_params]
+    ts = [torch.zeros(()) for _ in floor_params]
+
+    def floor():
+        # The math alone: forward, autograd's engine, the fused optimizer kernel called
+        # directly; no checks, no bookkeeping, no torch.optim. What any loop costs at least.
+        for k in range(steps):
+            x, y = samples[k % n_batches]
+            grads = list(torch.autograd.grad(crit(floor_model(x), y), floor_params))
+            with torch.no_grad():
+                if kernel == "sgd":
+                    torch._fused_sgd_(floor_params, grads, [], weight_decay=0.0, momentum=0.0, lr=0.01,
+                                      dampening=0.0, nesterov=False, maximize=False, is_first_step=False)
+                else:
+                    torch._foreach_add_(ts, 1.0)
+                    torch._fused_adam_(floor_params, grads, ms, vs, [], ts, lr=1e-3, beta1=0.9, beta2=0.999,
+                                       weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
+
+    for label, fn in [("train_samples", ours_samples), ("train_loader", ours_loader), ("floor (math)", floor)]:
         med, best, a, b = interleaved_ratios(fn, hand, runs=runs, reps=1, warmup=1)
         print(
             f"{name:<34} {label:<14} {a / steps * 1e6:8.1f} us/step vs hand loop "
@@ -105,11 +129,11 @@ def main() -> None:
     print(f"torch {torch.__version__}, {args.threads} thread(s)")
     case(
         "(a) MLP 32-64-64-1, batch 64, SGD", [32, 64, 64, 1], 64, "mse",
-        lambda: optim.sgd(0.01), lambda ps: torch.optim.SGD(ps, lr=0.01, fused=True), steps=800, runs=args.runs,
+        lambda: optim.sgd(0.01), lambda ps: torch.optim.SGD(ps, lr=0.01, fused=True), steps=800, kernel="sgd", runs=args.runs,
     )
     case(
         "(b) MLP 784-256-256-10, b128, Adam", [784, 256, 256, 10], 128, "cross_entropy",
-        lambda: optim.adam(1e-3), lambda ps: torch.optim.Adam(ps, lr=1e-3, fused=True), steps=240, runs=args.runs,
+        lambda: optim.adam(1e-3), lambda ps: torch.optim.Adam(ps, lr=1e-3, fused=True), steps=240, kernel="adam", runs=args.runs,
     )
     vectorised(args.runs)
 

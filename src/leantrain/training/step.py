@@ -77,7 +77,7 @@ def _fold(losses: list, packs: list, inv: float) -> tuple[torch.Tensor, Pack]:
         for g, h in zip(grads, pack):
             if g is not None:
                 g.add_(h)
-    return _scale(loss, grads, inv)
+    return _scale(loss, grads, inv)[:2]
 
 
 def _exact_gradients(runner: Runner, leaves, scratch, batch, rank: int, world: int):
@@ -128,18 +128,25 @@ def _overlapped_sums(runner: Runner, leaves, scratch, mine: list, accumulation: 
     return reducer.finish(grads, loss if want_loss else None)
 
 
-def _scale(loss: torch.Tensor, grads: Pack, inv: float) -> tuple[torch.Tensor, Pack]:
-    for g in grads:  # the gradients are owned sums here: scale in place
+def _scale(loss: torch.Tensor, grads: Pack, inv: float, defer: bool = False):
+    """``(loss * inv, grads * inv, None)``, the gradients scaled in place (owned sums
+    here). ``defer``: float32 gradients are left unscaled and ``inv`` is returned instead
+    of ``None``: ``nonfinite_flag`` multiplies them in its own pass over them (the same
+    float32 product, so the same bits), which saves a pass over every gradient."""
+    if defer and all(g is None or g.dtype == torch.float32 for g in grads):
+        return loss * inv, grads, inv
+    for g in grads:
         if g is not None:
             g.mul_(inv)
-    return loss * inv, grads
+    return loss * inv, grads, None
 
 
 def _gradients(
     runner: Runner, leaves, scratch, batch: Sequence[Sample], accumulation: str, want_loss: bool,
-    exact_reduction: bool = False,
-) -> tuple[torch.Tensor, Pack]:
-    """(mean loss, mean gradients) at one parameter point: left-to-right sums times ``1/n``.
+    exact_reduction: bool = False, defer: bool = False,
+) -> tuple[torch.Tensor, Pack, Optional[float]]:
+    """(mean loss, mean gradients, None) at one parameter point: left-to-right sums times
+    ``1/n`` (with ``defer``, possibly the sums and ``1/n`` still to apply: see ``_scale``).
 
     Under ``torch.distributed`` each rank differentiates its share of the items and the
     sums are all-reduced (see ``distributed.py``); the loss joins only if ``want_loss``.
@@ -147,27 +154,28 @@ def _gradients(
     n, group = len(batch), distributed.active()
     if group is None:
         if accumulation == "vectorized":
-            return runner.stacked_loss_and_gradients(batch, leaves, scale=1.0 / n)
+            return (*runner.stacked_loss_and_gradients(batch, leaves, scale=1.0 / n), None)
         loss, grads = _sum_items(runner, batch, leaves, scratch)
         if n == 1:
-            return loss, grads  # g * (1/1) is g, bit for bit: skip the pass
-        return _scale(loss, grads, 1.0 / n)
+            return loss, grads, None  # g * (1/1) is g, bit for bit: skip the pass
+        return _scale(loss, grads, 1.0 / n, defer)
     if exact_reduction:
-        return _exact_gradients(runner, leaves, scratch, batch, *group)
+        return (*_exact_gradients(runner, leaves, scratch, batch, *group), None)
     loss, grads = _overlapped_sums(runner, leaves, scratch, distributed.my_items(batch, *group), accumulation,
                                    want_loss)
     if loss is None:
         loss = torch.zeros((), device=runner.device)  # not asked for: never read
-    return _scale(loss, grads, 1.0 / n)
+    return _scale(loss, grads, 1.0 / n, defer)
 
 
 def _accumulate(
     op: str, runner: Runner, batch: Sequence[Sample], accumulation: str = "exact",
-    want_loss: bool = False, exact_reduction: bool = False,
-) -> tuple[torch.Tensor, Pack, Optional[BufferSnapshot]]:
+    want_loss: bool = False, exact_reduction: bool = False, defer: bool = False,
+) -> tuple[torch.Tensor, Pack, Optional[BufferSnapshot], Optional[float]]:
     """Buffers first, then (mean loss, mean gradients) of a checked batch; nothing read
     to the host. Also returns the buffers as they were before the step when it advanced
-    any, so the caller can undo a rejected step; a model error undoes them here."""
+    any, so the caller can undo a rejected step (a model error undoes them here), and
+    the ``1/n`` still to apply with ``defer`` (``None``: applied)."""
     if accumulation == "vectorized":
         runner.check_stackable(batch)  # before the buffers move
     with runner.binding(op) as bound:
@@ -176,8 +184,8 @@ def _accumulate(
             ran, snapshot = bound.advance_buffers(op, batch)  # every item, before any gradient
             try:
                 with bound.scratch_buffers() as scratch:  # gradient passes leave buffers be
-                    loss, grads = _gradients(runner, bound.leaves, scratch, batch, accumulation, want_loss,
-                                             exact_reduction)
+                    loss, grads, pending = _gradients(runner, bound.leaves, scratch, batch, accumulation,
+                                                      want_loss, exact_reduction, defer)
             except BaseException:
                 if snapshot is not None:
                     snapshot.restore()
@@ -185,7 +193,7 @@ def _accumulate(
             if ran or not scratch.written:
                 if rng is not None and not ran:
                     runner.buffer_writes = False  # seen: a forward writes no buffer
-                return loss, grads, snapshot
+                return loss, grads, snapshot, pending
             # The model wrote a buffer although none was seen written before: redo the
             # step with the buffer pass (the real buffers were not touched; the
             # generators replay, so the redone step draws the same numbers).
@@ -206,21 +214,24 @@ def mean_loss_and_gradients(
     """Mean loss and mean gradients; reads the loss back to the host (a sync on CUDA)."""
     op = "mean_loss_and_gradients"
     check_choice(op, "accumulation", accumulation, ACCUMULATION_MODES)
-    loss, grads, _ = _accumulate(op, runner, _check_batch(op, batch), accumulation, True)
+    loss, grads, _, _ = _accumulate(op, runner, _check_batch(op, batch), accumulation, True)
     return float(loss.item()), grads  # intentional sync: the caller asked for the loss
 
 
 _FLAGS: dict = {}  # per device: (a reusable flag, a unit scale)
+_MEANS: dict = {}  # per (device, 1/n): the float32 factor as a one-element tensor
 
 
 def nonfinite_flag(loss: torch.Tensor, grads: Pack, buffers: Sequence[torch.Tensor] = (),
-                   inv_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   inv_scale: Optional[torch.Tensor] = None, mean: Optional[float] = None) -> torch.Tensor:
     """A one-element device tensor: 1.0 when the loss, any gradient or any of
     ``buffers`` (those the step's buffer pass wrote) is NaN or infinite.
 
     One fused kernel (the one ``GradScaler`` uses) with a unit scale, which leaves the
     values bit for bit as they are; with ``inv_scale`` (float16 loss scaling) the
-    gradients are unscaled by it in the same pass. Nothing is read to the host.
+    gradients are unscaled by it in the same pass, and with ``mean`` (a deferred ``1/n``
+    of float32 gradients, see ``_scale``) they are multiplied by it there. Nothing is
+    read to the host.
     """
     device = loss.device
     pair = _FLAGS.get(device)
@@ -229,6 +240,13 @@ def nonfinite_flag(loss: torch.Tensor, grads: Pack, buffers: Sequence[torch.Tens
     found, unit = pair
     found.zero_()  # reused every step: stream order keeps the last step's reads before this
     grads = [g for g in grads if g is not None]
+    if mean is not None:
+        factor = _MEANS.get((device, mean))
+        if factor is None:
+            if len(_MEANS) > 64:
+                _MEANS.clear()
+            factor = _MEANS[(device, mean)] = torch.full((1,), mean, dtype=torch.float32, device=device)
+        inv_scale = factor  # float32(1/n): the factor ``g.mul_(1/n)`` multiplies float32 by
     if inv_scale is None:
         torch._amp_foreach_non_finite_check_and_unscale_([loss.detach().view(1)] + grads + list(buffers), found, unit)
         return found
@@ -255,9 +273,10 @@ def update(
         opt.check(op, state, runner.params, path)  # before buffers advance
         if cache is not None:
             cache["checked"] = opt
-    loss, grads, snapshot = _accumulate(op, runner, batch, accumulation, want_loss, exact_reduction)
+    loss, grads, snapshot, mean = _accumulate(op, runner, batch, accumulation, want_loss, exact_reduction,
+                                              defer=scaler is None)
     found = nonfinite_flag(loss, grads, snapshot.written if snapshot is not None else (),
-                           scaler.inverse() if scaler is not None else None)
+                           scaler.inverse() if scaler is not None else None, mean)
     if scaler is not None:
         nonfinite = "skip"  # float16 scaling: an overflow step is skipped and the scale backs off
     if nonfinite == "raise":
