@@ -44,6 +44,7 @@ def run(tmp_path_factory):
     ('seed = -1\n', "--seed: expected an integer >= 0"),
     ('[train]\nepochs = 1\nnope = 2\n', "unknown key(s) nope"),
     ('epochs = \n', "not a valid TOML file"),
+    ('compile = "yes"\n', "--compile: expected true or false"),
 ])
 def test_toml_of_the_wrong_shape(tmp_path, capsys, toml, needle):
     path = tmp_path / "c.toml"
@@ -174,3 +175,11 @@ def test_the_everyday_features_from_the_command(tmp_path, capsys):
     assert main(["export", str(out), "--weights", "--ema", "-o", str(tmp_path / "ema.safetensors")]) == 0
     one_line_error(capsys, main(["train", "--decay-matrices-only", "--out", str(tmp_path / "x")]),
                    "--decay-matrices-only: needs adamw with --weight-decay")
+
+
+@pytest.mark.slow  # compiles the preset's model (seconds)
+def test_the_command_trains_with_a_compiled_step(tmp_path):
+    out = tmp_path / "compiled"
+    assert main(["train", "--epochs", "1", "--compile", "--out", str(out)]) == 0
+    assert json.loads((out / "config.json").read_text())["compile"] is True
+    assert 0.5 < json.loads((out / "report.json").read_text())["test_accuracy"] <= 1
