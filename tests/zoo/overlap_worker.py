@@ -85,6 +85,10 @@ def worker(rank, world, init_file, out, tiny):
                     same = torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
                     close = torch.allclose(a, b, rtol=1e-6, atol=1e-7)
                     lines.append(f"{name} n={n} slot={i} same={same} close={close}")
+                if name in ("shared_twice", "weight_norm") and n > 1:  # vectorised: one stacked backward, hooked
+                    vec = lt.mean_gradients(runner, batch, accumulation="vectorized")
+                    close = all(a is None or torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(vec, got))
+                    lines.append(f"{name} n={n} vectorized close={close}")
                 # every rank holds the same bits
                 flat = torch.cat([g.reshape(-1) for g in got if g is not None])
                 gathered = [torch.empty_like(flat) for _ in range(world)]

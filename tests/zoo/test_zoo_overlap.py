@@ -23,7 +23,7 @@ def _run(tmp_path, world, tiny):
 def test_two_ranks_give_the_plain_schedules_bits(tmp_path, tiny):
     for lines in _run(tmp_path, 2, tiny):
         assert len(lines) > 50
-        bad = [x for x in lines if "same=False" in x or "ranks_agree=False" in x]
+        bad = [x for x in lines if "same=False" in x or "ranks_agree=False" in x or "vectorized close=False" in x]
         assert not bad, bad[:5]
         if tiny:  # buckets went out while the last backward was still running
             assert int(lines[-1].removeprefix("early=")) > 1
