@@ -178,6 +178,7 @@ def test_the_everyday_features_from_the_command(tmp_path, capsys):
 
 
 @pytest.mark.slow  # compiles the preset's model (seconds)
+@pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")), reason="Inductor needs a C++ compiler")
 def test_the_command_trains_with_a_compiled_step(tmp_path):
     out = tmp_path / "compiled"
     assert main(["train", "--epochs", "1", "--compile", "--out", str(out)]) == 0

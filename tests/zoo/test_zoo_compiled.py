@@ -7,6 +7,7 @@ generator; SGD keeps rounding differences proportional, where Adam's normalised 
 turns a last-bit difference of a near-zero gradient into a step of ``lr``.)"""
 
 import copy
+import shutil
 
 import pytest
 import torch
@@ -15,7 +16,9 @@ import leantrain as lt
 from leantrain import optim
 from zoo_models import BY_NAME
 
-pytestmark = pytest.mark.slow  # each model compiles once (seconds on CPU)
+# Each model compiles once (seconds on CPU); Inductor needs a C++ compiler on the CPU.
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "c++", "clang++")),
+                                                   reason="torch.compile on CPU needs a C++ compiler")]
 
 
 def bits(t):
