@@ -6,8 +6,11 @@ plain scalar loss and plain leaves (``torch.Tensor`` / ``nn.Parameter``, no
 seed ``grad`` would make (``ones_like(loss)``): the same C++ call, the same graph
 walk and the same bits, without ``grad``'s Python argument handling and its logging
 wrapper (about 30 to 45 us of a 450 us step of a small model on one CPU thread,
-``benchmarks/step_overhead.py``). Anything else (a tensor subclass, a torch without
-the engine handle, or ``force_public``) goes through ``torch.autograd.grad``.
+``benchmarks/step_overhead.py``). Only on the CPU: there backward runs on the calling
+thread; on a GPU it runs on autograd's device threads, to which ``grad``'s wrapper hands
+the caller's context (torch.compile's settings), so that path is kept whole. Anything
+else (a CUDA loss, a tensor subclass, a torch without the engine handle, or
+``force_public``) goes through ``torch.autograd.grad``.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ def all_plain(tensors: Sequence[torch.Tensor]) -> bool:
 
 def gradients(loss: torch.Tensor, wrt: tuple, plain: bool, force_public: bool = False) -> tuple:
     """``torch.autograd.grad(loss, wrt, allow_unused=True)``; ``plain``: ``all_plain(wrt)``."""
-    if _ENGINE is not None and plain and not force_public and type(loss) is torch.Tensor:
+    if _ENGINE is not None and plain and not force_public and type(loss) is torch.Tensor and loss.is_cpu:
         seed = torch.ones_like(loss, memory_format=torch.preserve_format)
         # (outputs, seeds, keep_graph, create_graph, inputs, allow_unused, accumulate_grad)
         return _ENGINE((loss,), (seed,), False, False, wrt, True, False)
