@@ -19,7 +19,6 @@ from typing import Optional
 import torch
 
 from ..errors import OptimizerStateError, PackError, slot_label
-from ..params.packs import canonical_gradients
 from ..params.paramlist import ParamList
 from .per_slot import Settings
 from .rules import SGDState, clone_record
@@ -63,13 +62,12 @@ def no_mirror(op: str, params: ParamList, i: int) -> OptimizerStateError:
     )
 
 
-def build_layout(op: str, hyper, records: list, params: ParamList, slots_map: list, gradients, path: str,
-          presummed: bool, settings: Optional[Settings]) -> Layout:
-    """The layout of one update, validated: raises before anything is written. May
-    replace entries of ``records`` (the caller's copy): a history split by an un-tie."""
+def build_layout(op: str, hyper, records: list, params: ParamList, slots_map: list, sums: list, path: str,
+                 settings: Optional[Settings]) -> Layout:
+    """The layout of one update, validated: raises before anything is written. ``sums``:
+    the canonical gradients (``canonical_gradients``' result, which validated the pack).
+    May replace entries of ``records`` (the caller's copy): a history split by an un-tie."""
     native = path == NATIVE
-    if not presummed:  # validates the pack: a gradient at every trainable slot
-        canonical_gradients(slots_map, gradients, names=params)
     groups: dict[tuple, Group] = {}
     owned: set[int] = set()  # ids of records some representative updates this step
     tied, fresh, n_reps, syncs, split = False, False, 0, [], False
@@ -86,7 +84,7 @@ def build_layout(op: str, hyper, records: list, params: ParamList, slots_map: li
                     )
             continue
         n_reps += 1
-        storage, g = params[i].storage, gradients[i]
+        storage, g = params[i].storage, sums[i]
         p = target(storage, path)
         if p is None:
             raise no_mirror(op, params, i)

@@ -206,16 +206,18 @@ class Optimizer:
         if lay is None:  # everything validated here, nothing written yet
             if slots_map is None:
                 slots_map = params.canonical_slot_indices()
-            lay = build_layout(op, self.hyper, records, params, slots_map, gradients, path, presummed,
-                               self.settings(op, params)[0])
+            sums = gradients if presummed else canonical_gradients(slots_map, gradients, names=params)
+            lay = build_layout(op, self.hyper, records, params, slots_map, sums, path, self.settings(op, params)[0])
             if cache is not None and lay.reusable:
                 cache["layout"] = lay
+        else:  # a loop's layout: the runner's own gradients, the same slots
+            sums = canonical_gradients(lay.slots_map, gradients) if lay.tied and not presummed else gradients
         if found_inf is None:
-            return self._run(state, records, lay, gradients, path, presummed)
+            return self._run(state, records, lay, sums, path)
         targets = [t for group in lay.groups for t in group.targets]
         targets += [t for rec in state.records().values() for t in rec.tensors().values()]
         saved = [t.detach().clone() for t in targets]
-        new = self._run(state, records, lay, gradients, path, presummed)
+        new = self._run(state, records, lay, sums, path)
         keep = found_inf[0] == 0
         with torch.no_grad():
             for t, old in zip(targets, saved):
@@ -227,12 +229,10 @@ class Optimizer:
                         torch.where(keep, t, torch.zeros_like(t), out=t)
         return new
 
-    def _run(self, state: OptState, records: list, lay: Layout, gradients: Sequence, path: str,
-             presummed: bool) -> OptState:
+    def _run(self, state: OptState, records: list, lay: Layout, sums: Sequence, path: str) -> OptState:
         """Write: one multi-tensor call per group of the layout, then the alias records."""
         native = path == NATIVE
         rule = rule_for(self.hyper)
-        sums = canonical_gradients(lay.slots_map, gradients) if lay.tied and not presummed else gradients
         for storage in lay.host_syncs:
             storage.begin_host_update()  # sync a newer mirror, then drop it
         with torch.no_grad():
