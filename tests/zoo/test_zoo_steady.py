@@ -41,13 +41,23 @@ def test_the_engine_call_gives_autograd_grads_bits(entry):
             assert torch.equal(bits(a), bits(b))
 
 
-def test_a_tensor_subclass_goes_through_autograd_grad():
+def test_a_tensor_subclass_goes_through_autograd_grad(monkeypatch):
     class Tagged(torch.Tensor):
         pass
 
     p = nn.Parameter(torch.ones(3))
+    tagged = torch.ones(3).as_subclass(Tagged).requires_grad_(True)
     assert backward.all_plain((p, torch.ones(2, requires_grad=True)))
-    assert not backward.all_plain((p, torch.ones(2).as_subclass(Tagged)))
+    assert not backward.all_plain((p, tagged))
+    public = []
+    real = torch.autograd.grad
+    monkeypatch.setattr(torch.autograd, "grad", lambda *a, **k: public.append(1) or real(*a, **k))
+    wrt = (p,)
+    backward.gradients((p * 2).sum(), wrt, backward.all_plain(wrt))
+    assert public == []  # plain tensors on the CPU: the engine directly
+    wrt = (p, tagged)
+    g = backward.gradients((p * tagged).sum(), wrt, backward.all_plain(wrt))
+    assert public and torch.equal(g[0], torch.ones(3))  # a subclass: torch.autograd.grad (it may re-enter)
 
 
 def _count(monkeypatch):

@@ -29,14 +29,14 @@ from ..errors import ConfigError
 
 def compiled_loss(runner) -> Callable:
     """The runner's compiled ``(x, y) -> loss_fn(module(x), y)``, made on first use."""
-    fn = getattr(runner, "_compiled_loss", None)
+    fn = runner.compiled_loss
     if fn is None:
         module, loss_fn = runner.module, runner.loss_fn
 
         def forward_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return loss_fn(module(x), y)
 
-        fn = runner._compiled_loss = torch.compile(forward_loss)
+        fn = runner.compiled_loss = torch.compile(forward_loss)
     return fn
 
 

@@ -11,9 +11,9 @@ as ``DistributedDataParallel`` buckets parameters. A complete bucket is all-redu
 asynchronously at once, but strictly in bucket order, so every rank issues the same
 collectives in the same order whatever order its hooks fire in; buckets of leaves the
 backward never reached (unused, or a rank without items) are filled after it and sent
-in order. The loss, when asked for, is one float64 all-reduce after the gradients (as
-as it always was). The hooks are removed when the backward ends, also
-on error. The result: the summed gradients as views into the reduced buckets.
+in order. The loss, when asked for, is one float64 all-reduce after the gradients. The
+hooks are removed when the backward ends, also on error. The result: the summed
+gradients as views into the reduced buckets.
 """
 
 from __future__ import annotations

@@ -82,6 +82,7 @@ class Runner:
         self.amp: Optional[torch.dtype] = None
         self.loss_scale: Optional[torch.Tensor] = None
         self.compiled: Optional[Callable] = None  # the compiled loss, while a compile=True loop runs
+        self.compiled_loss: Optional[Callable] = None  # made by the first compile=True loop, then kept
         # Whether a train-mode forward writes any buffer: None until a step tells (by
         # the tensors' version counters, see binding.py).
         self.buffer_writes: Optional[bool] = None
