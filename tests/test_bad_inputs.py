@@ -104,7 +104,7 @@ CASES = [
     ("step pack length", lambda c: c.opt.step_native(c.state, c.params, [g3]), lt.PackError, "pack length mismatch"),
     ("step grad shape", lambda c: c.opt.step_native(c.state, c.params, [g3, g3, None, g3]), lt.PackError, r"slot 1 \('b'\): expected shape"),
     ("step grad dtype", lambda c: c.opt.step_native(c.state, c.params, [g3, g2.double(), None, g3]), lt.PackError, "expected dtype"),
-    ("step grad missing", lambda c: c.opt.step_native(c.state, c.params, [g3, None, None, g3]), lt.PackTypeError, r"slot 1 \('b'\): expected a torch.Tensor, got NoneType"),
+    ("step sparse grad", lambda c: c.opt.step_native(c.state, c.params, [g3, g2.to_sparse(), None, g3]), lt.PackError, r"slot 1 \('b'\): got a sparse gradient, which adam does not take"),
     ("step other config", lambda c: optim.adam(0.1, beta1=0.5).step_native(c.state, c.params, [g3, g2, None, g3]), lt.OptimizerStateError, "different optimizer configuration"),
     ("step other kind", lambda c: optim.sgd(0.1).step_native(c.state, c.params, [g3, g2, None, g3]), lt.OptimizerStateError, "different optimizer configuration"),
     ("mix paths", lambda c: c.opt.step(c.state, c.params, [g3, g2, None, g3]), lt.OptimizerStateError, "cannot mix generic and native"),

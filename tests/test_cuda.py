@@ -137,3 +137,51 @@ def test_float16_on_cuda_is_the_grad_scaler_loop():
     r.sync()
     for a, b in zip(net.parameters(), ref.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam", "adamw"])
+def test_cuda_fused_kernels_get_dense_tensors_in_the_parameters_layout(kind):
+    """Views with gaps and interleaved views of one CUDA base, a transposed parameter,
+    stride-0 and transposed gradients: torch.optim(fused=True) on dense copies, bit for
+    bit, and the base's elements no parameter owns unchanged."""
+    torch.manual_seed(3)
+    base = torch.randn(7, 4, device="cuda")
+    guard = base[6].clone()
+    wt = torch.randn(3, 4, device="cuda").t()
+    views = [base[0:6:2], base[1:6:2], wt]
+    params = lt.ParamList([lt.Param.of_storage(lt.Storage(v), name=f"p{k}") for k, v in enumerate(views)])
+    ours = getattr(optim, kind)(0.05)
+    ref = [torch.nn.Parameter(v.clone()) for v in views]
+    theirs = getattr(torch.optim, {"sgd": "SGD", "adagrad": "Adagrad", "adam": "Adam", "adamw": "AdamW"}[kind])(
+        ref, lr=0.05, fused=True)
+    state = ours.init(params)
+    for k in range(3):
+        gs = [torch.randn(4, device="cuda").expand(3, 4), torch.randn(4, 3, device="cuda").t(),
+              torch.randn(4, 3, device="cuda")]
+        state = ours.step(state, params, gs)
+        for p, g in zip(ref, gs):
+            p.grad = torch.empty_like(p).copy_(g)
+        theirs.step()
+    assert torch.equal(base[6], guard)
+    for v, p in zip(views, ref):
+        if kind in ("sgd", "adagrad"):
+            assert torch.equal(v, p.detach())
+        else:
+            torch.testing.assert_close(v, p.detach(), rtol=1e-6, atol=1e-7)
+
+
+def test_cuda_sparse_embedding_with_sgd_never_syncs():
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Embedding(9, 4, sparse=True), torch.nn.Flatten(), torch.nn.Linear(20, 2))
+    r = lt.Runner.from_module(model, "mse").to("cuda")
+    opt = optim.sgd(0.1)
+    state = opt.init(r.params, native=True)
+    x = torch.randint(0, 9, (3, 5), device="cuda")
+    y = torch.randn(3, 2, device="cuda")
+    state = lt.step_batch(r, opt, state, True, [(x, y)], nonfinite="skip")  # warm-up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        lt.step_batch(r, opt, state, True, [(x, y), (x, y)], nonfinite="skip")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -70,7 +70,7 @@ def gradients(p: Probe) -> tuple[bool, str]:
     ref = copy.deepcopy(r.module)
     batch = p.batch()
     torch.manual_seed(p.seed)
-    grads = canonical_gradients(r.params.canonical_slot_indices(), mean_gradients(r, batch))
+    grads = canonical_gradients(r.params.canonical_slot_indices(), mean_gradients(r, batch), allow_missing=True)
     torch.manual_seed(p.seed)
     reference_gradients(ref, r.loss_fn, batch)
     theirs = {n: q.grad for n, q in ref.named_parameters() if q.requires_grad}
@@ -80,9 +80,11 @@ def gradients(p: Probe) -> tuple[bool, str]:
         if c != i:
             continue
         name = r.params[i].name
-        want = theirs.get(name)
-        want = torch.zeros_like(grads[i]) if want is None else want
-        d = relative(grads[i], want, scale)
+        got, want = grads[i], theirs.get(name)
+        if got is None and want is None:
+            continue  # neither has a gradient: the forward did not use it
+        d = relative(torch.zeros_like(want) if got is None else got, torch.zeros_like(got) if want is None else want,
+                     scale)
         if d > worst:
             worst, where = d, r.params.label(i)
     ties = sum(1 for i, c in enumerate(r.params.canonical_slot_indices()) if c is not None and c != i)
@@ -104,10 +106,10 @@ def optimizer(p: Probe) -> tuple[bool, str]:
     slots_map = r.params.canonical_slot_indices()
     for b in p.batches(3):
         grads = mean_gradients(r, b)
-        sums = canonical_gradients(slots_map, grads)
+        sums = canonical_gradients(slots_map, grads, allow_missing=True)
         for i, c in enumerate(slots_map):
             if c == i:
-                by_name[r.params[i].name].grad = sums[i].detach().clone()
+                by_name[r.params[i].name].grad = None if sums[i] is None else sums[i].detach().clone()
         state = opt.step(state, r.params, grads)
         topt.step()
     ours, theirs = r.module.state_dict(), ref.state_dict()
@@ -127,7 +129,7 @@ def accumulation(p: Probe) -> tuple[bool, str]:
     for i, g in enumerate(together):
         if g is None:
             continue
-        mean = sum(s[i].double() for s in singles) / len(batch)
+        mean = sum(s[i].double() for s in singles if s[i] is not None) / len(batch)
         worst = max(worst, relative(g, mean))
     return worst <= 1e-6, f"list batch of {len(batch)} vs the mean of {len(batch)} single items: max relative difference {worst:.2g}"
 

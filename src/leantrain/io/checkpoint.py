@@ -29,6 +29,7 @@ from ..errors import CheckpointError, shape_str, slot_label
 from ..optim import OptState, Optimizer
 from ..optim.optimizer import GENERIC, NATIVE
 from ..optim import rules as R
+from ..params.dense import to_layout
 from ..params.param import Param
 from ..params.paramlist import ParamList, params_of
 from ..params.storage import Storage
@@ -299,8 +300,9 @@ def _rebuild_state(entry: dict, tensors: dict, params: ParamList, opt) -> OptSta
         if c == i:
             rec = entry["records"][str(i)]
             s = params[i].storage
-            device = (s.mirror if native and s.mirror is not None else s.host).device
-            fields = {n: tensors[f"state.{i}.{n}"].to(device).clone() for n in rec["tensors"]}
+            like = s.mirror if native and s.mirror is not None else s.host
+            # the file holds logical values; the state takes the parameter's kernel layout
+            fields = {n: to_layout(tensors[f"state.{i}.{n}"], like) for n in rec["tensors"]}
             slots[i] = R.RECORDS[rec["type"]](**fields, **rec["scalars"])
         elif c is not None and not native:
             slots[i] = slots[c]

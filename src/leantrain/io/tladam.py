@@ -23,6 +23,7 @@ from typing import Optional
 
 import torch
 
+from ..params.dense import to_layout
 from ..errors import CheckpointError, ConfigError
 from ..optim import OptState, Optimizer
 from ..optim.hyper import Adam, AdamW
@@ -206,8 +207,8 @@ def _state(params, hyper, moments: dict) -> OptState:
             s = params[i].storage
             like = s.mirror if native else s.host
             shape = like.shape
-            slots[i] = AdamState(
-                t, m.reshape(shape).to(like.device, like.dtype), v.reshape(shape).to(like.device, like.dtype),
+            slots[i] = AdamState(  # the file's logical values in the parameter's kernel layout
+                t, to_layout(m.reshape(shape).to(like.dtype), like), to_layout(v.reshape(shape).to(like.dtype), like),
                 _powers(hyper.beta1, t), _powers(hyper.beta2, t),
             )
         elif c is not None and not native:

@@ -48,11 +48,16 @@ def total_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([n.to(first) for n in norms]), 2.0)
 
 
-def clip_(sums: Sequence[Optional[torch.Tensor]], max_norm: Optional[float],
+def clip_(sums: list, max_norm: Optional[float],
           max_value: Optional[float]) -> Optional[torch.Tensor]:
-    """Clip the canonical gradients ``sums`` in place (``None`` entries skipped). Returns
+    """Clip the canonical gradients ``sums`` in place (``None`` entries, slots without a
+    gradient, skipped). A sparse gradient is replaced by its coalesced form and clipped
+    through its values (torch's ``clip_grad_norm_`` refuses sparse gradients). Returns
     the total norm before clipping when clipping by norm, else ``None``."""
-    grads = [g for g in sums if g is not None]
+    for i, g in enumerate(sums):
+        if g is not None and g.layout != torch.strided:
+            sums[i] = g.coalesce()  # one value per element: its norm and clamp are the tensor's
+    grads = [g if g.layout == torch.strided else g._values() for g in sums if g is not None]
     if not grads:
         return None
     with torch.no_grad():

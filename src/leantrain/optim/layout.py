@@ -13,15 +13,16 @@ same order either way, so a reused layout gives the same bits as a fresh one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
 
 from ..errors import OptimizerStateError, PackError, slot_label
+from ..params.dense import is_dense, kernel_strides, same_layout, to_layout
 from ..params.paramlist import ParamList
 from .per_slot import Settings
-from .rules import SGDState, clone_record
+from .rules import SGDState, clone_record, rule_for
 
 GENERIC, NATIVE = "generic", "native"
 
@@ -29,7 +30,8 @@ GENERIC, NATIVE = "generic", "native"
 @dataclass
 class Group:
     """One multi-tensor call: its hyperparameters, learning-rate scale, the slots it
-    updates (representatives, in slot order) and their target tensors."""
+    updates (representatives, in slot order), their target tensors and each target's
+    kernel layout (``params/dense.py``)."""
 
     hyper: object
     scale: float
@@ -37,6 +39,8 @@ class Group:
     targets: list
     storages: list
     move: bool  # some gradient lives on another device than its target (generic path)
+    strides: list  # per target: the strides its gradient and state must have
+    staged: bool  # some target is not dense: it is updated through a dense copy
 
 
 @dataclass
@@ -68,6 +72,7 @@ def build_layout(op: str, hyper, records: list, params: ParamList, slots_map: li
     the canonical gradients (``canonical_gradients``' result, which validated the pack).
     May replace entries of ``records`` (the caller's copy): a history split by an un-tie."""
     native = path == NATIVE
+    rule = rule_for(hyper)
     groups: dict[tuple, Group] = {}
     owned: set[int] = set()  # ids of records some representative updates this step
     tied, fresh, n_reps, syncs, split = False, False, 0, [], False
@@ -88,7 +93,10 @@ def build_layout(op: str, hyper, records: list, params: ParamList, slots_map: li
         p = target(storage, path)
         if p is None:
             raise no_mirror(op, params, i)
-        move = g.get_device() != p.get_device()
+        dense, strides = is_dense(p), kernel_strides(p)
+        if g is not None and g.layout != torch.strided:
+            check_sparse(op, hyper, rule, params, i)
+        move = g is not None and g.get_device() != p.get_device()
         if move and native:
             raise PackError(
                 f"{op}: {params.label(i)}: gradient is on {g.device}, expected "
@@ -103,16 +111,38 @@ def build_layout(op: str, hyper, records: list, params: ParamList, slots_map: li
             if id(rec) in owned:  # un-tied since the last step: split the history
                 records[i] = clone_record(rec)
                 split = True
+            if not all(same_layout(t, strides) for t in records[i].tensors().values()):
+                records[i] = in_layout(records[i], p)  # e.g. state made elsewhere, contiguous
+                split = True
             owned.add(id(records[i]))
         h, scale = (hyper, 1.0) if settings is None else settings[i]
         key = (p.get_device(), p.dtype, id(h), scale)  # id: no dataclass hash per slot
         group = groups.get(key)
         if group is None:
-            group = groups[key] = Group(h, scale, [], [], [], False)
+            group = groups[key] = Group(h, scale, [], [], [], False, [], False)
         group.slots.append(i), group.targets.append(p), group.storages.append(storage)
+        group.strides.append(strides)
         group.move |= move
+        group.staged |= not dense
     reusable = not (syncs or split or fresh)
     return Layout(list(slots_map), tied, list(groups.values()), n_reps, reusable, fresh, syncs)
+
+
+def in_layout(rec, p: torch.Tensor):
+    """``rec`` with every state tensor copied into ``p``'s kernel layout."""
+    return replace(rec, **{k: to_layout(t, p) for k, t in rec.tensors().items()})
+
+
+def check_sparse(op: str, hyper, rule, params: ParamList, i: int) -> None:
+    """Raise unless slot ``i``'s rule takes a sparse gradient (SGD and Adagrad do, as in
+    torch.optim; upstream's formulas, ``numerics='torchlean'``, are dense only)."""
+    if not rule.sparse or hyper.numerics == "torchlean":
+        what = f"{hyper.kind} with numerics='torchlean'" if rule.sparse else hyper.kind
+        raise PackError(
+            f"{op}: {params.label(i)}: got a sparse gradient, which {what} does not take "
+            f"(sgd and adagrad do, as torch.optim); use a dense gradient (e.g. "
+            f"nn.Embedding(sparse=False)) or one of those optimizers"
+        )
 
 
 def check_record(op: str, params: ParamList, i: int, rec, p: torch.Tensor) -> None:

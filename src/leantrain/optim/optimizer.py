@@ -30,7 +30,8 @@ from ..params.packs import canonical_gradients
 from ..params.paramlist import ParamList
 from .hyper import Hyper, check_rate
 from .per_slot import Settings, plain, resolve
-from .layout import GENERIC, NATIVE, Layout, build_layout, no_mirror
+from ..params.dense import same_layout, to_layout
+from .layout import GENERIC, NATIVE, Layout, build_layout, check_sparse, no_mirror
 from .reference import reference_update
 from .rules import rule_for
 
@@ -147,13 +148,13 @@ class Optimizer:
     def step(self, state: OptState, params: ParamList, gradients: Sequence) -> OptState:
         """One generic (host) update: sync mirrors, update host tensors, drop mirrors."""
         self.check(f"{self.kind}.step", state, params, GENERIC)
-        params.check_pack(f"{self.kind}.step", gradients, allow_none_frozen=True)
+        params.check_pack(f"{self.kind}.step", gradients, gradients=True)
         return self.apply(state, params, gradients, GENERIC)
 
     def step_native(self, state: OptState, params: ParamList, gradients: Sequence) -> OptState:
         """One native update: write only the mirrors, keep state beside them, no host read."""
         self.check(f"{self.kind}.step_native", state, params, NATIVE)
-        params.check_pack(f"{self.kind}.step_native", gradients, allow_none_frozen=True)
+        params.check_pack(f"{self.kind}.step_native", gradients, gradients=True)
         return self.apply(state, params, gradients, NATIVE)
 
     def check(self, op: str, state: OptState, params: ParamList, path: str) -> None:
@@ -183,6 +184,15 @@ class Optimizer:
                 f"optimizer asks for {_show(asked)}; call init"
             )
 
+    def check_sparse(self, op: str, params: ParamList, gradients: Sequence) -> None:
+        """Raise (naming the slot) if some gradient is sparse and its rule does not take
+        sparse gradients: a loop asks before anything of the step is kept."""
+        rule = None
+        for i, g in enumerate(gradients):
+            if g is not None and g.layout != torch.strided:
+                rule = rule or rule_for(self.hyper)
+                check_sparse(op, self.hyper, rule, params, i)
+
     def apply(
         self, state: OptState, params: ParamList, gradients: Sequence, path: str,
         found_inf: Optional[torch.Tensor] = None, presummed: bool = False,
@@ -206,12 +216,14 @@ class Optimizer:
         if lay is None:  # everything validated here, nothing written yet
             if slots_map is None:
                 slots_map = params.canonical_slot_indices()
-            sums = gradients if presummed else canonical_gradients(slots_map, gradients, names=params)
+            sums = gradients if presummed else canonical_gradients(slots_map, gradients, names=params,
+                                                                   allow_missing=True)
             lay = build_layout(op, self.hyper, records, params, slots_map, sums, path, self.settings(op, params)[0])
             if cache is not None and lay.reusable:
                 cache["layout"] = lay
         else:  # a loop's layout: the runner's own gradients, the same slots
-            sums = canonical_gradients(lay.slots_map, gradients) if lay.tied and not presummed else gradients
+            sums = (canonical_gradients(lay.slots_map, gradients, allow_missing=True) if lay.tied and not presummed
+                    else gradients)
         if found_inf is None:
             return self._run(state, records, lay, sums, path)
         targets = [t for group in lay.groups for t in group.targets]
@@ -238,19 +250,12 @@ class Optimizer:
         with torch.no_grad():
             for group in lay.groups:
                 idx, ps, hyper = group.slots, group.targets, group.hyper
-                gs = [sums[i] for i in idx]
-                if group.move:  # a gradient computed on a device, for a host update
-                    gs = [g.to(p.device) for g, p in zip(gs, ps)]
                 recs = [records[i] for i in idx]
                 if lay.fresh:
                     recs = [rule.init(hyper, p) if r is None else r for r, p in zip(recs, ps)]
                 lr = state.lr if group.scale == 1.0 else state.lr * group.scale
-                if hyper.numerics == "torchlean":  # upstream's order, tensor by tensor
-                    news = [reference_update(hyper, lr, r, p, g) for r, p, g in zip(recs, ps, gs)]
-                else:
-                    news = rule.update_many(hyper, lr, recs, ps, gs, uniform=True)  # one device, one dtype
-                for i, r in zip(idx, news):
-                    records[i] = r
+                for k, r in zip(*_update_group(rule, hyper, lr, group, recs, [sums[i] for i in idx])):
+                    records[idx[k]] = r
         if native:
             for group in lay.groups:
                 for storage in group.storages:
@@ -263,6 +268,60 @@ class Optimizer:
                 elif c != i:
                     records[i] = None if native else records[c]
         return OptState(state.hyper, state.lr, state.path, tuple(records), state.steps + 1, state.overrides)
+
+
+def _update_group(rule, hyper, lr: float, group, recs: list, gs: list) -> tuple[list, list]:
+    """Run one group's update; returns the positions updated and their new records.
+
+    The layout rule (``params/dense.py``) holds for every tensor a kernel gets: a
+    gradient not in its target's kernel layout (or on another device) is copied into
+    it; a target that is not dense is updated through a dense copy, written back
+    through its view. A slot without a gradient is left out, value and state (torch's
+    rule), except with ``numerics='torchlean'``, whose gradient is then zero (upstream).
+    Sparse gradients take the rule's own per-tensor form (SGD, Adagrad)."""
+    ps = group.targets
+    if not (group.staged or group.move) and hyper.numerics == "fast" and _ready(gs, group.strides):
+        # the usual step: every gradient present, dense, in its target's layout
+        return range(len(gs)), rule.update_many(hyper, lr, recs, ps, gs, uniform=True)
+    keep = range(len(gs))
+    if hyper.numerics == "torchlean":
+        gs = [torch.zeros_like(p) if g is None else g for g, p in zip(gs, ps)]
+    elif any(g is None for g in gs):  # some slot unused by every item of this update
+        keep = [k for k, g in enumerate(gs) if g is not None]
+    sparse, dense = [], []
+    for k in keep:
+        g = gs[k]
+        if g.layout != torch.strided:
+            sparse.append(k)
+        else:
+            if (group.move and g.device != ps[k].device) or not same_layout(g, group.strides[k]):
+                gs[k] = to_layout(g, ps[k])
+            dense.append(k)
+    work = {k: ps[k] for k in dense}
+    if group.staged:
+        work = {k: p if same_layout(p, group.strides[k]) else to_layout(p, p) for k, p in work.items()}
+    news = [recs[k] for k in range(len(recs))]
+    if dense:
+        ws, rs, gd = [work[k] for k in dense], [recs[k] for k in dense], [gs[k] for k in dense]
+        if hyper.numerics == "torchlean":  # upstream's order, tensor by tensor
+            out = [reference_update(hyper, lr, r, w, g) for r, w, g in zip(rs, ws, gd)]
+        else:
+            out = rule.update_many(hyper, lr, rs, ws, gd, uniform=True)  # one device, one dtype
+        for k, r in zip(dense, out):
+            news[k] = r
+            if work[k] is not ps[k]:
+                ps[k].copy_(work[k])  # back through the view: only the parameter's own elements
+    for k in sparse:
+        news[k] = rule.update_sparse(hyper, lr, recs[k], ps[k], gs[k])
+    done = sorted(dense + sparse)
+    return done, [news[k] for k in done]
+
+
+def _ready(gs: list, strides: list) -> bool:
+    for g, st in zip(gs, strides):  # a plain loop over tensor attributes: this runs every step
+        if g is None or g.layout != torch.strided or g.stride() != st:
+            return False
+    return True
 
 
 def _show(overrides: tuple) -> str:

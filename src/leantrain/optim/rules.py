@@ -31,78 +31,17 @@ Adagrad's and Adam's round differently; Adam's is ``p -= (lr/c1) * m / (sqrt(v)/
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
-from typing import ClassVar, Sequence
+from typing import Sequence
 
 import torch
 
 from .fused import adam as fused_adam_kernel, by_device_dtype, fusable
 from .hyper import Adadelta, Adagrad, Adam, AdamW, Hyper, RMSProp, SGD
+from .records import (  # noqa: F401  (re-exported: the rules' records live there)
+    AdadeltaState, AdagradState, AdamState, MomentumState, RMSPropState, SGDState, clone_record, record_scalars,
+)
 
 Tensors = Sequence[torch.Tensor]
-
-
-# ------------------------------------------------------------------ state records
-@dataclass(frozen=True)
-class SGDState:
-    """Plain SGD keeps no per-tensor state."""
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {}
-
-
-@dataclass(frozen=True)
-class MomentumState:
-    buf: torch.Tensor
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {"buf": self.buf}
-
-
-@dataclass(frozen=True)
-class AdagradState:
-    sum: torch.Tensor
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {"sum": self.sum}
-
-
-@dataclass(frozen=True)
-class RMSPropState:
-    avg: torch.Tensor
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {"avg": self.avg}
-
-
-@dataclass(frozen=True)
-class AdamState:
-    step: int
-    m: torch.Tensor
-    v: torch.Tensor
-    beta1_power: float = 1.0
-    beta2_power: float = 1.0
-
-    # What a saved record may hold: step counts from 0; the powers b^t lie in [0, 1].
-    SCALARS: ClassVar[dict] = {"step": (int, 0, 2**63 - 1), "beta1_power": (float, 0.0, 1.0),
-                               "beta2_power": (float, 0.0, 1.0)}
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {"m": self.m, "v": self.v}
-
-
-@dataclass(frozen=True)
-class AdadeltaState:
-    square_avg: torch.Tensor
-    delta_avg: torch.Tensor
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {"square_avg": self.square_avg, "delta_avg": self.delta_avg}
-
-
-def clone_record(rec):
-    """A deep copy of a record (its buffers cloned), for un-tied histories."""
-    return replace(rec, **{k: t.clone() for k, t in rec.tensors().items()})
 
 
 def scalar_problems(record_type: str, values: dict) -> list[str]:
@@ -118,17 +57,11 @@ def scalar_problems(record_type: str, values: dict) -> list[str]:
     return out
 
 
-def record_scalars(rec) -> dict:
-    """A record's non-tensor fields by name (``step``, ``beta1_power``...): what a
-    checkpoint stores beside the tensors."""
-    tensors = rec.tensors()
-    return {f.name: getattr(rec, f.name) for f in fields(rec) if f.name not in tensors}
-
-
 # ------------------------------------------------------------------------- rules
 class SGDRule:
     hypers = (SGD,)
     records = (SGDState, MomentumState)
+    sparse = True  # takes sparse gradients (update_sparse), as torch.optim.SGD does
 
     @staticmethod
     def native(h: SGD) -> bool:
@@ -144,12 +77,7 @@ class SGDRule:
     def update(h: SGD, lr: float, s, p: torch.Tensor, g: torch.Tensor):
         if fusable([p]):  # the kernel is elementwise: one tensor alone gives the group's bits
             return SGDRule.update_many(h, lr, [s], [p], [g])[0]
-        if h.momentum == 0.0:
-            p.add_(g, alpha=-lr)
-            return s
-        s.buf.mul_(h.momentum).add_(g)
-        p.add_(s.buf, alpha=-lr)
-        return s
+        return SGDRule.update_sparse(h, lr, s, p, g)  # the same per-tensor form
 
     @staticmethod
     def update_many(h: SGD, lr: float, ss: list, ps: Tensors, gs: Tensors, uniform: bool = False) -> list:
@@ -170,10 +98,25 @@ class SGDRule:
         torch._foreach_add_(ps, bufs, alpha=-lr)
         return ss
 
+    @staticmethod
+    def update_sparse(h: SGD, lr: float, s, p: torch.Tensor, g: torch.Tensor):
+        """The per-tensor form, for a sparse gradient (``nn.Embedding(sparse=True)``) as for
+        a dense one off the fused kernels' devices: torch.optim.SGD's ``p += -lr * g`` (a
+        sparse ``g`` adds each stored value where it belongs). With momentum
+        the buffer is dense (made at init), ``b = b*mu + g``; torch's starts as a sparse
+        copy of the first gradient, so repeated rows may round differently there."""
+        if h.momentum == 0.0:
+            p.add_(g, alpha=-lr)
+            return s
+        s.buf.mul_(h.momentum).add_(g)
+        p.add_(s.buf, alpha=-lr)
+        return s
+
 
 class AdagradRule:
     hypers = (Adagrad,)
     records = (AdagradState,)
+    sparse = True
 
     @staticmethod
     def native(h) -> bool:
@@ -209,8 +152,21 @@ class AdagradRule:
         torch._foreach_addcdiv_(ps, gs, denom, value=-lr)
         return ss
 
+    @staticmethod
+    def update_sparse(h: Adagrad, lr: float, s, p: torch.Tensor, g: torch.Tensor):
+        """torch.optim.Adagrad's sparse form, on the rows the gradient holds: with ``g``
+        coalesced (values ``u`` at indices ``k``), ``G[k] += u*u``; ``p[k] += -lr * u /
+        (sqrt(G[k]) + eps)``; rows the gradient does not hold keep ``G`` and ``p``."""
+        g = g.coalesce()
+        at, u = g._indices(), g._values()
+        s.sum.add_(torch.sparse_coo_tensor(at, u.pow(2), g.shape, check_invariants=False))
+        denom = s.sum.sparse_mask(g)._values().sqrt_().add_(h.eps)
+        p.add_(torch.sparse_coo_tensor(at, u / denom, g.shape, check_invariants=False), alpha=-lr)
+        return s
+
 
 class RMSPropRule:
+    sparse = False
     hypers = (RMSProp,)
     records = (RMSPropState,)
 
@@ -270,6 +226,7 @@ def _fused_adam(h, lr: float, ss: list, ps, gs) -> list:
 class AdamRule:
     hypers = (Adam, AdamW)
     records = (AdamState,)
+    sparse = False  # as torch.optim.Adam(W): refused (SparseAdam is another rule)
 
     @staticmethod
     def native(h) -> bool:
@@ -329,6 +286,7 @@ class AdamRule:
 
 
 class AdadeltaRule:
+    sparse = False
     hypers = (Adadelta,)
     records = (AdadeltaState,)
 

@@ -27,6 +27,7 @@ def canonical_gradients(
     gradients: Pack,
     *,
     names: Optional[Sequence[Optional[str]]] = None,
+    allow_missing: bool = False,
 ) -> list[Optional[torch.Tensor]]:
     """Sum occurrence gradients at their representative slots, in slot order.
 
@@ -36,6 +37,10 @@ def canonical_gradients(
     unaliased slot sees exactly its own gradient; later occurrences are added left to
     right, ``((g_a + g_b) + g_c)``. The result has ``None`` at aliases and frozen
     slots. Nothing is mutated; a bad map or pack raises before anything is returned.
+
+    ``allow_missing``: ``None`` at a trainable slot means "no gradient" (the forward did
+    not use it, torch's ``.grad is None``): it adds nothing, and a storage none of whose
+    occurrences has a gradient gets ``None``.
     """
     op = "canonical_gradients"
     if len(slots) != len(gradients):
@@ -53,6 +58,8 @@ def canonical_gradients(
                 f"index <= {i} that maps to itself"
             )
         g = gradients[i]
+        if g is None and allow_missing:
+            continue
         if not isinstance(g, torch.Tensor):
             what = "missing gradient (None)" if g is None else type(g).__name__
             raise PackTypeError(

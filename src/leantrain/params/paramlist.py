@@ -11,7 +11,8 @@ from typing import Iterator, Optional, Sequence, Union
 
 import torch
 
-from ..errors import PackError, PackTypeError, shape_str, slot_label
+from ..errors import AliasError, PackError, PackTypeError, shape_str, slot_label
+from .dense import internal_overlap
 from .module_slots import module_slots
 from .param import Param
 from .schema import ParameterSchema
@@ -31,6 +32,15 @@ class ParamList:
             if not isinstance(v, Param):
                 raise PackTypeError(
                     f"ParamList: slot {i}: expected a Param, got {type(v).__name__}"
+                )
+        for i, v in enumerate(views):
+            if v.requires_grad and internal_overlap(v.storage.host):
+                # As torch.optim: an update cannot write a cell that two elements share.
+                t = v.storage.host
+                raise AliasError(
+                    f"ParamList: {slot_label(i, v.name)}: a trainable tensor whose elements share memory "
+                    f"(shape {shape_str(t.shape)}, stride {tuple(t.stride())}: expanded or self-overlapping) "
+                    f"cannot be updated; give it its own memory (.clone()) or freeze it"
                 )
         self._views: tuple[Param, ...] = tuple(views)
 
@@ -167,9 +177,14 @@ class ParamList:
 
     # -------------------------------------------------------------- validation
     def check_pack(
-        self, op: str, pack: Sequence[Optional[torch.Tensor]], allow_none_frozen: bool = False
+        self, op: str, pack: Sequence[Optional[torch.Tensor]], allow_none_frozen: bool = False,
+        gradients: bool = False,
     ) -> None:
-        """Raise unless ``pack`` has one tensor per slot with the slot's shape and dtype."""
+        """Raise unless ``pack`` has one tensor per slot with the slot's shape and dtype.
+
+        ``allow_none_frozen``: ``None`` at frozen slots; ``gradients``: a gradient pack,
+        where ``None`` anywhere means "no gradient" and sparse COO tensors are allowed
+        (the optimizer decides whether its rule takes them)."""
         if not isinstance(pack, (list, tuple)):
             raise PackTypeError(f"{op}: expected a list of tensors, got {type(pack).__name__}")
         if len(pack) != len(self._views):
@@ -178,9 +193,9 @@ class ParamList:
                 f"(one per slot), got {len(pack)}; pass the pack in slot order, see ParamList.shapes"
             )
         for i, (v, t) in enumerate(zip(self._views, pack)):
-            if t is None and allow_none_frozen and not v.requires_grad:
+            if t is None and (gradients or (allow_none_frozen and not v.requires_grad)):
                 continue
-            check_slot_tensor(op, i, v.name, v.shape, v.dtype, t)
+            check_slot_tensor(op, i, v.name, v.shape, v.dtype, t, sparse=gradients)
 
     def schema(self):
         """The checkpoint parameter schema of spec §9.1 for this list."""
@@ -188,11 +203,13 @@ class ParamList:
 
 
 def check_slot_tensor(
-    op: str, i: int, name: Optional[str], shape: Shape, dtype: torch.dtype, t: object
+    op: str, i: int, name: Optional[str], shape: Shape, dtype: torch.dtype, t: object, sparse: bool = False
 ) -> None:
-    """Raise unless ``t`` is a dense tensor holding data, with ``shape`` and ``dtype``."""
+    """Raise unless ``t`` is a dense tensor holding data, with ``shape`` and ``dtype``
+    (``sparse``: a sparse COO tensor is accepted too)."""
     where = slot_label(i, name)
-    if isinstance(t, torch.Tensor) and (t.is_meta or t.layout != torch.strided or t.is_quantized):
+    ok_layout = (torch.strided, torch.sparse_coo) if sparse else (torch.strided,)
+    if isinstance(t, torch.Tensor) and (t.is_meta or t.layout not in ok_layout or t.is_quantized):
         kind = "a meta tensor (no data)" if t.is_meta else f"a {t.layout} tensor" if t.layout != torch.strided \
             else "a quantized tensor"
         raise PackError(f"{op}: {where}: expected a dense tensor with data, got {kind}")

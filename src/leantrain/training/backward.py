@@ -20,6 +20,7 @@ from typing import Sequence
 import torch
 
 from ..errors import ConfigError
+from ..params.dense import kernel_strides, same_layout, to_layout
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 # The handle ``torch.autograd.grad`` ends in (``Variable._execution_engine.run_backward``,
@@ -42,18 +43,23 @@ def gradients(loss: torch.Tensor, wrt: tuple, plain: bool, force_public: bool = 
 
 
 def differentiate(loss: torch.Tensor, leaves: Sequence, loss_scale=None, bound=None, force_public: bool = False) -> tuple:
-    """(the detached loss, per-slot gradients: ``None`` at frozen slots, zeros where the
-    forward did not use a leaf). ``loss_scale``: a float16 run's scale tensor, the loss
-    is multiplied by its one element first; ``bound``: the ``Binding`` whose leaves these
-    are (its cached leaf tuple is then used); ``force_public``: through ``torch.autograd.grad``
-    (a compiled step's backward takes the documented route)."""
+    """(the detached loss, per-slot gradients: ``None`` at frozen slots and where the
+    forward did not use a leaf, as ``.grad`` stays ``None`` in torch). ``loss_scale``: a
+    float16 run's scale tensor, the loss is multiplied by its one element first;
+    ``bound``: the ``Binding`` whose leaves these are (its cached leaf tuple and layouts
+    are then used); ``force_public``: through ``torch.autograd.grad`` (a compiled step's
+    backward takes the documented route).
+
+    Every gradient comes back dense in its leaf's kernel layout and in memory of its
+    own (see ``own_gradients``), so the in-place work that follows (``1/n``, unscaling,
+    clipping) and the fused kernels pair and touch only the right elements."""
     if not loss.is_floating_point():
         raise ConfigError(f"Runner.loss: the loss must be a floating-point tensor, got dtype {loss.dtype}")
     if bound is not None:
-        wrt, plain = bound.wrt, bound.plain
+        wrt, plain, strides = bound.wrt, bound.plain, bound.strides
     else:
         wrt = tuple(t for t in leaves if t is not None)
-        plain = all_plain(wrt)
+        plain, strides = all_plain(wrt), None
     if not wrt:
         # Every slot frozen: nothing to differentiate (upstream: frozen slots have none).
         return loss.detach(), [None for _ in leaves]
@@ -64,12 +70,38 @@ def differentiate(loss: torch.Tensor, leaves: Sequence, loss_scale=None, bound=N
             "torch.no_grad()?); return the loss tensor autograd built"
         )
     scaled = loss if loss_scale is None else loss * loss_scale[0]
-    it = iter(gradients(scaled, wrt, plain, force_public))
-    out = []
-    for t in leaves:
-        if t is None:
-            out.append(None)
-        else:
-            g = next(it)
-            out.append(torch.zeros_like(t) if g is None else g)  # unused by the forward: zero
-    return loss.detach(), out
+    grads = own_gradients(gradients(scaled, wrt, plain, force_public), wrt, strides)
+    if len(wrt) == len(leaves):
+        return loss.detach(), grads
+    it = iter(grads)
+    return loss.detach(), [None if t is None else next(it) for t in leaves]
+
+
+def own_gradients(grads: Sequence, wrt: Sequence[torch.Tensor], strides=None) -> list:
+    """``grads`` (one per tensor of ``wrt``, ``None`` where unused) with every dense
+    gradient in its tensor's kernel layout (``strides``: ``kernel_strides`` of each,
+    computed when not given) and no two gradients sharing memory.
+
+    autograd hands back one tensor for two inputs of ``a + b`` and views for an
+    expand; such a gradient is copied, once, so writing one slot's gradient in place
+    never changes another's. The check is one stride comparison and one data pointer
+    per gradient: no copy in the usual case."""
+    out, seen, objects = list(grads), set(), set()
+    for k, g in enumerate(out):
+        if g is None:
+            continue
+        if g.layout != torch.strided:  # sparse: its own kind of memory, only duplicates copied
+            if id(g) in objects:
+                out[k] = g = g.clone()
+            objects.add(id(g))
+            continue
+        want = kernel_strides(wrt[k]) if strides is None else strides[k]
+        if not same_layout(g, want):
+            out[k] = g = to_layout(g, wrt[k])
+        elif g.numel():
+            ptr = g.data_ptr()
+            if ptr in seen:  # the same memory as an earlier slot's gradient
+                out[k] = g = to_layout(g, wrt[k])
+            else:
+                seen.add(ptr)
+    return out  # a copied gradient's memory is fresh: nothing else points at it

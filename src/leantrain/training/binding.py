@@ -39,6 +39,7 @@ import torch
 from . import distributed
 from .backward import all_plain
 from ..errors import ConfigError, DataError, slot_label
+from ..params.dense import kernel_strides
 from ..params.module_slots import bind
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -103,13 +104,14 @@ class BufferSnapshot:
 class Binding:
     """The module bound for one call. Use as a context; re-entrant within one runner."""
 
-    __slots__ = ("runner", "leaves", "working", "swaps", "depth", "wrt", "plain")
+    __slots__ = ("runner", "leaves", "working", "swaps", "depth", "wrt", "plain", "strides")
 
     def __init__(self, runner: "Runner", leaves: list, working: list, swaps: list) -> None:
         self.runner = runner
         self.leaves: list[Optional[torch.Tensor]] = leaves  # one per trainable slot
         self.wrt = tuple(t for t in leaves if t is not None)  # what a gradient pass differentiates
         self.plain = all_plain(self.wrt)
+        self.strides = tuple(kernel_strides(t) for t in self.wrt)  # the layout each gradient is brought to
         self.working: list[torch.Tensor] = working  # what the module reads at each slot
         self.swaps = swaps  # (location, bound tensor, original)
         self.depth = 0
@@ -201,6 +203,37 @@ class Binding:
         runner.mark_buffers_stale()
         snapshot.written = [t for t in written if t.is_floating_point()]
         return True, snapshot
+
+    def one_item(self, op: str, sample) -> tuple[torch.Tensor, list, Optional[BufferSnapshot]]:
+        """One item in train mode as plain PyTorch runs it: one forward on the real
+        buffers, which advances them and builds the graph, then its gradients (a
+        forward that reads the buffers it writes, such as ``spectral_norm``'s power
+        iteration, then runs once, as in ``loss.backward(); opt.step()``).
+
+        Returns (loss, gradients, a snapshot of the buffers before the forward when it
+        wrote any, else ``None``). A model error restores the buffers and raises."""
+        runner = self.runner
+        bufs = self._buffers()
+        tensors = [t for _, t in bufs]
+        snapshot = BufferSnapshot(tensors, [runner.params[i].storage for i, _ in bufs])
+        versions = [t._version for t in tensors]
+        try:
+            loss, grads = runner.loss_and_gradients(sample, self.leaves)
+            reassigned = self._adopt_reassigned(op, bufs, tensors)
+        except BaseException:
+            for (i, _), t in zip(bufs, tensors):
+                bind(runner.locations[i], t)  # a buffer the failed forward assigned
+            snapshot.restore()
+            raise
+        written = [t for t, v in zip(tensors, versions) if t._version != v]
+        if not written:
+            if not reassigned and runner.buffer_writes is not True:
+                runner.buffer_writes = False  # seen: a forward writes no buffer
+            return loss, grads, None
+        runner.buffer_writes = True
+        runner.mark_buffers_stale()
+        snapshot.written = [t for t in written if t.is_floating_point()]
+        return loss, grads, snapshot
 
     def scratch_buffers(self) -> "_Scratch":
         """A context in which the module's buffers are scratch copies (train mode), so

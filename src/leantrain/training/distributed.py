@@ -102,7 +102,8 @@ def gather_items(
         width = sum(t.numel() for _, t in members)
         local = torch.zeros(rows, width, dtype=dtype, device=device)
         for row, (_, grads) in enumerate(mine):
-            local[row] = torch.cat([grads[i].reshape(-1) for i, _ in members])
+            local[row] = torch.cat([(t.new_zeros(()).expand(t.shape) if grads[i] is None else grads[i]).reshape(-1)
+                                    for i, t in members])  # an unused slot sends zeros
         gathered = [torch.empty_like(local) for _ in range(world)]
         dist.all_gather(gathered, local, group=_group)
         for j in range(n):

@@ -84,16 +84,21 @@ class Reducer:
         b, off, n = self.plan.where[i]
         return self.flats[b][off: off + n].view(like.shape)
 
-    def fill(self, i: int, g: torch.Tensor) -> None:
-        """Slot ``i``'s summed gradient, ``partial[i] + g`` (or ``g`` alone), into its bucket."""
+    def fill(self, i: int, g: Optional[torch.Tensor]) -> None:
+        """Slot ``i``'s summed gradient, ``partial[i] + g`` (or the one that exists, or
+        zeros: under data parallel every rank sends every slot, so a slot no item of
+        any rank used arrives as zeros), into its bucket."""
         if i in self.filled:
             return
-        view = self._view(i, g)
+        view = self._view(i, self.plan.leaves[i])
+        before = None if self.partial is None else self.partial[i]
         with torch.no_grad():
-            if self.partial is None:
-                view.copy_(g)
+            if g is not None and before is not None:
+                torch.add(before, g, out=view)
+            elif g is not None or before is not None:  # items that did not use the slot add nothing
+                view.copy_(g if g is not None else before)
             else:
-                torch.add(self.partial[i], g, out=view)
+                view.zero_()
         self.filled.add(i)
         self.missing[self.plan.where[i][0]] -= 1
         self._launch_ready()
@@ -118,7 +123,7 @@ class Reducer:
         leaves = self.plan.leaves
         for i, t in enumerate(leaves):
             if t is not None and i not in self.filled:
-                self.fill(i, grads[i] if grads is not None else torch.zeros_like(t))
+                self.fill(i, grads[i] if grads is not None else None)
         total = None
         if loss is not None:
             total = loss.detach().to(torch.float64).reshape(1).clone()

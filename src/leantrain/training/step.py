@@ -36,30 +36,46 @@ def _check_batch(op: str, batch: Sequence[Sample]) -> list[Sample]:
     return [check_sample(op, s, i) for i, s in enumerate(batch)]
 
 
+def _plus(g: Optional[torch.Tensor], h: Optional[torch.Tensor], out: Optional[torch.Tensor] = None):
+    """``g + h`` where both items used the slot; the one gradient where only one did
+    (the sum over the items that used it, as ``.grad`` accumulation gives)."""
+    if g is None or h is None:
+        return h if g is None else g
+    return g + h if out is None else torch.add(g, h, out=out)
+
+
+def _add_into(grads: Pack, more: Pack) -> None:
+    """``grads[i] += more[i]`` in place (owned sums), taking ``more[i]`` where ``grads[i]``
+    has none yet."""
+    for i, h in enumerate(more):
+        if h is not None:
+            if grads[i] is None:
+                grads[i] = h
+            else:
+                grads[i].add_(h)
+
+
 def _sum_items(runner: Runner, batch: Sequence[Sample], leaves, scratch, out: Optional[list] = None
                ) -> tuple[torch.Tensor, Pack]:
     """Loss and gradient sums over the items, left to right (autograd's own tensors for one).
 
     ``scratch.reset()`` before each item: every item sees the same advanced buffers.
-    ``out``: per slot, a tensor the sum is written into (the same ``g + h``) instead of
-    fresh memory, for a caller that reuses it step after step."""
+    A slot only some items used sums those items' gradients; one no item used stays
+    ``None``. ``out``: per slot, a tensor the sum is written into (the same ``g + h``)
+    instead of fresh memory, for a caller that reuses it step after step."""
     loss, grads = runner.loss_and_gradients(batch[0], leaves)
     if len(batch) == 1:
         return loss, grads
     scratch.reset()
     loss2, grads2 = runner.loss_and_gradients(batch[1], leaves)
     loss = loss + loss2
-    if out is None:
-        grads = [None if g is None else g + h for g, h in zip(grads, grads2)]  # owned from here
-    else:
-        grads = [None if g is None else torch.add(g, h, out=o) for g, h, o in zip(grads, grads2, out)]
+    outs = out if out is not None else [None] * len(grads)
+    grads = [_plus(g, h, o) for g, h, o in zip(grads, grads2, outs)]  # owned from here
     for sample in batch[2:]:
         scratch.reset()
         loss_k, grads_k = runner.loss_and_gradients(sample, leaves)
         loss = loss + loss_k
-        for g, h in zip(grads, grads_k):
-            if g is not None:
-                g.add_(h)
+        _add_into(grads, grads_k)
     return loss, grads
 
 
@@ -71,12 +87,10 @@ def _fold(losses: list, packs: list, inv: float) -> tuple[torch.Tensor, Pack]:
     if len(packs) == 1:
         return loss, grads
     loss = loss + losses[1]
-    grads = [None if g is None else g + h for g, h in zip(grads, packs[1])]
+    grads = [_plus(g, h) for g, h in zip(grads, packs[1])]
     for loss_k, pack in zip(losses[2:], packs[2:]):
         loss = loss + loss_k
-        for g, h in zip(grads, pack):
-            if g is not None:
-                g.add_(h)
+        _add_into(grads, pack)
     return _scale(loss, grads, inv)[:2]
 
 
@@ -133,7 +147,7 @@ def _scale(loss: torch.Tensor, grads: Pack, inv: float, defer: bool = False):
     here). ``defer``: float32 gradients are left unscaled and ``inv`` is returned instead
     of ``None``: ``nonfinite_flag`` multiplies them in its own pass over them (the same
     float32 product, so the same bits), which saves a pass over every gradient."""
-    if defer and all(g is None or g.dtype == torch.float32 for g in grads):
+    if defer and all(g is None or (g.dtype == torch.float32 and g.layout == torch.strided) for g in grads):
         return loss * inv, grads, inv
     for g in grads:
         if g is not None:
@@ -179,6 +193,8 @@ def _accumulate(
     if accumulation == "vectorized":
         runner.check_stackable(batch)  # before the buffers move
     with runner.binding(op) as bound:
+        if len(batch) == 1 and accumulation == "exact" and runner.has_buffer_updates and distributed.active() is None:
+            return (*bound.one_item(op, batch[0]), None)  # one forward, as plain PyTorch
         rng = rng_state(runner.device) if runner.has_buffer_updates else None
         while True:
             ran, snapshot = bound.advance_buffers(op, batch)  # every item, before any gradient
@@ -202,7 +218,10 @@ def _accumulate(
 
 
 def mean_gradients(runner: Runner, batch: Sequence[Sample], *, accumulation: str = "exact") -> Pack:
-    """Mean per-slot gradients of a nonempty batch at one parameter point (``None`` at frozen)."""
+    """Mean per-slot gradients of a nonempty batch at one parameter point: ``None`` at
+    frozen slots and at slots no item used (torch's ``.grad is None``); a slot some items
+    used has the sum over those items times ``1/n``. Each gradient is dense in its
+    parameter's layout and in memory of its own."""
     op = "mean_gradients"
     check_choice(op, "accumulation", accumulation, ACCUMULATION_MODES)
     return _accumulate(op, runner, _check_batch(op, batch), accumulation)[1]
@@ -239,7 +258,8 @@ def nonfinite_flag(loss: torch.Tensor, grads: Pack, buffers: Sequence[torch.Tens
         pair = _FLAGS[device] = (torch.zeros(1, device=device), torch.ones(1, device=device))
     found, unit = pair
     found.zero_()  # reused every step: stream order keeps the last step's reads before this
-    grads = [g for g in grads if g is not None]
+    # the values of a sparse gradient are what it holds (unscaled in place with it)
+    grads = [g if g.layout == torch.strided else g._values() for g in grads if g is not None]
     if mean is not None:
         factor = _MEANS.get((device, mean))
         if factor is None:
@@ -275,6 +295,12 @@ def update(
             cache["checked"] = opt
     loss, grads, snapshot, mean = _accumulate(op, runner, batch, accumulation, want_loss, exact_reduction,
                                               defer=scaler is None)
+    try:  # a sparse gradient the rule cannot take: refused before anything is kept
+        opt.check_sparse(op, runner.params, grads)
+    except BaseException:
+        if snapshot is not None:
+            snapshot.restore()
+        raise
     found = nonfinite_flag(loss, grads, snapshot.written if snapshot is not None else (),
                            scaler.inverse() if scaler is not None else None, mean)
     if scaler is not None:
@@ -291,7 +317,7 @@ def update(
     clipping = clip_grad_norm is not None or clip_grad_value is not None
     norm = None
     if clipping:  # on the canonical gradients: each storage once, a tie with its sum
-        grads = canonical_gradients(runner.slot_map(), grads)
+        grads = canonical_gradients(runner.slot_map(), grads, allow_missing=True)
         norm = clip_(grads, clip_grad_norm, clip_grad_value)
     if nonfinite == "skip":
         if snapshot is not None:
