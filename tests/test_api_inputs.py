@@ -78,14 +78,18 @@ def test_samples_that_are_not_a_list(make, unchanged):
 
 
 @pytest.mark.parametrize("make", [lambda b: iter(b), lambda b: (x for x in b), lambda b: map(lambda x: x, b)])
-def test_a_one_shot_loader_is_refused_before_it_is_consumed(make, unchanged):
+def test_a_one_shot_loader_trains_once_and_is_refused_for_more_epochs(make, unchanged):
+    """Read lazily, a stream that can be read once trains to its end (epochs=1, no
+    measuring pass consumes it); more epochs are refused before it is consumed."""
     data = [(torch.ones(2), torch.ones(1))] * 4
     batches = [data[:2], data[2:]]
     it = make(batches)
     r = lt.Runner.from_module(nn.Linear(2, 1), "mse")
-    with unchanged(r.params), pytest.raises(lt.DataError, match="one-shot iterator"):
-        lt.train_loader(r, lt.LoaderTrainConfig(epochs=1), it)
+    with unchanged(r.params), pytest.raises(lt.DataError, match="one-shot iterator.*epochs=2"):
+        lt.train_loader(r, lt.LoaderTrainConfig(epochs=2), it)
     assert next(it) is batches[0]  # not consumed
+    report, _ = lt.train_loader(r, lt.LoaderTrainConfig(epochs=1, log_every=0), make(batches))
+    assert report.steps == 2 and report.before is None and report.after is None
 
 
 def native_params():

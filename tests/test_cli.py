@@ -227,3 +227,19 @@ def test_an_earlier_run_is_never_written_over_without_asking(tmp_path, capsys):
     assert main(["train", "--epochs", "2", "--out", str(out), "--overwrite"]) == 0
     assert json.loads((out / "config.json").read_text())["epochs"] == 2
     assert json.loads((out / "report.json").read_text())["steps"] == 90
+
+
+def test_max_steps_and_a_warm_up_over_updates(tmp_path, capsys):
+    """``--max-steps`` stops mid-epoch (45 updates an epoch); ``--schedule-per step``
+    indexes the cosine schedule by update, so ``--warmup 4`` warms up over 4 updates."""
+    out = tmp_path / "run"
+    args = ["train", "--preset", "digits-mlp", "--epochs", "2", "--out", str(out), "--log-every", "1",
+            "--max-steps", "10", "--scheduler", "cosine", "--schedule-per", "step", "--warmup", "4"]
+    assert main(args) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["steps"] == 10
+    rates = [r["lr"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "step"]
+    assert len(rates) == 10 and rates[0] < rates[1] < rates[2] < rates[3] and rates[3] >= rates[4] > rates[9]
+    assert json.loads((out / "config.json").read_text())["max_steps"] == 10
+    assert main(["train", "--resume", str(out), "--max-steps", "12"]) == 0
+    assert json.loads((out / "report.json").read_text())["steps"] == 12

@@ -199,20 +199,6 @@ def test_measure_loss_false_skips_the_before_and_after_passes():
     assert report.before is None and report.after is None and len(calls) == 2
 
 
-def test_resuming_an_unseeded_shuffled_torch_loader_warns(tmp_path):
-    data = TensorDataset(torch.randn(6, 4), torch.randn(6, 6))
-    r = lt.Runner.from_module(TiedNet(bn=False), "mse")
-    cfg = lt.LoaderTrainConfig(epochs=1, log_every=0, checkpoint_path=tmp_path / "c.ckpt")
-    lt.train_loader(r, cfg, TorchLoader(data, batch_size=2, shuffle=True))
-    resume = lt.LoaderTrainConfig(epochs=2, log_every=0, resume_from=tmp_path / "c.ckpt")
-    with pytest.warns(UserWarning, match="no seeded generator"):
-        lt.train_loader(r, resume, TorchLoader(data, batch_size=2, shuffle=True))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        seeded = TorchLoader(data, batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(0))
-        lt.train_loader(r, resume, seeded)
-
-
 def test_a_compiled_models_names_have_no_orig_mod_prefix():
     model = TiedNet(bn=False)
     wrapped = torch.nn.Module()

@@ -52,7 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--data", help="your own data: package.module:function returning (train, test)")
     t.add_argument("--loss", help="mse, cross_entropy or package.module:function")
     t.add_argument("--weight-decay", type=float, help="adamw's weight decay")
-    t.add_argument("--warmup", type=natural, help="warm-up epochs of the cosine schedule")
+    t.add_argument("--warmup", type=natural, help="warm-up of the cosine schedule (epochs; updates with "
+                   "--schedule-per step)")
+    t.add_argument("--schedule-per", choices=["epoch", "step"],
+                   help="index the schedule by epoch (default) or by update (a warm-up over updates)")
+    t.add_argument("--max-steps", type=positive, metavar="N", help="stop after N updates (mid-epoch if need be)")
     t.add_argument("--exact-reduction", action="store_true", default=None,
                    help="under torchrun: fold every item's gradient in order (the one-process bits)")
     t.add_argument("--clip-grad-norm", type=float, metavar="X",

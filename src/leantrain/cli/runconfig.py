@@ -19,6 +19,7 @@ from ..errors import ConfigError
 from ..validate import is_int, is_number
 
 SCHEDULERS = ("none", "step", "exponential", "cosine")
+SCHEDULE_PER = ("epoch", "step")
 DEVICES = ("cpu", "cuda")
 PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}  # -> the loops' autocast
 
@@ -41,7 +42,9 @@ class RunConfig:
     data: Optional[str] = None  # "package.module:function" -> (train, test); default: digits
     loss: str = "cross_entropy"  # "mse", "cross_entropy" or "package.module:function"
     weight_decay: Optional[float] = None  # adamw only
-    warmup: int = 1  # warm-up epochs of the cosine schedule
+    warmup: int = 1  # warm-up of the cosine schedule: epochs, or updates with schedule_per="step"
+    schedule_per: str = "epoch"  # the schedules' index: the epoch (upstream) or the update
+    max_steps: Optional[int] = None  # stop after this many updates (mid-epoch if need be)
     exact_reduction: bool = False  # under torchrun: the one-process bits on any number of ranks
     collective_timeout: float = 300.0  # under torchrun: seconds to wait for the slowest rank
     clip_grad_norm: Optional[float] = None  # clip the mean gradient's global L2 norm to this
@@ -105,6 +108,10 @@ class RunConfig:
             raise bad("precision", f"expected one of {', '.join(PRECISIONS)}")
         if not is_int(self.warmup) or self.warmup < 0:
             raise bad("warmup", "expected an integer >= 0")
+        if not one_of(self.schedule_per, SCHEDULE_PER):
+            raise bad("schedule_per", f"expected one of {', '.join(SCHEDULE_PER)}")
+        if self.max_steps is not None and (not is_int(self.max_steps) or self.max_steps < 1):
+            raise bad("max_steps", "expected an integer >= 1")
 
     @classmethod
     def build(cls, toml_path: Optional[str], overrides: dict[str, Any]) -> "RunConfig":
@@ -128,13 +135,18 @@ class RunConfig:
         return optim.OPTIMIZERS[self.optimizer](self.lr)
 
     def make_schedule(self, steps_per_epoch: int) -> Optional[optim.Schedule]:
-        """Loader schedules are indexed by epoch."""
+        """Indexed by epoch (upstream's rule), or by update with ``schedule_per="step"``:
+        then the same curves over the run's updates (``warmup`` counts updates)."""
+        per_step = self.schedule_per == "step"
+        total = self.epochs * steps_per_epoch if per_step else self.epochs
+        if per_step and self.max_steps is not None:
+            total = min(total, self.max_steps)
         if self.scheduler == "step":
-            return optim.step(self.lr, max(1, self.epochs // 3), 0.3)
+            return optim.step(self.lr, max(1, total // 3), 0.3)
         if self.scheduler == "exponential":
-            return optim.exponential(self.lr, 0.9)
+            return optim.exponential(self.lr, 0.9 ** (1.0 / steps_per_epoch) if per_step else 0.9)
         if self.scheduler == "cosine":
-            return optim.warmup_cosine(self.lr, self.lr / 20, self.warmup, self.epochs)
+            return optim.warmup_cosine(self.lr, self.lr / 20, self.warmup, max(total, self.warmup + 1))
         return None
 
 

@@ -31,7 +31,7 @@ from ..training.events import StepEvent
 FLAGS = ("preset", "epochs", "batch_size", "accumulate", "optimizer", "lr", "scheduler", "seed",
          "device", "out", "log_every", "checkpoint_every", "model", "data", "loss", "weight_decay", "warmup",
          "exact_reduction", "collective_timeout", "clip_grad_norm", "ema", "precision", "decay_matrices_only",
-         "compile")
+         "compile", "schedule_per", "max_steps")
 
 
 def _config(args) -> tuple[RunConfig, bool]:
@@ -177,7 +177,8 @@ def _train(args) -> int:
         resume_from=ckpt if resuming else None, exact_reduction=cfg.exact_reduction,
         collective_timeout=None,  # the process group itself was made with --collective-timeout
         clip_grad_norm=cfg.clip_grad_norm, accumulate=cfg.accumulate, ema_decay=cfg.ema,
-        autocast=PRECISIONS[cfg.precision], compile=cfg.compile,
+        autocast=PRECISIONS[cfg.precision], compile=cfg.compile, schedule_per=cfg.schedule_per,
+        max_steps=cfg.max_steps,
     )
     start_step = 0
     if resuming:
@@ -206,7 +207,8 @@ def _train(args) -> int:
           + (f"; resuming at step {start_step}" if resuming else ""))
 
     stop = {"requested": False}
-    bar = tqdm(total=cfg.epochs * steps_per_epoch, initial=start_step, unit="step",
+    total_steps = cfg.epochs * steps_per_epoch if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * steps_per_epoch)
+    bar = tqdm(total=total_steps, initial=start_step, unit="step",
                desc=f"{world} ranks" if world > 1 else None,
                disable=None if main else True, dynamic_ncols=True, leave=False)
     # A fresh run replaces an earlier metrics file only once it has a record to write.

@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 
 from .atomic import PathLike, atomic_write
 from .checkfile import FORMAT, VERSION, checksum, dtype_name, raise_all, read_checkpoint, seal
-from .manifest import check_json
+from .manifest import DTYPE_NAMES, LOADER_NAME, check_json
 from ..errors import CheckpointError, shape_str, slot_label
 from ..optim import OptState, Optimizer
 from ..optim.optimizer import GENERIC, NATIVE
@@ -61,13 +61,11 @@ def save_checkpoint(
     for what, value in (("progress", progress), ("loader_state", loader_state)):
         if value is not None and not isinstance(value, dict):
             raise CheckpointError(f"{op}: {what} must be a dict, got {type(value).__name__}")
-        why = check_json(op, what, value)
+        why = check_json(op, what, value if what == "progress" or value is None
+                         else {k: v for k, v in value.items() if k != "tensors"})
         if why is not None:
             raise CheckpointError(why)
-    if loader_state is not None:
-        order = loader_state.get("order")
-        if not (isinstance(order, (list, tuple)) and all(isinstance(o, int) and not isinstance(o, bool) for o in order)):
-            raise CheckpointError(f"{op}: loader_state['order'] must be a list of item indices")
+    loader_tensors = _loader_tensors(op, loader_state)
     schema = params.schema()
     tensors: dict[str, torch.Tensor] = {}
     for k, s in enumerate(params.storages()):
@@ -89,9 +87,12 @@ def save_checkpoint(
             )
         manifest["optimizer"] = _state_manifest(state, tensors, params)
     if loader_state is not None:
-        order = loader_state["order"]
-        tensors["loader.order"] = torch.tensor(list(order), dtype=torch.int64)
-        manifest["loader"] = {k: v for k, v in loader_state.items() if k != "order"}
+        manifest["loader"] = {k: v for k, v in loader_state.items() if k not in ("order", "tensors")}
+        if "kind" in loader_state:  # a stream's position (training/streams.py): JSON and named tensors
+            manifest["loader"]["tensors"] = {name: {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+                                             for name, t in loader_tensors.items()}
+        for name, t in loader_tensors.items():
+            tensors[f"loader.{name}"] = t
     if ema is not None:
         kept = [k for k in ema.trainable if ema.values[k] is not None]
         manifest["ema"] = {"decay": ema.decay, "count": ema.count, "storages": kept}
@@ -125,6 +126,23 @@ def check_destination(op: str, path: object) -> Path:
     if path.is_dir():
         raise CheckpointError(f"{op}: {path}: is a folder; give a file path inside it")
     return path
+
+
+def _loader_tensors(op: str, loader_state: Optional[dict]) -> dict[str, torch.Tensor]:
+    """The tensors a loader record stores: a leantrain DataLoader's order, or a stream's
+    named tensors (generator states, tensors of a ``state_dict``) on the CPU."""
+    if loader_state is None:
+        return {}
+    if "kind" not in loader_state:
+        order = loader_state.get("order")
+        if not (isinstance(order, (list, tuple)) and all(isinstance(o, int) and not isinstance(o, bool) for o in order)):
+            raise CheckpointError(f"{op}: loader_state['order'] must be a list of item indices")
+        return {"order": torch.tensor(list(order), dtype=torch.int64)}
+    named = loader_state.get("tensors", {})
+    if not (isinstance(named, dict) and all(isinstance(k, str) and LOADER_NAME.fullmatch(k) and isinstance(t, torch.Tensor)
+                                            and t.dtype in DTYPE_NAMES.values() for k, t in named.items())):
+        raise CheckpointError(f"{op}: loader_state['tensors'] must map names ([A-Za-z0-9_.]) to tensors")
+    return {k: t.detach().to("cpu").contiguous() for k, t in named.items()}
 
 
 def _state_manifest(state: OptState, tensors: dict, params: ParamList) -> dict:
@@ -282,14 +300,25 @@ def load_checkpoint(
     if restore_rng and rng.get("cuda") and torch.cuda.is_available():
         for d in range(min(rng["cuda"], torch.cuda.device_count())):
             torch.cuda.set_rng_state(tensors[f"rng.cuda.{d}"], d)
-    loader_state = None
-    if manifest.get("loader") is not None:
-        loader_state = dict(manifest["loader"], order=tensors["loader.order"].tolist())
+    loader_state = loader_record(manifest, tensors)
     ema = None
     if manifest.get("ema") is not None:
         e = manifest["ema"]
         ema = {"decay": e["decay"], "count": e["count"], "values": {k: tensors[f"ema.{k}"] for k in e["storages"]}}
     return Checkpoint(path, manifest, state, manifest.get("progress", {}), loader_state, ema)
+
+
+def loader_record(manifest: dict, tensors: dict) -> Optional[dict]:
+    """A checkpoint's loader record as ``save_checkpoint`` was given it: a leantrain
+    DataLoader's state with its ``order``, or a stream's position with its ``tensors``."""
+    saved = manifest.get("loader")
+    if not isinstance(saved, dict):
+        return None
+    if "kind" in saved:
+        return dict(saved, tensors={name: tensors.get(f"loader.{name}") for name in saved.get("tensors", {})})
+    if "loader.order" not in tensors:
+        return None
+    return dict(saved, order=tensors["loader.order"].tolist())
 
 
 def _rebuild_state(entry: dict, tensors: dict, params: ParamList, opt) -> OptState:

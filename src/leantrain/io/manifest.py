@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any, Optional
 
 import torch
 
+from .nested import references
 from ..optim import rules as R
 from ..optim.optimizer import GENERIC, NATIVE
 from ..params.schema import ParameterSchema
@@ -22,6 +24,8 @@ from ..validate import is_int, is_number
 
 MAX_INT = 2**63 - 1
 MAX_CUDA_DEVICES = 1024
+LOADER_KINDS = ("sampled", "stateful", "iterable", "replay")  # training/streams.py
+LOADER_NAME = re.compile(r"[A-Za-z0-9_.]{1,200}")
 DTYPE_NAMES = {str(d).removeprefix("torch."): d for d in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
     torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)}
@@ -76,8 +80,7 @@ def manifest_problems(m: dict) -> list[str]:
     out += _optimizer_problems(m.get("optimizer"), schema)
     if not isinstance(m.get("progress", {}), dict):
         out.append(f"progress: expected an object, got {_short(m.get('progress'))}")
-    if m.get("loader") is not None and not isinstance(m.get("loader"), dict):
-        out.append(f"loader: expected an object or null, got {_short(m.get('loader'))}")
+    out += _loader_problems(m.get("loader"))
     ema = m.get("ema")
     if ema is not None:
         n = next_storage
@@ -158,7 +161,11 @@ def expected_tensors(m: dict) -> dict[str, tuple[torch.dtype, Optional[tuple[int
             s = slots[int(key)]
             for name in rec["tensors"]:
                 want[f"state.{key}.{name}"] = (DTYPE_NAMES[s["dtype"]], tuple(s["shape"]))
-    if m.get("loader") is not None:
+    loader = m.get("loader")
+    if loader is not None and "kind" in loader:
+        for name, spec in loader.get("tensors", {}).items():
+            want[f"loader.{name}"] = (DTYPE_NAMES[spec["dtype"]], tuple(spec["shape"]))
+    elif loader is not None:
         want["loader.order"] = (torch.int64, None)
     if m.get("ema") is not None:
         for k in m["ema"]["storages"]:
@@ -168,6 +175,30 @@ def expected_tensors(m: dict) -> dict[str, tuple[torch.dtype, Optional[tuple[int
     for d in range(m["rng"]["cuda"]):
         want[f"rng.cuda.{d}"] = (torch.uint8, None)
     return want
+
+
+def _loader_problems(loader: object) -> list[str]:
+    """A loader record: a leantrain DataLoader's (no ``kind``) or a stream's position: a
+    kind, JSON fields, and named tensors each with a known dtype and shape, every tensor
+    the stored state refers to among them."""
+    if loader is None:
+        return []
+    if not isinstance(loader, dict):
+        return [f"loader: expected an object or null, got {_short(loader)}"]
+    if "kind" not in loader:
+        return []
+    if not _one_of(loader["kind"], LOADER_KINDS):
+        return [f"loader.kind: expected one of {sorted(LOADER_KINDS)}, got {_short(loader['kind'])}"]
+    named = loader.get("tensors", {})
+    if not (isinstance(named, dict) and all(
+            isinstance(k, str) and LOADER_NAME.fullmatch(k) and isinstance(v, dict) and set(v) == {"dtype", "shape"}
+            and _one_of(v["dtype"], DTYPE_NAMES) and isinstance(v["shape"], list) and all(_count(d) for d in v["shape"])
+            for k, v in named.items())):
+        return [f"loader.tensors: expected names ([A-Za-z0-9_.]) with a dtype and a shape, got {_short(named)}"]
+    missing = sorted(references(loader.get("state")) - set(named))
+    if missing:
+        return [f"loader.state: refers to tensors the record does not list: {missing[:3]}"]
+    return []
 
 
 def check_json(op: str, what: str, value: Any) -> Optional[str]:

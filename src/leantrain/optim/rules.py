@@ -1,6 +1,8 @@
 """Per-tensor update rules over typed state records (spec §3), and their multi-tensor form.
 
-Each rule has three parts: ``init(h, p)`` makes the zero state of one tensor;
+The tensors a rule is handed are dense in one layout (the optimizer shell's layout
+rule, ``params/dense.py``: the fused kernels pair elements by memory position), and a
+gradient is present (a slot without one is left out by the shell). Each rule has three parts: ``init(h, p)`` makes the zero state of one tensor;
 ``update(h, lr, state, p, g)`` is the reference per-tensor rule; ``update_many``
 does the same over lists with ``torch._foreach_*`` and must agree bit for bit
 (tested); ``uniform=True`` tells it the tensors share one device and dtype (the

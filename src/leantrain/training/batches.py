@@ -37,16 +37,18 @@ def plain_tensor_loader(loader: object) -> bool:
             and loader.num_workers == 0 and not loader.pin_memory and loader.batch_sampler is not None)
 
 
-def fast_batches(loader: object) -> Optional[Iterator[tuple[torch.Tensor, torch.Tensor]]]:
+def fast_batches(loader: object, it: Optional[Iterator] = None) -> Optional[Iterator[tuple[torch.Tensor, torch.Tensor]]]:
     """One pass over a plain ``torch.utils.data.DataLoader`` on a two-tensor
     ``TensorDataset`` (default collate, no workers, no pinned memory) without its per-item
     loop: the index lists come from the DataLoader's own iterator (so the shuffle and the
     random draws are exactly those of iterating it) and each batch is gathered with one
-    indexing call per tensor, the bits ``default_collate`` stacks. ``None`` for any
-    other loader (iterate it as it is)."""
+    indexing call per tensor, the bits ``default_collate`` stacks. ``it``: that iterator,
+    already started (and perhaps advanced); ``None`` for any other loader (iterate it as
+    it is)."""
     if not plain_tensor_loader(loader):
         return None
-    it = iter(loader)  # the DataLoader's own start: its seed draws and its sampler
+    if it is None:
+        it = iter(loader)  # the DataLoader's own start: its seed draws and its sampler
     if not hasattr(it, "_next_index"):
         return None
     x, y = loader.dataset.tensors
@@ -76,27 +78,13 @@ def loader_generators(loader: object) -> list[torch.Generator]:
     return list(found.values())
 
 
-def loader_items(op: str, loader: Loader, device: torch.device) -> list[Sample]:
-    """Every item of one pass over ``loader``, read without consuming its randomness:
-    a shuffled torch DataLoader then yields the same epochs as in the user's own loop."""
+def loader_samples(op: str, loader: Loader) -> Iterator[Sample]:
+    """The samples of one pass over ``loader``, read batch by batch as they are needed
+    (nothing kept): a leantrain DataLoader's items, or each raw batch's list batch. The
+    caller keeps the loader's generators as they were (``rng_preserved``) when the pass
+    must not change what training draws next."""
     if isinstance(loader, DataLoader):
-        items = loader.items(op)
-    else:
-        with rng_preserved(device, loader_generators(loader)):
-            batches = fast_batches(loader) or loader
-            items = [s for raw in batches for s in as_list_batch(op, raw)]
-    if not items:
-        raise DataError(f"{op}: empty dataset")
-    return items
-
-
-def loader_size(op: str, loader: Loader, device: torch.device) -> int:
-    """How many items one pass over ``loader`` gives (what a checkpoint's ``n_samples``
-    records): for a plain tensor loader its number of batches (each batch is one item),
-    known without reading; otherwise counted over one pass, as ``loader_items`` reads it."""
-    if plain_tensor_loader(loader):
-        n = len(loader)
-        if n == 0:
-            raise DataError(f"{op}: empty dataset")
-        return n
-    return len(loader_items(op, loader, device))
+        yield from loader.items(op)
+        return
+    for raw in fast_batches(loader) or loader:
+        yield from as_list_batch(op, raw)

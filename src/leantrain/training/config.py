@@ -67,6 +67,9 @@ def _common(op: str, cfg) -> None:
         raise ConfigError(f"{op}: eval_metrics needs eval_data")
 
 
+SCHEDULE_PER = ("epoch", "step")
+
+
 def lr_for(cfg, t: int) -> float:
     """The scheduled rate at index ``t``, or the optimizer's own rate without a schedule."""
     return cfg.scheduler.lr_at(t) if cfg.scheduler is not None else cfg.optimizer.lr
@@ -147,21 +150,36 @@ class TrainConfig(LoopOptions):
 
 @dataclass(frozen=True)
 class LoaderTrainConfig(LoopOptions):
-    """Loader training: ``epochs`` passes; one update per ``accumulate`` loader batches
-    (the list-batch mean over all their items; an epoch's short tail group is its own
-    mean); the schedule advances once per epoch; the step counter counts updates,
-    across epochs."""
+    """Loader training: ``epochs`` passes, read lazily (see ``streams.py``); one update
+    per ``accumulate`` loader batches (the list-batch mean over all their items; an
+    epoch's short tail group is its own mean); the step counter counts updates, across
+    epochs.
+
+    ``max_steps``: stop after that many updates (counted over the whole run, resumed
+    ones included), mid-epoch if need be: with an endless stream, ``epochs=1`` and
+    ``max_steps=N``. ``schedule_per``: ``"epoch"`` (upstream's rule: the schedule's
+    index is the epoch) or ``"step"`` (its index is the update, so ``warmup_cosine``
+    warms up over updates). ``measure_batches``: the ``before``/``after`` losses read at
+    most this many batches (``None``: one whole pass); they are measured only where a
+    pass does not change what training reads (see ``Stream.measurable``), else ``None``."""
 
     epochs: int
     optimizer: Optimizer = field(default_factory=lambda: sgd(0.01))
     scheduler: Optional[Schedule] = None
     log_every: int = 1
     accumulate: int = 1  # loader batches per update: their items' mean, a short tail its own
+    max_steps: Optional[int] = None
+    schedule_per: str = "epoch"
+    measure_batches: Optional[int] = None
 
     def __post_init__(self) -> None:
         op = "LoaderTrainConfig"
         check_count(op, "epochs", self.epochs, 0)
         check_count(op, "accumulate", self.accumulate, 1)
+        for name in ("max_steps", "measure_batches"):
+            if getattr(self, name) is not None:
+                check_count(op, name, getattr(self, name), 1)
+        check_choice(op, "schedule_per", self.schedule_per, SCHEDULE_PER)
         _common(op, self)
 
 

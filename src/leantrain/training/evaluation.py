@@ -9,13 +9,13 @@ example, over items when it returns one value per item.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping, Optional, Union
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Union
 
 import torch
 
 from ..data import DataLoader, Dataset
-from ..errors import ConfigError, DataError
-from .batches import loader_items
+from ..errors import ConfigError
+from .batches import loader_generators, loader_samples
 from .binding import rng_preserved
 from .runner import Runner, Sample, check_sample
 
@@ -23,20 +23,16 @@ Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 EvalData = Union[list, Dataset, DataLoader, Iterable]
 
 
-def eval_items(op: str, data: EvalData, device: torch.device) -> list[Sample]:
-    """The items of ``data``: a sample list, a Dataset, a DataLoader or a re-iterable of
-    batches (a collated ``(x, y)`` batch is one item)."""
+def eval_items(op: str, data: EvalData) -> Iterator[Sample]:
+    """The items of ``data``, read lazily: a sample list, a Dataset, a DataLoader or an
+    iterable of batches (a collated ``(x, y)`` batch is one item). Nothing is kept: memory
+    does not grow with the data."""
     if isinstance(data, Dataset):
-        return [check_sample(op, s, i) for i, s in enumerate(data.to_list())]
+        data = data.to_list()
     if isinstance(data, (list, tuple)):
-        return [check_sample(op, s, i) for i, s in enumerate(data)]
+        return (check_sample(op, s, i) for i, s in enumerate(data))
     if isinstance(data, DataLoader) or isinstance(data, Iterable):
-        try:
-            return loader_items(op, data, device)
-        except DataError as e:
-            if "empty dataset" in str(e):
-                return []
-            raise
+        return loader_samples(op, data)
     raise ConfigError(f"{op}: expected a sample list, a Dataset or a loader, got {type(data).__name__}")
 
 
@@ -59,16 +55,16 @@ def evaluate(
     for name, fn in metrics.items():
         if not isinstance(name, str) or not callable(fn) or name in ("loss", "items"):
             raise ConfigError(f"{op}: metric {name!r}: expected a name (not 'loss' or 'items') and a callable")
-    items = eval_items(op, data, runner.device)
-    if not items:
-        return {"loss": 0.0, **{name: 0.0 for name in metrics}, "items": 0.0}
+    items = eval_items(op, data)
     mode = runner.mode
     runner.eval()
     sums = {name: [torch.zeros((), dtype=torch.float64, device=runner.device), 0] for name in metrics}
-    total = None
+    total, n = None, 0
     try:
-        with rng_preserved(runner.device), torch.no_grad(), runner.binding(op) as bound, bound.scratch_buffers():
+        with rng_preserved(runner.device, loader_generators(data)), torch.no_grad(), runner.binding(op) as bound, \
+                bound.scratch_buffers():
             for sample in items:
+                n += 1
                 x, y = runner.inputs(sample)
                 with runner.autocast():
                     out = runner.module(x)
@@ -82,8 +78,10 @@ def evaluate(
                     sums[name][1] += max(1, value.numel())
     finally:
         runner.train() if mode == "train" else runner.eval()
-    results = {"loss": float((total * (1.0 / len(items))).item())}  # intentional sync: asked for
-    for name, (s, n) in sums.items():
-        results[name] = float(s.item()) / n  # intentional sync
-    results["items"] = float(len(items))
+    if n == 0:
+        return {"loss": 0.0, **{name: 0.0 for name in metrics}, "items": 0.0}  # upstream's rule
+    results = {"loss": float((total * (1.0 / n)).item())}  # intentional sync: asked for
+    for name, (s, k) in sums.items():
+        results[name] = float(s.item()) / k  # intentional sync
+    results["items"] = float(n)
     return results

@@ -14,7 +14,7 @@ naming the slot), never silently left untrained.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Iterable, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -320,22 +320,24 @@ class Runner:
             with self.autocast():
                 return self.module(x.to(self.device))
 
-    def mean_loss(self, samples: Sequence[Sample]) -> float:
-        """``(l1 + ... + ln) / n`` under the current parameters and mode.
+    def mean_loss(self, samples: Iterable[Sample]) -> float:
+        """``(l1 + ... + ln) / n`` under the current parameters and mode, reading
+        ``samples`` (a list, or any iterable: one item at a time, nothing kept).
 
         Buffers and the random number generators are left as found (a measuring pass
-        does not change what training draws next). An empty list gives 0.0, upstream's
+        does not change what training draws next). No items give 0.0, upstream's
         rule. Reads one scalar back to the host (a device sync on CUDA), as asked.
         """
-        if len(samples) == 0:
-            return 0.0
-        samples = [check_sample("Runner.mean_loss", s, i) for i, s in enumerate(samples)]
+        total, n = None, 0
         with rng_preserved(self.device), torch.no_grad():
             with self.binding("Runner.mean_loss") as bound, bound.scratch_buffers():
-                total = self.loss(samples[0])
-                for s in samples[1:]:
-                    total = total + self.loss(s)
-        return float((total / len(samples)).item())  # intentional sync: the caller asked
+                for s in samples:
+                    loss = self.loss(check_sample("Runner.mean_loss", s, n))
+                    total = loss if total is None else total + loss
+                    n += 1
+        if n == 0:
+            return 0.0
+        return float((total / n).item())  # intentional sync: the caller asked
 
     def loss_and_gradients(
         self, sample: Sample, leaves: Sequence[Optional[torch.Tensor]]

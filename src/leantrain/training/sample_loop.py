@@ -89,7 +89,7 @@ def train_samples(
     with distributed.collectives(cfg.collective_timeout):  # fail, not hang, on a lost peer
         session = Session(op, runner, cfg, "samples", log=log, callback=callback, callbacks=callbacks)
         with session.computing():  # autocast and the loss scale, for this loop only
-            state, ck = session.start(samples, {"batch_size": k, "n_samples": n})
+            state, ck = session.start(lambda: runner.mean_loss(samples), {"batch_size": k, "n_samples": n})
             start = 0 if ck is None else ck.progress["step"]
             session.begin(cfg.steps, start)
             watch = MemoryWatch(cadence(cfg.mem_watch, cfg.steps, runner.device), cfg.steps, runner.device, session.log)
@@ -99,7 +99,7 @@ def train_samples(
                 runner, cfg, lambda: next(batches), watch, cfg.optimizer, state,
                 lambda t, s: s.with_lr(lr_for(cfg, t)), start_step=start, session=session,
             )
-            return session.finish(samples, done, done * k)
+            return session.finish(lambda: runner.mean_loss(samples), done, done * k)
 
 
 def train_dataset(

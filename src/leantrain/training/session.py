@@ -142,8 +142,9 @@ class Session:
             yield
 
     # ------------------------------------------------------------------ start
-    def start(self, items: list[Sample], expect: dict, loader_check=None) -> tuple[OptState, Optional[Checkpoint]]:
-        """A fresh history and the ``before`` loss over ``items``, or, with
+    def start(self, measure: Callable[[], Optional[float]], expect: dict, loader_check=None
+              ) -> tuple[OptState, Optional[Checkpoint]]:
+        """A fresh history and the ``before`` loss (``measure()``, with ``measure_loss``), or, with
         ``cfg.resume_from``, the checkpoint's state (its progress must match ``expect``,
         and ``loader_check(manifest, tensors)`` find no problem)."""
         check_schedule(self.op, self.cfg, self.runner)
@@ -154,7 +155,7 @@ class Session:
             self._start_replicas()
             if self.cfg.ema_decay is not None:
                 self.runner.ema = EMA(self.runner.params, self.cfg.ema_decay)
-            self.before = self.runner.mean_loss(items) if self.cfg.measure_loss else None
+            self.before = measure() if self.cfg.measure_loss else None
             return self.opt.init(self.runner.params, native=uses_native(self.runner, self.opt)), None
         ck = self._resume(self.expect, loader_check)
         if self.scaler is not None:
@@ -304,6 +305,8 @@ class Session:
         self.runner.recheck()  # saving syncs storages to the host: check again at the next step
         progress, state, loader_state = self.pending
         if self.main:
+            if callable(loader_state):
+                loader_state = loader_state()  # the loader's position, asked for when a file is written
             progress = dict(self.expect, **progress, kind=self.kind, before=self.before,
                             losses=list(self.logged), evals=[[k, r] for k, r in self.evals],
                             **({"grad_norms": list(self.grad_norms)} if self.grad_norms else {}),
@@ -313,12 +316,12 @@ class Session:
         self.saved, self.saved_step = True, progress["step"]
 
     # ---------------------------------------------------------------- finish
-    def finish(self, items: list[Sample], steps: int, seen: int) -> TrainReport:
-        """The final checkpoint (unless the newest step is saved), the ``after`` loss over
-        ``items``, the module synced to the trained values, and the report."""
+    def finish(self, measure: Callable[[], Optional[float]], steps: int, seen: int) -> TrainReport:
+        """The final checkpoint (unless the newest step is saved), the ``after`` loss
+        (``measure()``), the module synced to the trained values, and the report."""
         if self.cfg.checkpoint_path and not self.saved:
             self.save()
-        after = self.runner.mean_loss(items) if self.cfg.measure_loss else None
+        after = measure() if self.cfg.measure_loss else None
         self.runner.sync()  # intentional, once: the module shows the trained values
         skipped = 0 if self.skipped is None else int(self.skipped.item())  # intentional, end of run
         report = TrainReport(
