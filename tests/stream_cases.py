@@ -15,7 +15,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader as TorchLoader
 from torch.utils.data import Dataset as TorchDataset
-from torch.utils.data import IterableDataset, SubsetRandomSampler, TensorDataset, WeightedRandomSampler
+from torch.utils.data import DistributedSampler, IterableDataset, SubsetRandomSampler, TensorDataset
+from torch.utils.data import WeightedRandomSampler
 
 import leantrain as lt
 from leantrain import optim
@@ -82,6 +83,9 @@ def loader(kind):
         return TorchLoader(ds, batch_size=BATCH, sampler=sampler, collate_fn=collate)
     if kind == "subset":
         return TorchLoader(ds, batch_size=BATCH, sampler=SubsetRandomSampler(list(range(N))), collate_fn=collate)
+    if kind == "distributed":  # rank 0 of 2, its shard; the loop calls set_epoch each epoch
+        sampler = DistributedSampler(ds, num_replicas=2, rank=0, shuffle=True, seed=3)
+        return TorchLoader(ds, batch_size=BATCH, sampler=sampler, collate_fn=collate, drop_last=True)
     if kind == "workers":
         return TorchLoader(ds, batch_size=BATCH, shuffle=True, generator=seeded, collate_fn=collate, num_workers=2)
     if kind == "stateful":
@@ -100,7 +104,7 @@ def loader(kind):
     raise ValueError(kind)
 
 
-KINDS = ["seeded", "unseeded", "weighted", "subset", "workers", "stateful", "iterable", "plain_iterable",
+KINDS = ["seeded", "unseeded", "weighted", "subset", "distributed", "workers", "stateful", "iterable", "plain_iterable",
          "tensor", "leantrain"]
 
 

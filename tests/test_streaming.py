@@ -136,3 +136,18 @@ def test_evaluate_streams_its_data():
     assert got["items"] == 10 and ds.reads == 60
     gen = ((x, y) for x, y in TorchLoader(ds, batch_size=6, collate_fn=ds.collate))  # read once
     assert lt.evaluate(r, gen)["loss"] == got["loss"]
+
+
+def test_samplers_are_told_each_epoch():
+    class Recording(torch.utils.data.DistributedSampler):
+        calls = []
+
+        def set_epoch(self, epoch):
+            self.calls.append(epoch)
+            super().set_epoch(epoch)
+
+    ds = Counted(12)
+    sampler = Recording(ds, num_replicas=2, rank=1, shuffle=True, seed=0)
+    lt.train_loader(runner(), lt.LoaderTrainConfig(epochs=3, log_every=0, measure_loss=False),
+                    TorchLoader(ds, batch_size=3, sampler=sampler, collate_fn=ds.collate))
+    assert Recording.calls == [0, 1, 2]
