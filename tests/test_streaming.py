@@ -151,3 +151,18 @@ def test_samplers_are_told_each_epoch():
     lt.train_loader(runner(), lt.LoaderTrainConfig(epochs=3, log_every=0, measure_loss=False),
                     TorchLoader(ds, batch_size=3, sampler=sampler, collate_fn=ds.collate))
     assert Recording.calls == [0, 1, 2]
+
+
+def test_a_checkpoint_without_a_loader_position_resumes_and_says_what_differs(tmp_path):
+    """Checkpoints of torch loaders written before positions were saved hold none."""
+    ds = Counted(30)
+    loader = lambda: TorchLoader(ds, batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(2),
+                                 collate_fn=ds.collate)
+    r = runner()
+    cfg = dict(epochs=1, log_every=0, measure_loss=False)
+    lt.train_loader(r, lt.LoaderTrainConfig(max_steps=4, checkpoint_path=tmp_path / "c.ckpt", **cfg), loader())
+    ck = lt.load_checkpoint(tmp_path / "c.ckpt", runner(), optimizer=optim.sgd(0.01))
+    lt.save_checkpoint(tmp_path / "old.ckpt", r, state=ck.state, progress=ck.progress)  # no loader state
+    with pytest.warns(UserWarning, match="holds no position for this loader.*4 batch"):
+        report, _ = lt.train_loader(runner(), lt.LoaderTrainConfig(resume_from=tmp_path / "old.ckpt", **cfg), loader())
+    assert report.steps == 10

@@ -67,11 +67,12 @@ def fast_batches(loader: object, it: Optional[Iterator] = None) -> Optional[Iter
 
 def loader_generators(loader: object) -> list[torch.Generator]:
     """The generators iterating ``loader`` draws from (a torch DataLoader's own, its
-    sampler's, its batch sampler's sampler's), each once."""
+    sampler's, its batch sampler's and that one's sampler's), each once."""
     found: dict[int, torch.Generator] = {}
     sampler = getattr(loader, "sampler", None)
-    inner = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
-    for owner in (loader, sampler, inner):
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    inner = getattr(batch_sampler, "sampler", None)
+    for owner in (loader, sampler, batch_sampler, inner):
         g = getattr(owner, "generator", None)
         if isinstance(g, torch.Generator):
             found.setdefault(id(g), g)

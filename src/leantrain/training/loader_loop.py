@@ -150,8 +150,7 @@ def train_loader(
             if ck is not None:
                 p = ck.progress
                 start = (p["epoch"], p["batch"], p["step"], p["seen"])
-                if ck.loader_state is not None:
-                    stream.restore(ck.loader_state, p["epoch"], p["batch"])
+                stream.restore(ck.loader_state, p["epoch"], p["batch"])
             session.begin(_total_steps(stream.loader, cfg), start[2])
             loader, state, _, steps, seen = run_loader_epochs(
                 runner, cfg, stream.loader, cfg.optimizer, state, lambda t, s: s.with_lr(lr_for(cfg, t)),

@@ -167,6 +167,8 @@ class Stream:
             except DataError as e:
                 return [str(e).removeprefix(f"{self.op}: ")]
             return []
+        if saved is None:
+            return []  # an older checkpoint without a loader position: resumed, with a warning
         got = saved.get("kind") if isinstance(saved, dict) else None
         if got != self.kind:
             return [f"loader: the checkpoint was written with a {got or 'leantrain DataLoader'!s} loader, "
@@ -176,14 +178,16 @@ class Stream:
                     f"this one draws from {len(self.generators)}"]
         return []
 
-    def restore(self, saved: dict, epoch: int, skip: int) -> None:
+    def restore(self, saved: Optional[dict], epoch: int, skip: int) -> None:
         """Put the checkpoint's position in place for the resumed epoch (checked by
         ``problems`` first); warn once when it cannot be put back exactly."""
         if self.kind == "leantrain":
             self.loader = self.at_start = self.loader.restored(saved, self.op)
             return
         self.pending = saved
-        reason = self.inexact(skip)
+        reason = self.inexact(skip) if saved is not None else (
+            f"the checkpoint holds no position for this loader (written by an older leantrain): the "
+            f"{skip} batch(es) done are skipped from a fresh pass, whose order may differ" if skip else None)
         if reason and not self.warned:
             self.warned = True
             warnings.warn(f"{self.op}: resuming in epoch {epoch} after {skip} batch(es): {reason}", stacklevel=4)
