@@ -100,3 +100,22 @@ def test_a_failed_collective_names_the_rank_the_step_and_the_last_checkpoint(tmp
                        match=r"rank 1 of 2, step 5: a collective operation failed \(Connection closed by peer\); "
                              r"last good checkpoint: .*run.ckpt \(step 4\)"):
         go(cfg)
+
+
+def test_resume_auto_restarts_only_its_own_partial_start(tmp_path, capsys):
+    """A job killed before its first checkpoint leaves config.json and metrics: the same
+    command starts it again. Another run's files (other settings, or a finished run's
+    report) are refused, as without --resume auto."""
+    from leantrain.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--epochs", "1", "--out", str(out)]) == 0
+    (out / "checkpoint.ckpt").unlink()  # a finished run whose checkpoint is gone
+    kept = {name: (out / name).read_bytes() for name in ("config.json", "metrics.jsonl", "report.json")}
+    assert main(["train", "--epochs", "1", "--out", str(out), "--resume", "auto"]) == 2
+    assert "holds an earlier run" in capsys.readouterr().err
+    (out / "report.json").unlink()
+    assert main(["train", "--epochs", "2", "--out", str(out), "--resume", "auto"]) == 2  # other settings
+    assert all((out / n).read_bytes() == b for n, b in kept.items() if n != "report.json")
+    assert main(["train", "--epochs", "1", "--out", str(out), "--resume", "auto"]) == 0  # its own start
+    assert (out / "checkpoint.ckpt").is_file()

@@ -268,3 +268,47 @@ def test_export_and_inspect_from_the_command(tmp_path, capsys):
     assert "torchlean_state_bits_v1" in capsys.readouterr().out
     (tmp_path / "t.tlp").write_bytes((tmp_path / "m.tlp").read_bytes()[:-3])
     assert main(["inspect", str(tmp_path / "t.tlp")]) == 2
+
+
+def _trained_checkpoint(path, opt):
+    torch.manual_seed(0)
+    r = lt.Runner.from_module(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)), "mse")
+    data = [(torch.randn(5, 3), torch.randn(5, 2)) for _ in range(3)]
+    lt.train_samples(r, lt.TrainConfig(steps=3, optimizer=opt, log_every=0, checkpoint_path=path), data)
+    return r
+
+
+def test_export_never_writes_over_its_own_checkpoint(tmp_path, capsys):
+    ck = tmp_path / "c.ckpt"
+    _trained_checkpoint(ck, optim.adam(0.01))
+    before = ck.read_bytes()
+    for fmt in ("--weights", "--torchlean"):
+        assert main(["export", str(ck), fmt, "-o", str(ck)]) == 2
+        assert "would write over the checkpoint being exported" in capsys.readouterr().err
+    assert ck.read_bytes() == before
+    named = tmp_path / "m.adam"  # -o m would write its state to m.adam: the checkpoint
+    named.write_bytes(before)
+    assert main(["export", str(named), "--torchlean", "-o", str(tmp_path / "m")]) == 2
+    assert "would write over the checkpoint" in capsys.readouterr().err
+    assert named.read_bytes() == before and not (tmp_path / "m").exists()
+
+
+def test_export_with_per_slot_settings_writes_the_parameters_and_says_why_not_the_state(tmp_path, capsys):
+    ck = tmp_path / "c.ckpt"
+    _trained_checkpoint(ck, optim.adamw(0.01, 0.1).per_slot(lambda p: {"weight_decay": 0.0} if len(p.shape) < 2 else {}))
+    assert main(["export", str(ck), "--torchlean", "-o", str(tmp_path / "m.tlp")]) == 0
+    out = capsys.readouterr().out
+    assert "m.tlp (TLPF32B" in out and "per-slot hyperparameters" in out
+    assert not (tmp_path / "m.tlp.adam").exists()
+
+
+def test_an_export_without_state_removes_an_earlier_exports_state(tmp_path, capsys):
+    adam_ck, sgd_ck = tmp_path / "a.ckpt", tmp_path / "s.ckpt"
+    _trained_checkpoint(adam_ck, optim.adam(0.01))
+    _trained_checkpoint(sgd_ck, optim.sgd(0.01))
+    assert main(["export", str(adam_ck), "--torchlean", "-o", str(tmp_path / "m.tlp")]) == 0
+    assert (tmp_path / "m.tlp.adam").exists()
+    assert main(["export", str(sgd_ck), "--torchlean", "-o", str(tmp_path / "m.tlp")]) == 0
+    out = capsys.readouterr().out
+    assert "holds Adam/AdamW, this is sgd" in out and "removed" in out
+    assert not (tmp_path / "m.tlp.adam").exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
+from typing import Optional
 
 from ..errors import CheckpointError
 from ..io import torchlean
@@ -11,7 +12,6 @@ from ..io.bits import read_json
 from ..io.framing import U64, ByteReader
 from ..io.checkpoint import load_checkpoint, optimizer_of, params_from_checkpoint, read_checkpoint
 from ..io.weights import save_weights
-from ..optim.hyper import Adam, AdamW
 from .usage import UserError
 
 
@@ -27,29 +27,60 @@ def cmd_export(args) -> int:
         raise UserError(f"export: -o {out}: is a folder; give a file name")
     if args.weights == args.torchlean:
         raise UserError("export: choose the format: --weights (safetensors) or --torchlean")
+    adam = out.with_name(out.name + ".adam")
+    for target in (out, adam) if args.torchlean else (out,):
+        if src.exists() and target.exists() and src.samefile(target):
+            raise UserError(f"export: -o {out} would write over the checkpoint being exported ({src}); "
+                            f"give another file name")
     what = "moving average" if args.ema else "weights"
+    params = params_from_checkpoint(src, "export", ema=args.ema)
     if args.weights:
-        params = params_from_checkpoint(src, "export", ema=args.ema)
         save_weights(out, params)
         print(f"wrote {out} (safetensors, {len(params)} slots, the {what})")
         return 0
-    params = params_from_checkpoint(src, "export", ema=args.ema)
-    manifest, _ = read_checkpoint(src, "export")
+    # Everything decided before the first file is written: nothing is left half-exported.
+    state, why_not = None, _adam_refusal(src, args.ema)
+    if why_not is None:
+        state = load_checkpoint(src, params_from_checkpoint(src, "export"), optimizer=optimizer_of(
+            read_checkpoint(src, "export")[0]), restore_rng=False).state
+        why_not = _state_refusal(state, params)
     torchlean.write_torchlean_f32(out, params)
     print(f"wrote {out} (TLPF32B v2, {len(params)} slots, the {what})")
-    if args.ema:
-        print("optimizer state not exported: it belongs to the trained weights, not their average")
-        return 0
-    opt = optimizer_of(manifest)
-    ck = load_checkpoint(src, params_from_checkpoint(src, "export"), optimizer=opt, restore_rng=False)
-    state = ck.state
-    if state is not None and isinstance(state.hyper, (Adam, AdamW)) and state.steps > 0:
-        adam = out.with_name(out.name + ".adam")
+    if why_not is None:
         torchlean.write_torchlean_adam(adam, params, state)
         print(f"wrote {adam} (TLADAMF, {state.hyper.kind}, step {state.steps})")
-    elif state is not None:
-        print(f"optimizer state not exported: TorchLean's optimizer file holds Adam/AdamW, this is {state.hyper.kind}")
+        return 0
+    if why_not:
+        print(f"optimizer state not exported: {why_not}")
+    if adam.exists():
+        adam.unlink()  # an earlier export's state beside the new parameters would not belong to them
+        print(f"removed {adam}: it held an earlier export's optimizer state")
     return 0
+
+
+def _adam_refusal(src: Path, ema: bool) -> Optional[str]:
+    """Why the checkpoint's optimizer state cannot be a TLADAMF file, from its manifest
+    (``""``: it has none; ``None``: it can be)."""
+    if ema:
+        return "it belongs to the trained weights, not their average"
+    entry = read_checkpoint(src, "export")[0].get("optimizer")
+    if not entry:
+        return ""
+    if entry["kind"] not in ("adam", "adamw"):
+        return f"TorchLean's optimizer file holds Adam/AdamW, this is {entry['kind']}"
+    if entry.get("per_slot"):
+        return "it has per-slot hyperparameters, and TorchLean's optimizer file holds one set"
+    if entry["steps"] == 0:
+        return "no update has been made yet"
+    return None
+
+
+def _state_refusal(state, params) -> Optional[str]:
+    """Why a loaded Adam state cannot be written (a slot that never had a gradient)."""
+    for i, c in enumerate(params.canonical_slot_indices()):
+        if c == i and state.slots[i].step == 0:
+            return f"{params.label(i)} never had a gradient, and TorchLean's file needs every slot's moments"
+    return None
 
 
 def inspect_torchlean(path: Path, fmt: str) -> None:

@@ -39,8 +39,9 @@ def _config(args) -> tuple[RunConfig, bool]:
     if args.resume == "auto":  # a restarted job: continue the --out folder's run if it has one
         cfg = RunConfig.build(args.config, overrides)
         if not (Path(cfg.out) / "checkpoint.ckpt").is_file():
-            args.overwrite = True  # no checkpoint: nothing to continue; a partial start is replaced
-            return cfg, False
+            if _partial_start_of(Path(cfg.out), cfg):
+                args.overwrite = True  # this same run, killed before its first checkpoint: start it again
+            return cfg, False  # anything else there is refused unless --overwrite
         args.resume = cfg.out
     if args.resume is None:
         return RunConfig.build(args.config, overrides), False
@@ -67,6 +68,16 @@ def _config(args) -> tuple[RunConfig, bool]:
 
 
 RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.ckpt", "report.json", "loss.png")
+
+
+def _partial_start_of(out: Path, cfg: RunConfig) -> bool:
+    """Whether ``out`` holds only the start of this very run (its settings, some metrics,
+    no checkpoint and no report): what a job killed before its first checkpoint leaves."""
+    try:
+        saved = json.loads((out / "config.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return saved == cfg.to_dict() and not (out / "report.json").exists()
 
 
 def _refuse_an_earlier_run(out: Path, overwrite: bool) -> None:
