@@ -114,6 +114,10 @@ def test_resume_over_a_damaged_middle_line_is_refused(tmp_path, capsys, run):
     ("[1, 2]\n", "line 1 is not a JSON object"),
     ("not json\n", "line 1 is not JSON"),
     (b"\x89PNG\r\n\x1a\n\xff\xfe\x00", "not a text file"),
+    ('{"kind": "step", "step": 1%s, "loss": 1}\n' % ("0" * 400), "expected a count below 2**53"),
+    ('{"kind": "epoch", "epoch": 1e308, "test_accuracy": 1}\n', "expected a count below 2**53"),
+    ('{"kind": "step", "step": 2.5, "loss": 1}\n', "expected a count below 2**53"),
+    ('{"kind": "step", "step": 1, "loss": 1%s}\n' % ("0" * 400), "expected a float"),
 ])
 def test_plot_on_records_it_cannot_draw(tmp_path, capsys, content, needle):
     path = tmp_path / "m.jsonl"
@@ -184,3 +188,30 @@ def test_the_command_trains_with_a_compiled_step(tmp_path):
     assert main(["train", "--epochs", "1", "--compile", "--out", str(out)]) == 0
     assert json.loads((out / "config.json").read_text())["compile"] is True
     assert 0.5 < json.loads((out / "report.json").read_text())["test_accuracy"] <= 1
+
+
+USER_FILES = {
+    "exits.py": "import sys\nsys.exit(3)\n",
+    "frozen.py": ("import torch\n\ndef make():\n    m = torch.nn.Linear(64, 10)\n    m.requires_grad_(False)\n"
+                  "    return m\n"),
+    "ragged.py": ("import torch\n\ndef data():\n    g = torch.Generator().manual_seed(0)\n"
+                  "    train = [(torch.randn(64 + (i == 3), generator=g), torch.tensor(i % 10)) for i in range(20)]\n"
+                  "    return train, train[:4]\n"),
+}
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--model", "exits:make"], ["--model exits:make", "called sys.exit(3)"]),
+    (["--model", "frozen:make"], ["--model frozen:make", "no trainable parameter"]),
+    (["--data", "ragged:data"], ["--data ragged:data", "train sample 3 has x (65,)", "need one shape"]),
+])
+def test_user_code_that_cannot_train_is_one_line(tmp_path, capsys, monkeypatch, args, needles):
+    for name, text in USER_FILES.items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    one_line_error(capsys, main(["train", *args, "--epochs", "1", "--out", str(tmp_path / "o")]), *needles)
+    assert not (tmp_path / "o").exists()
+
+
+def test_quickstart_with_a_seed_past_64_bits(capsys):
+    one_line_error(capsys, main(["quickstart-mlp", "--seed", str(10**23)]), "--seed", "below 2**64")

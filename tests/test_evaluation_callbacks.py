@@ -3,7 +3,6 @@
 import csv
 import io
 import json
-import warnings
 
 import pytest
 import torch

@@ -257,3 +257,50 @@ def test_reading_a_folder_or_a_missing_file(tmp_path):
         lt.read_checkpoint(tmp_path)
     with pytest.raises(lt.CheckpointError, match="no such checkpoint file"):
         lt.read_checkpoint(tmp_path / "nope.ckpt")
+
+
+def _ema_fp16_run(tmp_path):
+    torch.manual_seed(0)
+    path = tmp_path / "e.ckpt"
+    cfg = lt.TrainConfig(steps=3, batch_size=2, log_every=0, optimizer=optim.adam(0.01), ema_decay=0.9,
+                         autocast="float16", checkpoint_path=path)
+    lt.train_samples(lt.Runner.from_module(TiedNet(bn=True), "mse"), cfg, regression_batches(6, 3))
+    return path, cfg
+
+
+def _drop_last_ema(tensors):
+    del tensors[max((k for k in tensors if k.startswith("ema.")), key=lambda k: int(k.split(".")[1]))]
+
+
+RESUME_EDITS = {  # every value checked in the dtype it will be used in, before anything is installed
+    "an EMA list missing a storage": (_drop_last_ema, lambda m: m["ema"]["storages"].pop()),
+    "an EMA count of 0 with values": (None, lambda m: m["ema"].__setitem__("count", 0)),
+    "a loss scale past float32": (None, lambda m: m["progress"].__setitem__("loss_scale", 1e39)),
+    "a loss scale that is 0 in float32": (None, lambda m: m["progress"].__setitem__("loss_scale", 1e-46)),
+    "a scale tracker past int32": (None, lambda m: m["progress"].__setitem__("scale_tracker", 2**31)),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(RESUME_EDITS))
+def test_resealed_values_that_would_poison_a_resume_are_refused(tmp_path, unchanged, edit):
+    path, cfg = _ema_fp16_run(tmp_path)
+    rewrite(path, *RESUME_EDITS[edit])
+    r = lt.Runner.from_module(TiedNet(bn=True), "mse")
+    rng = torch.get_rng_state()
+    with unchanged(r.params), pytest.raises(lt.CheckpointError, match="nothing was loaded"):
+        lt.train_samples(r, lt.TrainConfig(**{**cfg.__dict__, "steps": 5, "resume_from": path}), regression_batches(6, 3))
+    assert torch.equal(torch.get_rng_state(), rng) and r.ema is None
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path, capsys):
+    import os
+
+    fifo = tmp_path / "pipe.ckpt"
+    os.mkfifo(fifo)
+    r = lt.Runner.from_module(TiedNet(bn=True), "mse")
+    with pytest.raises(lt.CheckpointError, match="not a regular file"):
+        lt.load_checkpoint(fifo, r)
+    assert cli(["inspect", str(fifo)]) == 2
+    assert "not a regular file" in capsys.readouterr().err
+    with pytest.raises(lt.CheckpointError, match="not a regular file"):
+        lt.torchlean_io.load(fifo, r)

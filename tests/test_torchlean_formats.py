@@ -2,6 +2,7 @@
 (struct-packed, never by leantrain's writers), read and written, with every check."""
 
 import json
+import math
 import struct
 import warnings
 
@@ -312,3 +313,26 @@ def test_an_export_without_state_removes_an_earlier_exports_state(tmp_path, caps
     out = capsys.readouterr().out
     assert "holds Adam/AdamW, this is sgd" in out and "removed" in out
     assert not (tmp_path / "m.tlp.adam").exists()
+
+
+def _u64s(*xs):
+    return b"".join(struct.pack("<Q", x) for x in xs)
+
+
+@pytest.mark.parametrize("name, data, needle", [
+    ("v9.tlp", b"TLPF32B" + _u64s(9, 0), "unsupported format version 9"),
+    ("count.tlp", b"TLPF32B" + _u64s(2, 1, 1, 3, 4) + b"\0" * 16, "element count 4 does not match the shape (3,)"),
+    ("nan.adam", b"TLADAMF" + _u64s(2, 0) + struct.pack("<dddd", math.nan, 0.999, 1e-8, 0.0) + _u64s(0, 0),
+     "invalid optimizer config"),
+    ("tag.adam", b"TLADAMF" + _u64s(2, 7), "unknown optimizer kind tag 7"),
+    ("params.json", b'{"format": "torchlean_param_bits_v1", "params": 5}', "'params' is a list"),
+    ("shape.json", b'{"format": "torchlean_param_bits_v1", "params": [{"shape": "x"}]}', "record 0: expected a shape"),
+    ("deep.json", b'{"format": "torchlean_param_bits_v1", "params": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+     "not a readable JSON file"),
+])
+def test_inspect_refuses_what_the_readers_refuse(tmp_path, capsys, name, data, needle):
+    path = tmp_path / name
+    path.write_bytes(data)
+    assert main(["inspect", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and "Traceback" not in err, err

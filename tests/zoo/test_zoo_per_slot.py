@@ -100,6 +100,10 @@ def test_a_tie_must_agree_with_itself(unchanged):
     (optim.adam(0.01).per_slot(lambda p: {"lr_scale": float("nan")}), "lr_scale must be a finite number"),
     (optim.adam(0.01).per_slot(lambda p: ["lr_scale"]), "returned list, expected a dict"),
     (optim.sgd(0.01).per_slot(lambda p: {"momentum": 0.9}), "changes the optimizer state's layout"),
+    (optim.adam(0.01).per_slot(lambda p: {"lr_scale": 1e300}), r"slot 0 \('pos_emb'\): lr_scale=1e\+300 makes "
+     r"the rate .* not finite in float32"),
+    (optim.adam(0.01).per_slot(lambda p: {"lr_scale": 1 / len(p.name.split(".")[5:])}),
+     r"slot 0 \('pos_emb'\): the per-slot function raised ZeroDivisionError"),
 ])
 def test_bad_per_slot_settings_change_nothing(unchanged, opt, match):
     entry, r = gpt()

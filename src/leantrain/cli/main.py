@@ -17,18 +17,19 @@ import torch
 
 from ..errors import LeantrainError
 from ..errors import CheckpointError
+from ..io.bits import read_regular
 from ..io.torchlean import detect_format
 from .check import cmd_check
 from .torchlean import cmd_export, inspect_torchlean
 from .train import cmd_train
-from .usage import EXIT_USER, UserError, natural, OneLineParser, positive
+from .usage import EXIT_USER, OneLineParser, UserError, natural, positive, seed
 
 def build_parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog="leantrain", description="The TorchLean trainer runtime on PyTorch.")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     q = sub.add_parser("quickstart-mlp", help="the TorchLean quickstart: a 2-8-1 MLP on a 5x5 grid")
     q.add_argument("--steps", type=positive, default=200, help="optimizer steps (default 200)")
-    q.add_argument("--seed", type=natural, default=0, help="model initialisation seed (default 0)")
+    q.add_argument("--seed", type=seed, default=0, help="model initialisation seed (default 0)")
     q.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     t = sub.add_parser("train", help="train a preset on the bundled digits data, or your own model")
     t.add_argument("config", nargs="?", help="a TOML file with the same keys as the flags")
@@ -39,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--optimizer", help="sgd, adagrad, rmsprop, adam, adamw or adadelta")
     t.add_argument("--lr", type=float)
     t.add_argument("--scheduler", help="none, step, exponential or cosine (per epoch)")
-    t.add_argument("--seed", type=natural)
+    t.add_argument("--seed", type=seed)
     t.add_argument("--device", help="cpu or cuda")
     t.add_argument("--out", help="output folder (default runs/latest)")
     t.add_argument("--log-every", type=natural, help="read the loss every N steps (0: never)")
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--lr", type=float)
     c.add_argument("--weight-decay", type=float)
     c.add_argument("--batch-size", type=positive, help="examples per minibatch")
-    c.add_argument("--seed", type=natural)
+    c.add_argument("--seed", type=seed)
     c.add_argument("--max-ratio", type=float, default=2.0, help="slowest step time accepted vs a hand loop (2.0)")
     c.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     e = sub.add_parser("export", help="export a checkpoint's weights (safetensors) or in TorchLean's formats")
@@ -201,7 +202,11 @@ def _torchlean_format(path: Path):
     """The TorchLean format of ``path`` (by magic or JSON tag), or ``None``."""
     try:
         return detect_format(path)
-    except (CheckpointError, OSError):
+    except CheckpointError:
+        if path.is_file() and read_regular("inspect", path, 64).lstrip()[:1] == b"{":
+            raise  # a JSON file, unreadable as one: say why, not that it is no checkpoint
+        return None
+    except OSError:
         return None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -50,7 +51,14 @@ def _points(metrics, records: list[dict], kind: str, x: str, y: str) -> list[tup
         a, b = r.get(x), r.get(y)
         if not (is_number(a) and is_number(b)):
             raise ConfigError(f"{metrics}: a {kind!r} record has {x}={a!r:.40}, {y}={b!r:.40}; expected numbers")
-        out.append((a, b))
+        if not (0 <= a < 2**53 and (not isinstance(a, float) or a.is_integer())):
+            raise ConfigError(f"{metrics}: a {kind!r} record has {x}={a!r:.40}; expected a count below 2**53")
+        try:
+            value = float(b)
+        except OverflowError:
+            raise ConfigError(f"{metrics}: a {kind!r} record has {y}={b!r:.40}; expected a float") from None
+        if math.isfinite(value):  # a diverged step (inf, NaN) has no point to draw
+            out.append((int(a), value))
     return out
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import struct
 from pathlib import Path
 from typing import Optional
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
+from ..optim.hyper import Adam, AdamW
 from ..io import torchlean
-from ..io.bits import read_json
+from ..io.bits import read_json, read_regular
 from ..io.framing import U64, ByteReader
 from ..io.checkpoint import load_checkpoint, optimizer_of, params_from_checkpoint, read_checkpoint
 from ..io.weights import save_weights
@@ -58,6 +60,14 @@ def cmd_export(args) -> int:
     return 0
 
 
+def _shape(r: ByteReader, op: str, i: int) -> tuple[tuple[int, ...], int]:
+    """A slot's dims and element count, which must agree (as the readers require)."""
+    dims, n = r.shape()
+    if n != math.prod(dims):
+        raise CheckpointError(f"{op}: slot {i}: element count {n} does not match the shape {dims}")
+    return dims, n
+
+
 def _adam_refusal(src: Path, ema: bool) -> Optional[str]:
     """Why the checkpoint's optimizer state cannot be a TLADAMF file, from its manifest
     (``""``: it has none; ``None``: it can be)."""
@@ -86,30 +96,43 @@ def _state_refusal(state, params) -> Optional[str]:
 def inspect_torchlean(path: Path, fmt: str) -> None:
     """Print a TorchLean file's structure, after checking it parses to its end."""
     size = path.stat().st_size
+    op = f"inspect: {path}"
     if fmt == "TLPF32B":
-        r = ByteReader(path.read_bytes(), f"inspect: {path}")
+        r = ByteReader(read_regular("inspect", path), op)
         r.take(7)
         version, count = r.u64(), r.u64()
+        if version != torchlean.VERSION_F32:  # the reader's checks that need no destination
+            raise CheckpointError(f"{op}: unsupported format version {version}; expected {torchlean.VERSION_F32}")
         print(f"{path}: TorchLean float32 parameter stream (TLPF32B) v{version}, {size:,} bytes, {count} slots")
         for i in range(count):
-            dims, n = r.shape()
+            dims, n = _shape(r, op, i)
             r.take(4 * n)
             print(f"{i:>4}  shape {dims}  ({n} values)")
     elif fmt == "TLADAMF":
-        r = ByteReader(path.read_bytes(), f"inspect: {path}")
+        r = ByteReader(read_regular("inspect", path), op)
         r.take(7)
         version, tag = r.u64(), r.u64()
+        if version not in (2, 3, 4):
+            raise CheckpointError(f"{op}: unsupported format version {version}; expected 2, 3 or 4")
+        if tag not in (0, 1):
+            raise CheckpointError(f"{op}: unknown optimizer kind tag {tag} (0 = Adam, 1 = AdamW)")
         b1, b2, eps, wd = (struct.unpack("<d", U64.pack(r.u64()))[0] for _ in range(4))
+        try:  # the hyperparameters' own checks (a NaN beta is not a configuration)
+            AdamW(1e-3, wd, b1, b2, eps) if tag == 1 else Adam(1e-3, b1, b2, eps)
+        except ConfigError as e:
+            raise CheckpointError(f"{op}: invalid optimizer config ({e})") from None
         counter = r.u64() if version == 4 else None
-        kind = {0: "adam", 1: "adamw"}.get(tag, f"unknown tag {tag}")
+        kind = {0: "adam", 1: "adamw"}[tag]
         print(f"{path}: TorchLean Adam/AdamW optimizer state (TLADAMF) v{version}, {size:,} bytes")
         print(f"optimizer: {kind}(beta1={b1!r}, beta2={b2!r}, eps={eps!r}, weight_decay={wd!r}), "
               f"random counter: {'none (legacy)' if counter is None else counter}")
         count = r.u64()
         flags = []
         for i in range(count):
-            dims, n = r.shape()
+            dims, n = _shape(r, op, i)
             flags.append(r.u64())
+            if flags[-1] not in (0, 1):
+                raise CheckpointError(f"{op}: slot {i}: invalid `requiresGrad` flag {flags[-1]}")
             print(f"{i:>4}  shape {dims}  trainable {'yes' if flags[-1] else 'no'}")
         if version >= 3:
             tags = [r.u64() for _ in range(count)]
@@ -120,12 +143,18 @@ def inspect_torchlean(path: Path, fmt: str) -> None:
             r.take(8 * n)
             print(f"history of slot {i}: t = {t}, {n} values")
     else:
-        doc = read_json(f"inspect: {path}", path)
-        records = doc.get("params", []) if isinstance(doc, dict) else []
+        doc = read_json(op, path)
+        records = doc.get("params", []) if isinstance(doc, dict) else None
+        if not isinstance(records, list):
+            raise CheckpointError(f"{op}: expected a JSON object whose 'params' is a list of records")
         print(f"{path}: TorchLean JSON ({fmt}), {size:,} bytes, {len(records)} slots")
         for i, rec in enumerate(records):
             shape = rec.get("shape") if isinstance(rec, dict) else None
-            print(f"{i:>4}  shape {tuple(shape) if isinstance(shape, list) else shape!r}")
+            if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                    for d in shape)):
+                raise CheckpointError(f"{op}: record {i}: expected a shape (a list of sizes), got {shape!r:.60}")
+            print(f"{i:>4}  shape {tuple(shape)}")
+        print("structure: OK (records and shapes; values are checked by the reader against a model)")
         return
     if r.trailing():
         raise CheckpointError(f"inspect: {path}: {r.trailing()} trailing bytes")

@@ -173,6 +173,9 @@ def _train(args) -> int:
     torch.manual_seed(cfg.seed)
     factory, loss, train, test = build_task(cfg)
     runner = Runner.from_module(factory(), loss)
+    if not any(runner.params.requires_grad_array()):
+        raise UserError(f"--model {cfg.model or cfg.preset}: the model has no trainable parameter (every one is "
+                        f"frozen, or it has none): there is nothing to train")
     classify = loss == "cross_entropy"
     test_batches = stack_minibatches(512)(test)
     if cfg.device == "cuda":

@@ -35,3 +35,11 @@ def natural(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
     return value
+
+
+def seed(text: str) -> int:
+    """A random seed: an integer in torch's range, ``[0, 2**64)``."""
+    value = natural(text)
+    if value >= 2**64:
+        raise argparse.ArgumentTypeError(f"expected a seed below 2**64 (torch's range), got {value}")
+    return value

@@ -31,6 +31,9 @@ def resolve(ref: str, what: str) -> Callable:
         sys.path.insert(0, os.getcwd())  # a model file beside the config is importable
     try:
         module = importlib.import_module(module_name)
+    except SystemExit as e:  # a script's ``sys.exit`` at import time
+        raise UserError(f"--{what} {ref}: importing {module_name!r} called sys.exit({e.code!r}); "
+                        f"keep the module's top level to definitions (guard scripts with __main__)") from None
     except Exception as e:  # the user's module may fail in any way while importing
         raise UserError(f"--{what} {ref}: cannot import {module_name!r} ({type(e).__name__}: {e})") from None
     obj = getattr(module, attr, None)
@@ -44,6 +47,8 @@ def resolve(ref: str, what: str) -> Callable:
 def _call(fn: Callable, ref: str, what: str):
     try:
         return fn()
+    except SystemExit as e:
+        raise UserError(f"--{what} {ref}: calling it called sys.exit({e.code!r})") from None
     except Exception as e:  # the user's factory may fail in any way
         raise UserError(f"--{what} {ref}: calling it raised {type(e).__name__}: {e}") from None
 
@@ -56,6 +61,12 @@ def _samples(value: object, ref: str, which: str) -> list:
         for s in value
     ):
         raise UserError(f"--data {ref}: the {which} part must be a non-empty list of (x, y) tensor pairs or a Dataset")
+    x0, y0 = value[0]
+    for i, (x, y) in enumerate(value):  # the command stacks samples into minibatches
+        if x.shape != x0.shape or y.shape != y0.shape:
+            raise UserError(f"--data {ref}: {which} sample {i} has x {tuple(x.shape)}, y {tuple(y.shape)}, but sample 0 "
+                            f"has x {tuple(x0.shape)}, y {tuple(y0.shape)}; the command stacks samples into "
+                            f"minibatches, so they need one shape (pad them, or train with the library)")
     return [(s[0], s[1]) for s in value]
 
 

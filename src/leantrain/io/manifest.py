@@ -90,6 +90,12 @@ def manifest_problems(m: dict) -> list[str]:
                 and ks == sorted(set(ks))):
             out.append(f"ema: expected {{decay in [0, 1), count, storages: increasing storage numbers < {n}}}, "
                        f"got {_short(ema)}")
+        elif not out:  # the storages averaged: none before the first update, every trainable one after
+            trained = sorted({s["storage"] for s, r in zip(slots, m.get("representatives", [])) if r is not None})
+            want = [] if ema["count"] == 0 else trained
+            if ks != want:
+                out.append(f"ema: after {ema['count']} update(s) the averages are of storages {want}, "
+                           f"the record lists {ks}")
     rng = m.get("rng")
     if not (isinstance(rng, dict) and isinstance(rng.get("torch"), bool)
             and _count(rng.get("cuda")) and rng["cuda"] <= MAX_CUDA_DEVICES):

@@ -66,7 +66,7 @@ class TensorFile:
         self.path, self.op = path, op
         self.map: Optional[mmap.mmap] = None
         try:
-            self.fd = os.open(path, os.O_RDONLY)
+            self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open
         except IsADirectoryError:
             raise CheckpointError(f"{op}: {path}: is a folder, not a checkpoint file") from None
         except FileNotFoundError:
@@ -74,8 +74,12 @@ class TensorFile:
         except OSError as e:
             raise CheckpointError(f"{op}: {path}: cannot be opened ({e.strerror or e})") from None
         try:
-            if stat.S_ISDIR(os.fstat(self.fd).st_mode):
+            mode = os.fstat(self.fd).st_mode
+            if stat.S_ISDIR(mode):
                 raise CheckpointError(f"{op}: {path}: is a folder, not a checkpoint file")
+            if not stat.S_ISREG(mode):
+                raise CheckpointError(f"{op}: {path}: is not a regular file (a FIFO, socket or device)")
+            os.set_blocking(self.fd, True)
             self._read_header()
         except OSError as e:
             os.close(self.fd)

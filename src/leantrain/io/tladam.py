@@ -31,6 +31,7 @@ from ..optim.optimizer import GENERIC, NATIVE
 from ..optim.rules import AdamState
 from ..params.paramlist import params_of
 from .atomic import PathLike, atomic_write_bytes
+from .bits import read_regular
 from .framing import U64, ByteReader, u64
 
 MAGIC = b"TLADAMF"
@@ -117,7 +118,7 @@ def read_torchlean_adam(
     """
     params = params_of("read_torchlean_adam", target)
     op = f"read_torchlean_adam: {path}"
-    r = ByteReader(Path(path).read_bytes(), op)
+    r = ByteReader(read_regular(op, path), op)
     schema = params.schema()
     if r.take(len(MAGIC)) != MAGIC:
         raise CheckpointError(f"{op}: unsupported checkpoint family")

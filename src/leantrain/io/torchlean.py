@@ -25,7 +25,7 @@ from ..errors import CheckpointError, shape_str
 from ..params.paramlist import params_of
 from .atomic import PathLike, atomic_write_bytes
 from .framing import ByteReader, u64
-from .bits import bits_document, read_bits_records, read_json
+from .bits import bits_document, read_bits_records, read_json, read_regular
 from .checkpoint import current_value
 from .tladam import AdamFile, read_torchlean_adam, write_torchlean_adam
 from .tlstate import STATE_FORMATS, read_torchlean_state, write_torchlean_state
@@ -59,7 +59,7 @@ def read_torchlean_f32(path: PathLike, target) -> None:
     """Validate the float32 stream against ``target``'s slots, then host-write every slot."""
     params = params_of("read_torchlean_f32", target)
     op = f"read_torchlean_f32: {path}"
-    r = ByteReader(Path(path).read_bytes(), op)
+    r = ByteReader(read_regular(op, path), op)
     if r.take(len(MAGIC_F32)) != MAGIC_F32:
         raise CheckpointError(f"{op}: unsupported checkpoint family")
     version = r.u64()
@@ -121,8 +121,7 @@ class Loaded:
 
 def detect_format(path: PathLike) -> str:
     """``"TLPF32B"``, ``"TLADAMF"`` or the JSON format tag, from the file's first bytes."""
-    with open(path, "rb") as f:
-        head = f.read(7)
+    head = read_regular("load", path, 7)
     if head in (MAGIC_F32, b"TLADAMF"):
         return head.decode()
     if head.lstrip()[:1] == b"{":

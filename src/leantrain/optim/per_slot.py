@@ -41,7 +41,10 @@ def resolve(op: str, base: Hyper, fn: Callable, params) -> tuple[Settings, tuple
         if c is None:
             continue
         where = params.label(i)
-        raw = fn(params[i])
+        try:
+            raw = fn(params[i])
+        except Exception as e:  # the user's function: its failure named by the slot it failed on
+            raise ConfigError(f"{op}: {where}: the per-slot function raised {type(e).__name__}: {e}") from e
         if not isinstance(raw, dict) or not all(isinstance(k, str) for k in raw):
             raise ConfigError(f"{op}: {where}: the per-slot function returned {type(raw).__name__}, expected a dict")
         bad = sorted(set(raw) - keys)
@@ -63,6 +66,10 @@ def resolve(op: str, base: Hyper, fn: Callable, params) -> tuple[Settings, tuple
         scale = float(rest.pop("lr_scale", 1.0))
         if scale < 0:
             raise ConfigError(f"{op}: {where}: lr_scale must be >= 0, got {scale!r}")
+        rate = float(torch.tensor(base.lr * scale, dtype=torch.float64).to(params[i].dtype))
+        if not math.isfinite(rate):
+            raise ConfigError(f"{op}: {where}: lr_scale={scale!r} makes the rate {base.lr * scale!r}, which is not "
+                              f"finite in {str(params[i].dtype).removeprefix('torch.')}")
         try:
             h = replace(base, **rest) if rest else base
             h.check_dtype(params[i].dtype)

@@ -8,7 +8,6 @@ import torch
 
 from ..data import DataLoader
 from ..errors import DataError
-from .binding import rng_preserved
 from .runner import Sample
 
 Loader = Union[DataLoader, Iterable]

@@ -40,6 +40,15 @@ class Callback:
     def on_begin(self, total: Optional[int], start: int) -> None:
         return None
 
+    def state_dict(self) -> Optional[dict]:
+        """What the callback must carry across a resume (JSON data), saved in every
+        checkpoint; ``None`` (the default): nothing."""
+        return None
+
+    def load_state_dict(self, state: dict) -> None:
+        """Take back what ``state_dict`` gave, when a run resumes (before ``on_begin``)."""
+        return None
+
     def on_step(self, event: StepEvent) -> Optional[bool]:
         return None
 
@@ -69,6 +78,12 @@ class EarlyStopping(Callback):
         self.best: Optional[float] = None
         self.bad = 0
         self.stopped_step: Optional[int] = None
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "bad": self.bad, "stopped_step": self.stopped_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best, self.bad, self.stopped_step = state["best"], state["bad"], state["stopped_step"]
 
     def on_eval(self, step: int, results: dict) -> bool:
         if self.monitor not in results:
@@ -129,8 +144,26 @@ class JSONLLogger(Callback):
         self.file: Optional[IO[str]] = None
 
     def on_begin(self, total: Optional[int], start: int) -> None:
+        """A fresh run starts the file; a resumed one keeps what was written up to its
+        checkpoint and drops the rest (written after it, before the interruption), so
+        the file holds each record once."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if start and self.path.exists():
+            self._trim(start)
         self.file = self.path.open("a" if start else "w")
+
+    def _trim(self, start: int) -> None:
+        kept = [line for line in self.path.read_text().splitlines(keepends=True)
+                if line.endswith("\n") and _before(self._record(line), start)]
+        self.path.write_text("".join(kept))
+
+    @staticmethod
+    def _record(line: str) -> Optional[tuple[str, int]]:
+        try:
+            r = json.loads(line)
+            return r["kind"], int(r["step"])
+        except (ValueError, KeyError, TypeError):
+            return None
 
     def _write(self, record: dict) -> None:
         if self.file is not None:
@@ -160,8 +193,21 @@ class CSVLogger(JSONLLogger):
     def on_begin(self, total: Optional[int], start: int) -> None:
         super().on_begin(total, start)
         self.writer = csv.writer(self.file)
-        if not start:
+        if not start or self.path.stat().st_size == 0:
             self.writer.writerow(["kind", "step", "epoch", "name", "value"])
+
+    def _trim(self, start: int) -> None:
+        lines = self.path.read_text().splitlines(keepends=True)
+        kept = lines[:1] + [line for line in lines[1:] if line.endswith("\n") and _before(self._record(line), start)]
+        self.path.write_text("".join(kept))
+
+    @staticmethod
+    def _record(line: str) -> Optional[tuple[str, int]]:
+        row = next(csv.reader([line]), [])
+        try:
+            return row[0], int(row[1])
+        except (IndexError, ValueError):
+            return None
 
     def _write(self, record: dict) -> None:
         if self.file is None:
@@ -186,7 +232,14 @@ class TensorBoardLogger(Callback):
                 "TensorBoardLogger: the tensorboard package is not installed; "
                 "install it with: pip install 'leantrain[tensorboard]'"
             ) from None
-        self.writer = SummaryWriter(str(log_dir))
+        self.log_dir, self.writer = str(log_dir), SummaryWriter(str(log_dir))
+
+    def on_begin(self, total: Optional[int], start: int) -> None:
+        if start:  # a resumed run: TensorBoard drops what was written after the checkpoint
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer.close()
+            self.writer = SummaryWriter(self.log_dir, purge_step=start)
 
     def on_step(self, event: StepEvent) -> None:
         if event.loss is not None:
@@ -202,3 +255,12 @@ class TensorBoardLogger(Callback):
 
     def on_end(self, report) -> None:
         self.writer.close()
+
+
+def _before(record: Optional[tuple[str, int]], start: int) -> bool:
+    """Whether a logged record was written before a checkpoint at update ``start``: a
+    step record names its update's index (< start), an evaluation the updates done."""
+    if record is None:
+        return False  # a line torn by the interruption
+    kind, step = record
+    return step < start if kind == "step" else step <= start

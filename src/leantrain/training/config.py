@@ -65,6 +65,8 @@ def _common(op: str, cfg) -> None:
         raise ConfigError(f"{op}: eval_metrics must map names to callables (output, target) -> tensor")
     if cfg.eval_metrics and cfg.eval_data is None:
         raise ConfigError(f"{op}: eval_metrics needs eval_data")
+    if cfg.eval_data is not None and hasattr(cfg.eval_data, "__len__") and len(cfg.eval_data) == 0:
+        raise ConfigError(f"{op}: eval_data is empty: an evaluation over nothing measures nothing")
 
 
 SCHEDULE_PER = ("epoch", "step")

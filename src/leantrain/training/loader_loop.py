@@ -25,7 +25,8 @@ from .runner import Runner, Sample
 from .callbacks import Callback
 from .events import StepCallback, StepEvent
 from . import distributed
-from .session import Log, ScheduleState, Session, check_inputs
+from .loop_checks import check_inputs
+from .session import Log, ScheduleState, Session
 from .streams import Stream
 from ..io.checkpoint import loader_record
 

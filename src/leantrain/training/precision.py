@@ -53,8 +53,12 @@ class LossScaler:
 def scaler_state_problems(p: dict) -> list[str]:
     """Why a progress record's loss-scale entries cannot resume a float16 run."""
     s, t = p.get("loss_scale"), p.get("scale_tracker")
-    if not (isinstance(s, float) and 0 < s < float("inf")) or not (isinstance(t, int) and not isinstance(t, bool) and t >= 0):
-        return [f"progress.loss_scale/scale_tracker: expected a positive scale and a count, got {s!r}, {t!r}"]
+    # Checked as they will be used: the scale is a float32 tensor, the tracker an int32 one.
+    scale32 = float(torch.tensor(s, dtype=torch.float64).to(torch.float32)) if isinstance(s, float) else None
+    if not (scale32 is not None and 0 < scale32 < float("inf")) or not (
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31):
+        return [f"progress.loss_scale/scale_tracker: expected a scale that is positive and finite in float32 and a "
+                f"count below 2**31, got {s!r}, {t!r}"]
     return []
 
 

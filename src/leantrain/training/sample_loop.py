@@ -20,7 +20,8 @@ from .runner import Runner, Sample, check_sample
 from .callbacks import Callback
 from .events import StepCallback, StepEvent
 from . import distributed
-from .session import Log, ScheduleState, Session, check_inputs
+from .loop_checks import check_inputs
+from .session import Log, ScheduleState, Session
 
 def cyclic_batches(op: str, samples: Sequence[Sample], k: int, cursor: int = 0):
     """``k`` samples per call, continuing where the last call stopped and wrapping."""

@@ -11,24 +11,24 @@ The loops themselves only say what a batch is and in which order they come.
 from __future__ import annotations
 
 import contextlib
-import math
-import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..errors import ConfigError, NonFiniteError
+from ..errors import NonFiniteError
 from ..validate import is_int, is_number
-from ..io.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from ..io.checkpoint import Checkpoint, check_destination, load_checkpoint, save_checkpoint
 from ..optim import OptState, Optimizer
 from ..optim.optimizer import GENERIC, NATIVE
 from . import distributed
 from .config import TrainReport
 from .runner import Runner, Sample
 from .step import update
-from .callbacks import Callback, ProgressBar
+from .callbacks import Callback
+from .loop_checks import check_schedule, loop_callbacks, stateful, wants_stop
 from .compiled import compiling
 from .evaluation import evaluate
 from .ema import EMA, restored_ema
@@ -37,13 +37,6 @@ from .events import StepCallback, StepEvent
 
 Log = Callable[[str], None]
 ScheduleState = Callable[[int, OptState], OptState]
-
-
-def check_inputs(op: str, runner: object, cfg: object, kind: type) -> None:
-    if not isinstance(runner, Runner):
-        raise ConfigError(f"{op}: expected a Runner, got {type(runner).__name__}")
-    if not isinstance(cfg, kind):
-        raise ConfigError(f"{op}: expected a {kind.__name__}, got {type(cfg).__name__}")
 
 
 def log_line(step: int, loss: float) -> str:
@@ -55,20 +48,6 @@ def uses_native(runner: Runner, opt: Optimizer) -> bool:
     parameters live on device mirrors; never switched mid-run (not even for a short
     last batch), so one history stays on one path."""
     return opt.native and runner.params.has_mirrors()
-
-
-def check_schedule(op: str, cfg, runner: Runner) -> None:
-    """Refuse, before training starts, a schedule whose largest rate does not survive
-    rounding to a trainable parameter's dtype (``1e308`` is infinite in binary32)."""
-    peak = None if cfg.scheduler is None else cfg.scheduler.max_rate()
-    if peak is None:
-        return
-    for i, (v, c) in enumerate(zip(runner.params, runner.params.canonical_slot_indices())):
-        if c == i and not math.isfinite(float(torch.tensor(peak, dtype=torch.float64).to(v.dtype))):
-            raise ConfigError(
-                f"{op}: scheduler: its largest rate {peak!r} is not finite after conversion to "
-                f"{str(v.dtype).removeprefix('torch.')} ({runner.params.label(i)})"
-            )
 
 
 def resume_path(cfg):
@@ -83,20 +62,6 @@ def _silent(line: str) -> None:
     return None
 
 
-def _callbacks(op: str, cfg, callbacks: Sequence[Callback], main: bool) -> list[Callback]:
-    """The run's callbacks: checked, plus a progress bar when the loop runs in a terminal
-    with logging on (never on other ranks, in tests or under ``log_every=0``)."""
-    if isinstance(callbacks, Callback) or not isinstance(callbacks, (list, tuple)):
-        raise ConfigError(f"{op}: callbacks must be a list of leantrain Callback objects, got {type(callbacks).__name__}")
-    for i, cb in enumerate(callbacks):
-        if not isinstance(cb, Callback):
-            raise ConfigError(f"{op}: callbacks[{i}] is a {type(cb).__name__}, not a leantrain Callback")
-    out = list(callbacks) if main else []
-    if main and cfg.log_every and sys.stderr.isatty() and not any(isinstance(c, ProgressBar) for c in out):
-        out.append(ProgressBar())
-    return out
-
-
 class Session:
     """The shared state of one run of a loop (``kind``: ``"samples"`` or ``"loader"``)."""
 
@@ -109,7 +74,7 @@ class Session:
         self.user_log = log
         self.log: Log = self._log if self.main else _silent
         self.callback = callback
-        self.callbacks = _callbacks(op, cfg, callbacks, self.main)
+        self.callbacks = loop_callbacks(op, cfg, callbacks, self.main)
         # Whether the user's code may run after an update (a step callback, or a
         # callback that does not declare ``reads_only``): the runner checks the module
         # again after it (``Runner.recheck``).
@@ -148,27 +113,46 @@ class Session:
         ``cfg.resume_from``, the checkpoint's state (its progress must match ``expect``,
         and ``loader_check(manifest, tensors)`` find no problem)."""
         check_schedule(self.op, self.cfg, self.runner)
-        self.runner.train()
+        if self.cfg.checkpoint_path is not None:
+            check_destination(self.op, self.cfg.checkpoint_path)  # a folder is refused now, not at the first save
         self.expect = dict(expect, ema_decay=self.cfg.ema_decay, autocast=self.cfg.autocast)
         self.resume_from = resume_path(self.cfg)
+        # Nothing of the runner changes (its mode, its moving average) until the start is accepted.
         if self.resume_from is None:
             self._start_replicas()
+            state = self.opt.init(self.runner.params, native=uses_native(self.runner, self.opt))
+            self.runner.train()
             if self.cfg.ema_decay is not None:
                 self.runner.ema = EMA(self.runner.params, self.cfg.ema_decay)
             self.before = measure() if self.cfg.measure_loss else None
-            return self.opt.init(self.runner.params, native=uses_native(self.runner, self.opt)), None
+            return state, None
         ck = self._resume(self.expect, loader_check)
+        self.runner.train()
         if self.scaler is not None:
             self.scaler.scale.fill_(ck.progress["loss_scale"])
             self.scaler.tracker.fill_(ck.progress["scale_tracker"])
         if self.cfg.ema_decay is not None:
             self.runner.ema = restored_ema(self.runner.params, ck.ema)
+        self._restore_callbacks(ck.progress.get("callbacks", []))
         self.before = ck.progress["before"]
         self.logged = [tuple(x) for x in ck.progress["losses"]]
         self.grad_norms = [tuple(x) for x in ck.progress.get("grad_norms", [])]
         self.evals = [(int(step), dict(results)) for step, results in ck.progress.get("evals", [])]
         self._start_replicas()
         return ck.state, ck
+
+    def _restore_callbacks(self, saved: list) -> None:
+        """Give the callbacks that keep state theirs back (the same kinds in the same
+        order as when saved); otherwise say that they start afresh."""
+        mine = stateful(self.callbacks)
+        kinds = [type(cb).__name__ for cb in mine]
+        if kinds == [kind for kind, _ in saved]:
+            for cb, (_, state) in zip(mine, saved):
+                cb.load_state_dict(state)
+        elif saved or mine:
+            warnings.warn(f"{self.op}: the checkpoint carries the state of the callbacks "
+                          f"{[k for k, _ in saved]}, this run's callbacks keeping state are {kinds}: "
+                          f"they start afresh", stacklevel=4)
 
     def _resume(self, expect: dict, loader_check=None) -> Checkpoint:
         """Load the checkpoint; whether it fits this run (its kind, ``expect``, the update
@@ -258,9 +242,9 @@ class Session:
     def after_update(self, event: StepEvent, progress: dict, loader_state: Optional[dict] = None) -> bool:
         """Hear the callbacks (and evaluate when due, in-memory loops); save on the
         cadence, or when asked to stop. True: stop."""
-        stop = bool(self.callback and self.callback(event))
+        stop = self.callback is not None and wants_stop(self.op, "the step callback", self.callback(event))
         for cb in self.callbacks:
-            stop = bool(cb.on_step(event)) or stop
+            stop = wants_stop(self.op, f"{type(cb).__name__}.on_step", cb.on_step(event)) or stop
         if self.user_hooks:
             self.runner.recheck()  # the user's code ran: check the module at the next step
         if self.kind == "samples" and self.cfg.eval_data is not None and event.step % self.cfg.eval_every == 0:
@@ -277,7 +261,7 @@ class Session:
         is due (``eval_every`` counts epochs here). True: stop (saved first)."""
         stop = False
         for cb in self.callbacks:
-            stop = bool(cb.on_epoch_end(event)) or stop
+            stop = wants_stop(self.op, f"{type(cb).__name__}.on_epoch_end", cb.on_epoch_end(event)) or stop
         if self.user_hooks:
             self.runner.recheck()
         if self.cfg.eval_data is not None and (epoch + 1) % self.cfg.eval_every == 0:
@@ -294,7 +278,7 @@ class Session:
         self.evals.append((step, results))
         stop = False
         for cb in self.callbacks:
-            stop = bool(cb.on_eval(step, results)) or stop
+            stop = wants_stop(self.op, f"{type(cb).__name__}.on_eval", cb.on_eval(step, results)) or stop
         self.runner.recheck()  # metrics and callbacks are the user's code
         return stop
 
@@ -310,10 +294,15 @@ class Session:
             progress = dict(self.expect, **progress, kind=self.kind, before=self.before,
                             losses=list(self.logged), evals=[[k, r] for k, r in self.evals],
                             **({"grad_norms": list(self.grad_norms)} if self.grad_norms else {}),
+                            **self._callback_states(),
                             **(self.scaler.state() if self.scaler is not None else {}))
             save_checkpoint(self.cfg.checkpoint_path, self.runner, state=state, progress=progress,
                             loader_state=loader_state, ema=self.runner.ema if self.cfg.ema_decay is not None else None)
         self.saved, self.saved_step = True, progress["step"]
+
+    def _callback_states(self) -> dict:
+        states = [[type(cb).__name__, cb.state_dict()] for cb in stateful(self.callbacks)]
+        return {"callbacks": states} if states else {}
 
     # ---------------------------------------------------------------- finish
     def finish(self, measure: Callable[[], Optional[float]], steps: int, seen: int) -> TrainReport:
@@ -354,6 +343,10 @@ def progress_problems(kind: str, p: dict) -> list[str]:
         if not (isinstance(pairs, list) and all(
                 isinstance(x, list) and len(x) == 2 and is_int(x[0]) and is_number(x[1]) for x in pairs)):
             out.append(f"progress.{key}: expected a list of [step, value] pairs")
+    saved = p.get("callbacks", [])
+    if not (isinstance(saved, list) and all(
+            isinstance(x, list) and len(x) == 2 and isinstance(x[0], str) and isinstance(x[1], dict) for x in saved)):
+        out.append("progress.callbacks: expected a list of [callback kind, state] pairs")
     evals = p.get("evals", [])
     if not (isinstance(evals, list) and all(
             isinstance(x, list) and len(x) == 2 and is_int(x[0]) and isinstance(x[1], dict) for x in evals)):

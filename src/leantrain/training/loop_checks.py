@@ -1,0 +1,80 @@
+"""What a loop checks before it starts, so that a refused start changes nothing: the
+runner and config it is given, the schedule against the parameters' dtypes, and the
+callbacks (an ``EarlyStopping`` needs evaluations that give what it watches)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Sequence
+
+import numpy
+import torch
+
+from ..errors import ConfigError
+from .callbacks import Callback, EarlyStopping, ProgressBar
+from .runner import Runner
+
+
+def check_inputs(op: str, runner: object, cfg: object, kind: type) -> None:
+    if not isinstance(runner, Runner):
+        raise ConfigError(f"{op}: expected a Runner, got {type(runner).__name__}")
+    if not isinstance(cfg, kind):
+        raise ConfigError(f"{op}: expected a {kind.__name__}, got {type(cfg).__name__}")
+    if cfg.autocast == "float16":  # as torch's GradScaler, which refuses to unscale float16 gradients
+        for i, (v, c) in enumerate(zip(runner.params, runner.params.canonical_slot_indices())):
+            if c == i and v.dtype == torch.float16:
+                raise ConfigError(
+                    f"{op}: autocast='float16' with {runner.params.label(i)} in float16: loss scaling needs "
+                    f"float32 parameters (their gradients are unscaled in float32); keep the parameters in "
+                    f"float32 (autocast computes in float16), or use autocast='bfloat16'")
+
+
+def check_schedule(op: str, cfg, runner: Runner) -> None:
+    """Refuse, before training starts, a schedule whose largest rate does not survive
+    rounding to a trainable parameter's dtype (``1e308`` is infinite in binary32)."""
+    peak = None if cfg.scheduler is None else cfg.scheduler.max_rate()
+    if peak is None:
+        return
+    for i, (v, c) in enumerate(zip(runner.params, runner.params.canonical_slot_indices())):
+        if c == i and not math.isfinite(float(torch.tensor(peak, dtype=torch.float64).to(v.dtype))):
+            raise ConfigError(
+                f"{op}: scheduler: its largest rate {peak!r} is not finite after conversion to "
+                f"{str(v.dtype).removeprefix('torch.')} ({runner.params.label(i)})"
+            )
+
+
+def loop_callbacks(op: str, cfg, callbacks: Sequence[Callback], main: bool) -> list[Callback]:
+    """The run's callbacks: checked, plus a progress bar when the loop runs in a terminal
+    with logging on (never on other ranks, in tests or under ``log_every=0``)."""
+    if isinstance(callbacks, Callback) or not isinstance(callbacks, (list, tuple)):
+        raise ConfigError(f"{op}: callbacks must be a list of leantrain Callback objects, got {type(callbacks).__name__}")
+    for i, cb in enumerate(callbacks):
+        if not isinstance(cb, Callback):
+            raise ConfigError(f"{op}: callbacks[{i}] is a {type(cb).__name__}, not a leantrain Callback")
+    for cb in callbacks:
+        if isinstance(cb, EarlyStopping):  # refused before training, not after the first evaluation
+            if cfg.eval_data is None:
+                raise ConfigError(f"{op}: EarlyStopping watches evaluations: set eval_data (and eval_every)")
+            names = {"loss", "items", *(cfg.eval_metrics or {})}
+            if cb.monitor not in names:
+                raise ConfigError(f"{op}: EarlyStopping monitors {cb.monitor!r}, but the evaluations give "
+                                  f"{sorted(names)}")
+    out = list(callbacks) if main else []
+    if main and cfg.log_every and sys.stderr.isatty() and not any(isinstance(c, ProgressBar) for c in out):
+        out.append(ProgressBar())
+    return out
+
+
+def stateful(callbacks: Sequence[Callback]) -> list[Callback]:
+    """The callbacks that carry state across a resume (``state_dict()`` is not None)."""
+    return [cb for cb in callbacks if cb.state_dict() is not None]
+
+
+def wants_stop(op: str, who: str, value: object) -> bool:
+    """A hook's answer: ``True`` stops the run, ``None`` or ``False`` goes on; anything
+    else (a tensor would need a device read, a string is always true) is refused."""
+    if value is None or isinstance(value, (bool, numpy.bool_)):
+        return bool(value)
+    raise ConfigError(f"{op}: {who} returned {type(value).__name__} {value!r:.40}; return True to stop the run, "
+                      f"or None (or False) to go on")
