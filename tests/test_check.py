@@ -158,9 +158,9 @@ def test_the_speed_check_fails_beyond_its_limit():
     assert "a hand-written torch.optim loop" in failing(report, "speed")
 
 
-def test_a_check_that_cannot_run_fails_with_the_reason():
-    report = check(lambda: "not a runner", regression(), CFG, only=("gradients",))
-    assert "expected a leantrain Runner" in failing(report, "gradients")
+def test_a_factory_that_gives_no_runner_is_a_user_error_not_a_failed_check():
+    with pytest.raises(lt.ConfigError, match="runner_factory returned a str, expected a Runner"):
+        check(lambda: "not a runner", regression(), CFG, only=("gradients",))
     with pytest.raises(lt.ConfigError, match="unknown check"):
         check(lambda: None, regression(), CFG, only=("nope",))
 
@@ -187,3 +187,27 @@ def test_the_command_exits_1_on_a_failed_check_and_2_on_a_user_error(tmp_path, m
     assert "FAIL  determinism" in out and "module 'lin'" in out
     assert main(["check", "--model", "checkmodel:nothing"]) == 2
     assert "has no attribute 'nothing'" in capsys.readouterr().err
+
+
+def test_a_per_slot_optimizer_is_checked_against_torch_parameter_groups():
+    from leantrain import optim
+    from leantrain.check import check as run_check
+    from models import TiedNet, regression_batches
+
+    opt = optim.adamw(0.01, 0.1).per_slot(lambda p: {"weight_decay": 0.0, "lr_scale": 0.5} if len(p.shape) < 2 else {})
+    report = run_check(lambda: lt.Runner.from_module(TiedNet(bn=False), "mse"), regression_batches(8, 3),
+                       lt.TrainConfig(steps=4, batch_size=2, optimizer=opt, log_every=0), only=("optimizer",))
+    assert report.passed, report.lines()
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: lt.Runner.from_module(torch.nn.Linear(4, 6).requires_grad_(False), "mse"), "no trainable parameter"),
+    (lambda: lt.Runner.from_module(torch.nn.Linear(4, 6), lambda out, y: (out - y).detach().pow(2).mean()),
+     "the loss carries no gradient"),
+])
+def test_user_errors_are_errors_not_failed_guarantees(make, match):
+    from leantrain.check import check as run_check
+    from models import regression_batches
+
+    with pytest.raises(lt.ConfigError, match=match):
+        run_check(make, regression_batches(8, 3), lt.TrainConfig(steps=4, batch_size=2, log_every=0))

@@ -17,6 +17,7 @@ from typing import Callable
 from ..errors import ConfigError
 from ..training.config import TrainConfig
 from ..training.runner import Runner, check_sample
+from ..training.step import mean_gradients
 from .checks import CHECKS, Probe
 
 
@@ -72,6 +73,7 @@ def check(
     unknown = [n for n in only if n not in names]
     if unknown:
         raise ConfigError(f"{op}: unknown check(s) {unknown}; the checks are {names}")
+    _preflight(op, runner_factory, samples[: cfg.batch_size])  # a user error is raised, not a FAIL
     probe = Probe(runner_factory, samples, cfg, seed, steps, max_ratio, speed_runs)
     results = []
     for name, fn in CHECKS:
@@ -83,6 +85,19 @@ def check(
             passed, figure = False, f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         results.append(CheckResult(name, passed, figure))
     return CheckReport(tuple(results))
+
+
+def _preflight(op: str, runner_factory: Callable[[], Runner], batch: list) -> None:
+    """What makes every check meaningless is the user's to fix, so it is an error, not
+    a FAIL: a factory that returns no Runner, a model with nothing to train, a loss the
+    model cannot compute or autograd cannot differentiate."""
+    runner = runner_factory()
+    if not isinstance(runner, Runner):
+        raise ConfigError(f"{op}: runner_factory returned a {type(runner).__name__}, expected a Runner")
+    if not any(runner.params.requires_grad_array()):
+        raise ConfigError(f"{op}: the model has no trainable parameter (every one is frozen, or it has none): "
+                          f"there is nothing to check")
+    mean_gradients(runner, batch)  # ConfigError / DataError with the reason
 
 
 __all__ = ["check", "CheckReport", "CheckResult"]

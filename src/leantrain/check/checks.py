@@ -102,7 +102,7 @@ def optimizer(p: Probe) -> tuple[bool, str]:
     opt = p.cfg.optimizer
     torch.manual_seed(p.seed)
     state = opt.init(r.params)
-    topt = torch_optimizer(opt.hyper, [q for q in ref.parameters() if q.requires_grad])
+    topt = torch_optimizer(opt, ref, r.params)
     slots_map = r.params.canonical_slot_indices()
     for b in p.batches(3):
         grads = mean_gradients(r, b)
@@ -244,7 +244,7 @@ def speed(p: Probe) -> tuple[bool, str]:
     hand = copy.deepcopy(r.module)
     opt = p.cfg.optimizer
     state = [opt.init(r.params)]
-    topt = torch_optimizer(opt.hyper, [q for q in hand.parameters() if q.requires_grad])
+    topt = torch_optimizer(opt, hand, r.params)
     batches = p.batches(8)
 
     def ours():

@@ -9,22 +9,40 @@ from torch import nn
 from ..optim.hyper import SGD, Adadelta, Adagrad, Adam, AdamW, RMSProp
 
 
-def torch_optimizer(hyper, params) -> torch.optim.Optimizer:
-    """The ``torch.optim`` optimizer doing what ``hyper`` describes."""
-    h = hyper
+def torch_settings(h) -> tuple[type, dict]:
+    """The ``torch.optim`` class and keyword arguments doing what ``h`` describes."""
     if isinstance(h, SGD):
-        return torch.optim.SGD(params, lr=h.lr, momentum=h.momentum)
+        return torch.optim.SGD, dict(lr=h.lr, momentum=h.momentum)
     if isinstance(h, Adagrad):
-        return torch.optim.Adagrad(params, lr=h.lr, eps=h.eps)
+        return torch.optim.Adagrad, dict(lr=h.lr, eps=h.eps)
     if isinstance(h, RMSProp):
-        return torch.optim.RMSprop(params, lr=h.lr, alpha=h.decay, eps=h.eps)
+        return torch.optim.RMSprop, dict(lr=h.lr, alpha=h.decay, eps=h.eps)
     if isinstance(h, AdamW):
-        return torch.optim.AdamW(params, lr=h.lr, betas=(h.beta1, h.beta2), eps=h.eps, weight_decay=h.weight_decay)
+        return torch.optim.AdamW, dict(lr=h.lr, betas=(h.beta1, h.beta2), eps=h.eps, weight_decay=h.weight_decay)
     if isinstance(h, Adam):
-        return torch.optim.Adam(params, lr=h.lr, betas=(h.beta1, h.beta2), eps=h.eps)
+        return torch.optim.Adam, dict(lr=h.lr, betas=(h.beta1, h.beta2), eps=h.eps)
     if isinstance(h, Adadelta):
-        return torch.optim.Adadelta(params, lr=h.lr, rho=h.rho, eps=h.eps)
+        return torch.optim.Adadelta, dict(lr=h.lr, rho=h.rho, eps=h.eps)
     raise TypeError(f"no torch.optim equivalent of {type(h).__name__}")  # pragma: no cover
+
+
+def torch_optimizer(opt, module: nn.Module, params) -> torch.optim.Optimizer:
+    """The ``torch.optim`` optimizer doing what ``opt`` does to ``params`` (a Runner's
+    slots) on ``module`` (a deep copy of the Runner's module): one parameter group per
+    per-slot setting (``opt.per_slot``), each with its own hyperparameters and rate."""
+    cls, base = torch_settings(opt.hyper)
+    by_name = dict(module.named_parameters())
+    settings = opt.settings("check", params)[0]
+    reps = params.canonical_slot_indices()
+    if settings is None:
+        return cls([by_name[params[i].name] for i, c in enumerate(reps) if c == i], **base)
+    groups: dict[tuple, tuple] = {}
+    for i, c in enumerate(reps):
+        if c == i:
+            h, scale = settings[i]
+            groups.setdefault((id(h), scale), (h, scale, []))[2].append(by_name[params[i].name])
+    return cls([{"params": ps, **torch_settings(h)[1], "lr": h.lr * scale} for h, scale, ps in groups.values()],
+               **base)
 
 
 def _set_buffer(model: nn.Module, name: str, value: torch.Tensor) -> None:

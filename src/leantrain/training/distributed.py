@@ -22,7 +22,7 @@ from typing import Iterator, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ..errors import LeantrainError
+from ..errors import ConfigError, LeantrainError
 
 
 class ReplicaError(LeantrainError, RuntimeError):
@@ -146,6 +146,22 @@ def check_replicas(params, op: str = "check_replicas") -> None:
         if other != gathered[0]:
             bad = [k for k, (a, b) in enumerate(zip(gathered[0], other)) if a != b]
             raise ReplicaError(f"{op}: rank {rank} differs from rank 0 at storages {bad}")
+
+
+def agree(op: str, what: dict) -> None:
+    """Raise on every rank (the same ``ConfigError``) unless all ranks run the same loop:
+    ``what`` (the number of items, the batch size, the settings a resume compares) is
+    gathered from each; otherwise one rank would fail and another train alone."""
+    group = active()
+    if group is None:
+        return
+    everyone: list = [None] * group[1]
+    dist.all_gather_object(everyone, what, group=_group)
+    if any(other != everyone[0] for other in everyone):
+        differ = sorted({k for other in everyone for k in set(other) | set(everyone[0])
+                         if other.get(k) != everyone[0].get(k)})
+        shown = "; ".join(f"rank {r}: " + ", ".join(f"{k}={o.get(k)!r}" for k in differ) for r, o in enumerate(everyone))
+        raise ConfigError(f"{op}: the ranks run different loops ({shown}); give every rank the same data and settings")
 
 
 def start_replicas(runner, check: bool = True) -> None:

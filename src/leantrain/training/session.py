@@ -117,6 +117,7 @@ class Session:
             check_destination(self.op, self.cfg.checkpoint_path)  # a folder is refused now, not at the first save
         self.expect = dict(expect, ema_decay=self.cfg.ema_decay, autocast=self.cfg.autocast)
         self.resume_from = resume_path(self.cfg)
+        distributed.agree(self.op, dict(self.expect, resume=self.resume_from is not None))  # every rank, or none
         # Nothing of the runner changes (its mode, its moving average) until the start is accepted.
         if self.resume_from is None:
             self._start_replicas()
