@@ -128,3 +128,28 @@ def test_a_hook_must_answer_true_or_none(answer):
         lt.train_samples(_runner(), lt.TrainConfig(steps=2, log_every=0), _data(), callbacks=[Odd()])
     with pytest.raises(lt.ConfigError, match="the step callback returned"):
         lt.train_samples(_runner(), lt.TrainConfig(steps=2, log_every=0), _data(), callback=lambda e: answer)
+
+
+def test_early_stopping_and_the_logger_resumed_in_a_fresh_process(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import callback_child as child
+
+    straight = lt.EarlyStopping(patience=2)
+    work_a = tmp_path / "a"
+    work_a.mkdir()
+    report = lt.train_samples(child.runner(), child.config(work_a), child.data(),
+                              callbacks=[straight, lt.JSONLLogger(work_a / "m.jsonl")], log=lambda s: None)
+    work_b = tmp_path / "b"
+    work_b.mkdir()
+    lt.train_samples(child.runner(), child.config(work_b), child.data(),
+                     callbacks=[lt.EarlyStopping(patience=2), lt.JSONLLogger(work_b / "m.jsonl"),
+                                Crash(straight.stopped_step - 1)], log=lambda s: None)
+    here = Path(__file__).parent
+    subprocess.run([sys.executable, str(here / "callback_child.py"), str(work_b)], check=True, timeout=300,
+                   env={**__import__("os").environ, "PYTHONPATH": str(here)})
+    resumed = json.loads((work_b / "resumed.json").read_text())
+    assert resumed == {"stopped_step": straight.stopped_step, "steps": report.steps}
+    assert (work_b / "m.jsonl").read_text() == (work_a / "m.jsonl").read_text()  # each record once, the same

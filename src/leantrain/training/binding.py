@@ -54,6 +54,11 @@ def rng_state(device: torch.device):
     return torch.get_rng_state(), cuda
 
 
+def same_rng(a, b) -> bool:
+    """Whether two ``rng_state`` results are the same states."""
+    return torch.equal(a[0], b[0]) and ((a[1] is None) == (b[1] is None)) and (a[1] is None or torch.equal(a[1], b[1]))
+
+
 def set_rng_state(device: torch.device, state) -> None:
     cpu, cuda = state
     torch.set_rng_state(cpu)
@@ -157,7 +162,7 @@ class Binding:
         return wrote
 
     def advance_buffers(
-        self, op: str, batch: Sequence, force: bool = False
+        self, op: str, batch: Sequence, force: bool = False, states: Optional[list] = None
     ) -> tuple[bool, Optional[BufferSnapshot]]:
         """The buffer pass: one no-gradient forward per item, in order (train mode).
 
@@ -165,6 +170,8 @@ class Binding:
         changed any (``None`` otherwise). Runs once the model is known to write buffers,
         always under ``torch.distributed`` (every rank must take the same path), or when
         ``force``d. A model error restores the buffers and the generators and raises.
+        ``states``: a list that receives the generators' state before each item and after
+        the last (what data parallel needs to draw each item's numbers, see ``draw_states``).
         """
         runner = self.runner
         if not runner.has_buffer_updates or not (
@@ -181,6 +188,8 @@ class Binding:
             with torch.no_grad():
                 for sample in batch:
                     x, _ = runner.inputs(sample)
+                    if states is not None:
+                        states.append(rng_state(runner.device))
                     try:
                         with runner.autocast():
                             runner.module(x)
@@ -194,6 +203,8 @@ class Binding:
             snapshot.restore()
             set_rng_state(runner.device, rng)
             raise
+        if states is not None:
+            states.append(rng_state(runner.device))
         set_rng_state(runner.device, rng)  # replay: the gradient passes draw the same numbers
         written = [t for t, v in zip(tensors, versions) if t._version != v]
         if written or reassigned:
@@ -203,6 +214,27 @@ class Binding:
         runner.mark_buffers_stale()
         snapshot.written = [t for t in written if t.is_floating_point()]
         return True, snapshot
+
+    def draw_states(self, op: str, batch: Sequence) -> Optional[list]:
+        """The generators' state before each item's forward and after the last, as one
+        process runs the items in order (a no-gradient forward per item, buffers left as
+        they are), so that a rank computing item ``k`` draws item ``k``'s numbers (dropout
+        masks) wherever it runs. ``None`` once a forward is seen to draw nothing (then
+        there is nothing to line up and the pass is never run again)."""
+        runner = self.runner
+        if runner.draws is False:
+            return None
+        states: list = []
+        with torch.no_grad(), self.scratch_buffers():
+            for sample in batch:
+                states.append(rng_state(runner.device))
+                x, _ = runner.inputs(sample)
+                with runner.autocast():
+                    runner.module(x)
+        states.append(rng_state(runner.device))
+        set_rng_state(runner.device, states[0])
+        runner.draws = not same_rng(states[0], states[-1])
+        return states if runner.draws else None
 
     def one_item(self, op: str, sample) -> tuple[torch.Tensor, list, Optional[BufferSnapshot]]:
         """One item in train mode as plain PyTorch runs it: one forward on the real

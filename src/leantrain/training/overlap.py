@@ -1,6 +1,6 @@
 """Data parallel with communication overlapped with backward (DDP's reducer's schedule).
 
-A rank sums its items' gradients left to right (``step._sum_items``' fold); the sum
+A rank sums its items' gradients left to right (``accumulate.sum_items``' fold); the sum
 of all but the last item is ready before the last item's backward starts. During that
 backward each trained leaf carries one gradient hook: when autograd hands over the
 leaf's gradient for the last item, the hook writes ``partial + g`` (the very operation

@@ -86,6 +86,9 @@ class Runner:
         # Whether a train-mode forward writes any buffer: None until a step tells (by
         # the tensors' version counters, see binding.py).
         self.buffer_writes: Optional[bool] = None
+        # Whether a train-mode forward draws random numbers (dropout): None until a
+        # data-parallel step tells (binding.Binding.draw_states).
+        self.draws: Optional[bool] = None
         # Within a loop (``steady()``): what the steps checked once and reuse (the slot
         # map, a binding without swaps, the optimizer's layout) until ``recheck()``.
         self.steady_cache: Optional[dict] = None

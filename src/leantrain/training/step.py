@@ -13,7 +13,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import distributed, overlap
+from . import distributed
+from . import dp_gradients as dp
+from .accumulate import Pack, scale, sum_items
 from ..errors import DataError, NonFiniteError
 from ..validate import check_choice
 from ..optim import OptState, Optimizer
@@ -25,7 +27,6 @@ from .precision import LossScaler
 from .config import ACCUMULATION_MODES, NONFINITE_MODES
 from .runner import Runner, Sample, check_sample
 
-Pack = list[Optional[torch.Tensor]]
 
 
 def _check_batch(op: str, batch: Sequence[Sample]) -> list[Sample]:
@@ -36,128 +37,9 @@ def _check_batch(op: str, batch: Sequence[Sample]) -> list[Sample]:
     return [check_sample(op, s, i) for i, s in enumerate(batch)]
 
 
-def _plus(g: Optional[torch.Tensor], h: Optional[torch.Tensor], out: Optional[torch.Tensor] = None):
-    """``g + h`` where both items used the slot; the one gradient where only one did
-    (the sum over the items that used it, as ``.grad`` accumulation gives)."""
-    if g is None or h is None:
-        return h if g is None else g
-    return g + h if out is None else torch.add(g, h, out=out)
-
-
-def _add_into(grads: Pack, more: Pack) -> None:
-    """``grads[i] += more[i]`` in place (owned sums), taking ``more[i]`` where ``grads[i]``
-    has none yet."""
-    for i, h in enumerate(more):
-        if h is not None:
-            if grads[i] is None:
-                grads[i] = h
-            else:
-                grads[i].add_(h)
-
-
-def _sum_items(runner: Runner, batch: Sequence[Sample], leaves, scratch, out: Optional[list] = None
-               ) -> tuple[torch.Tensor, Pack]:
-    """Loss and gradient sums over the items, left to right (autograd's own tensors for one).
-
-    ``scratch.reset()`` before each item: every item sees the same advanced buffers.
-    A slot only some items used sums those items' gradients; one no item used stays
-    ``None``. ``out``: per slot, a tensor the sum is written into (the same ``g + h``)
-    instead of fresh memory, for a caller that reuses it step after step."""
-    loss, grads = runner.loss_and_gradients(batch[0], leaves)
-    if len(batch) == 1:
-        return loss, grads
-    scratch.reset()
-    loss2, grads2 = runner.loss_and_gradients(batch[1], leaves)
-    loss = loss + loss2
-    outs = out if out is not None else [None] * len(grads)
-    grads = [_plus(g, h, o) for g, h, o in zip(grads, grads2, outs)]  # owned from here
-    for sample in batch[2:]:
-        scratch.reset()
-        loss_k, grads_k = runner.loss_and_gradients(sample, leaves)
-        loss = loss + loss_k
-        _add_into(grads, grads_k)
-    return loss, grads
-
-
-def _fold(losses: list, packs: list, inv: float) -> tuple[torch.Tensor, Pack]:
-    """The gathered items folded exactly as ``_sum_items`` folds them in one process:
-    ``l0 + l1``, then ``+ lk``; ``g0 + g1``, then ``add_(gk)``; then ``* (1/n)`` (not for one
-    item). So a run gives the same bits on any number of ranks."""
-    loss, grads = losses[0], packs[0]
-    if len(packs) == 1:
-        return loss, grads
-    loss = loss + losses[1]
-    grads = [_plus(g, h) for g, h in zip(grads, packs[1])]
-    for loss_k, pack in zip(losses[2:], packs[2:]):
-        loss = loss + loss_k
-        _add_into(grads, pack)
-    return _scale(loss, grads, inv)[:2]
-
-
-def _exact_gradients(runner: Runner, leaves, scratch, batch, rank: int, world: int):
-    """Each rank differentiates its items one by one; every rank then folds all items in
-    item order (``exact_reduction``): the one-process mean gradient, bit for bit."""
-    mine = []
-    for k, sample in enumerate(distributed.my_items(batch, rank, world)):
-        if k:
-            scratch.reset()
-        mine.append(runner.loss_and_gradients(sample, leaves))
-    losses, packs = distributed.gather_items(mine, len(batch), rank, world, leaves)
-    dtype = mine[0][0].dtype if mine else torch.float64  # rank 0 always has item 0: it logs
-    return _fold([x.to(dtype) for x in losses], packs, 1.0 / len(batch))
-
-
-def _overlapped_sums(runner: Runner, leaves, scratch, mine: list, accumulation: str, want_loss: bool):
-    """This rank's gradient sum over ``mine``, all-reduced over the ranks bucket by bucket
-    while the last backward runs (see ``overlap.py``): the same fold as ``_sum_items``, so
-    the same bits as summing first and all-reducing after. ``(None, grads)`` unless
-    ``want_loss``."""
-    cache = runner.steady_cache
-    plan = None if cache is None else cache.get("buckets")
-    if plan is None or plan.leaves is not leaves:
-        plan = overlap.plan_buckets(leaves)
-        if cache is not None:
-            cache["buckets"] = plan
-    reuse = cache is not None  # in a loop the step consumes the gradients: reuse the buckets
-    if not mine:  # more ranks than items: this rank sends zeros in the same buckets
-        loss = torch.zeros((), device=runner.device)
-        return overlap.Reducer(plan, None, reuse).finish(None, loss if want_loss else None)
-    partial_loss, partial = None, None
-    if accumulation == "exact" and len(mine) > 1:
-        partial_loss, partial = _sum_items(runner, mine[:-1], leaves, scratch,
-                                           plan.partial_buffers() if reuse and len(mine) > 2 else None)
-        scratch.reset()
-    reducer = overlap.Reducer(plan, partial, reuse)
-    handles = [t.register_hook(reducer.hook(i)) for i, t in enumerate(leaves) if t is not None]
-    try:
-        if accumulation == "vectorized":
-            loss, grads = runner.stacked_loss_and_gradients(mine, leaves, scale=1.0)
-        else:
-            loss, grads = runner.loss_and_gradients(mine[-1], leaves)
-    finally:
-        for h in handles:
-            h.remove()
-    if partial_loss is not None:
-        loss = partial_loss + loss
-    return reducer.finish(grads, loss if want_loss else None)
-
-
-def _scale(loss: torch.Tensor, grads: Pack, inv: float, defer: bool = False):
-    """``(loss * inv, grads * inv, None)``, the gradients scaled in place (owned sums
-    here). ``defer``: float32 gradients are left unscaled and ``inv`` is returned instead
-    of ``None``: ``nonfinite_flag`` multiplies them in its own pass over them (the same
-    float32 product, so the same bits), which saves a pass over every gradient."""
-    if defer and all(g is None or (g.dtype == torch.float32 and g.layout == torch.strided) for g in grads):
-        return loss * inv, grads, inv
-    for g in grads:
-        if g is not None:
-            g.mul_(inv)
-    return loss * inv, grads, None
-
-
 def _gradients(
     runner: Runner, leaves, scratch, batch: Sequence[Sample], accumulation: str, want_loss: bool,
-    exact_reduction: bool = False, defer: bool = False,
+    exact_reduction: bool = False, defer: bool = False, states: Optional[list] = None,
 ) -> tuple[torch.Tensor, Pack, Optional[float]]:
     """(mean loss, mean gradients, None) at one parameter point: left-to-right sums times
     ``1/n`` (with ``defer``, possibly the sums and ``1/n`` still to apply: see ``_scale``).
@@ -169,17 +51,18 @@ def _gradients(
     if group is None:
         if accumulation == "vectorized":
             return (*runner.stacked_loss_and_gradients(batch, leaves, scale=1.0 / n), None)
-        loss, grads = _sum_items(runner, batch, leaves, scratch)
+        loss, grads = sum_items(runner, batch, leaves, scratch)
         if n == 1:
             return loss, grads, None  # g * (1/1) is g, bit for bit: skip the pass
-        return _scale(loss, grads, 1.0 / n, defer)
+        return scale(loss, grads, 1.0 / n, defer)
     if exact_reduction:
-        return (*_exact_gradients(runner, leaves, scratch, batch, *group), None)
-    loss, grads = _overlapped_sums(runner, leaves, scratch, distributed.my_items(batch, *group), accumulation,
-                                   want_loss)
+        return (*dp.exact_gradients(runner, leaves, scratch, batch, *group, states), None)
+    own = None if states is None else distributed.my_items(states[:-1], *group)
+    loss, grads = dp.overlapped_sums(runner, leaves, scratch, distributed.my_items(batch, *group), accumulation,
+                                   want_loss, own)
     if loss is None:
         loss = torch.zeros((), device=runner.device)  # not asked for: never read
-    return _scale(loss, grads, 1.0 / n, defer)
+    return scale(loss, grads, 1.0 / n, defer)
 
 
 def _accumulate(
@@ -196,16 +79,23 @@ def _accumulate(
         if len(batch) == 1 and accumulation == "exact" and runner.has_buffer_updates and distributed.active() is None:
             return (*bound.one_item(op, batch[0]), None)  # one forward, as plain PyTorch
         rng = rng_state(runner.device) if runner.has_buffer_updates else None
+        # Data parallel: where each item's random draws start in one process (dropout).
+        states = [] if distributed.active() is not None and runner.mode == "train" and runner.draws is not False \
+            else None
         while True:
-            ran, snapshot = bound.advance_buffers(op, batch)  # every item, before any gradient
+            ran, snapshot = bound.advance_buffers(op, batch, states=states)  # every item, before any gradient
+            if states is not None:
+                states = dp.item_states(runner, bound, op, batch, states if ran else None)
             try:
                 with bound.scratch_buffers() as scratch:  # gradient passes leave buffers be
                     loss, grads, pending = _gradients(runner, bound.leaves, scratch, batch, accumulation,
-                                                      want_loss, exact_reduction, defer)
+                                                      want_loss, exact_reduction, defer, states)
             except BaseException:
                 if snapshot is not None:
                     snapshot.restore()
                 raise
+            if states is not None:
+                set_rng_state(runner.device, states[-1])  # every rank where one process ends
             if ran or not scratch.written:
                 if rng is not None and not ran:
                     runner.buffer_writes = False  # seen: a forward writes no buffer

@@ -1,0 +1,96 @@
+"""The gradients of a list batch under data parallel (``torch.distributed``).
+
+Each rank differentiates its share of the items (item ``j`` on rank ``j mod world``).
+The default all-reduces the ranks' sums bucket by bucket while the last backward runs
+(``overlap.py``); ``exact_reduction`` gathers every item's gradient and folds them in
+item order, as one process does. With a model that draws random numbers, every item
+starts from the generator state it has in one process (``item_states``), so an item
+draws the same dropout mask whichever rank computes it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import distributed, overlap
+from .accumulate import Pack, add_into, draws, plus, scale, sum_items
+from .binding import same_rng
+from .runner import Runner
+
+def fold(losses: list, packs: list, inv: float) -> tuple[torch.Tensor, Pack]:
+    """The gathered items folded exactly as ``sum_items`` folds them in one process:
+    ``l0 + l1``, then ``+ lk``; ``g0 + g1``, then ``add_(gk)``; then ``* (1/n)`` (not for one
+    item). So a run gives the same bits on any number of ranks."""
+    loss, grads = losses[0], packs[0]
+    if len(packs) == 1:
+        return loss, grads
+    loss = loss + losses[1]
+    grads = [plus(g, h) for g, h in zip(grads, packs[1])]
+    for loss_k, pack in zip(losses[2:], packs[2:]):
+        loss = loss + loss_k
+        add_into(grads, pack)
+    return scale(loss, grads, inv)[:2]
+
+
+def exact_gradients(runner: Runner, leaves, scratch, batch, rank: int, world: int, states: Optional[list] = None):
+    """Each rank differentiates its items one by one; every rank then folds all items in
+    item order (``exact_reduction``): the one-process mean gradient, bit for bit."""
+    mine = []
+    own = None if states is None else distributed.my_items(states[:-1], rank, world)
+    for k, sample in enumerate(distributed.my_items(batch, rank, world)):
+        if k:
+            scratch.reset()
+        draws(runner, own, k)
+        mine.append(runner.loss_and_gradients(sample, leaves))
+    losses, packs = distributed.gather_items(mine, len(batch), rank, world, leaves)
+    dtype = mine[0][0].dtype if mine else torch.float64  # rank 0 always has item 0: it logs
+    return fold([x.to(dtype) for x in losses], packs, 1.0 / len(batch))
+
+
+def overlapped_sums(runner: Runner, leaves, scratch, mine: list, accumulation: str, want_loss: bool,
+                     own: Optional[list] = None):
+    """This rank's gradient sum over ``mine``, all-reduced over the ranks bucket by bucket
+    while the last backward runs (see ``overlap.py``): the same fold as ``sum_items``, so
+    the same bits as summing first and all-reducing after. ``(None, grads)`` unless
+    ``want_loss``."""
+    cache = runner.steady_cache
+    plan = None if cache is None else cache.get("buckets")
+    if plan is None or plan.leaves is not leaves:
+        plan = overlap.plan_buckets(leaves)
+        if cache is not None:
+            cache["buckets"] = plan
+    reuse = cache is not None  # in a loop the step consumes the gradients: reuse the buckets
+    if not mine:  # more ranks than items: this rank sends zeros in the same buckets
+        loss = torch.zeros((), device=runner.device)
+        return overlap.Reducer(plan, None, reuse).finish(None, loss if want_loss else None)
+    partial_loss, partial = None, None
+    if accumulation == "exact" and len(mine) > 1:
+        partial_loss, partial = sum_items(runner, mine[:-1], leaves, scratch,
+                                           plan.partial_buffers() if reuse and len(mine) > 2 else None, own)
+        scratch.reset()
+    if accumulation == "exact":
+        draws(runner, own, len(mine) - 1)
+    reducer = overlap.Reducer(plan, partial, reuse)
+    handles = [t.register_hook(reducer.hook(i)) for i, t in enumerate(leaves) if t is not None]
+    try:
+        if accumulation == "vectorized":
+            loss, grads = runner.stacked_loss_and_gradients(mine, leaves, scale=1.0)
+        else:
+            loss, grads = runner.loss_and_gradients(mine[-1], leaves)
+    finally:
+        for h in handles:
+            h.remove()
+    if partial_loss is not None:
+        loss = partial_loss + loss
+    return reducer.finish(grads, loss if want_loss else None)
+
+
+def item_states(runner: Runner, bound, op: str, batch, recorded: Optional[list]) -> Optional[list]:
+    """The per-item generator states of a data-parallel step: those the buffer pass
+    recorded, or a pass of their own; ``None`` when the model draws nothing."""
+    if recorded is None:
+        return bound.draw_states(op, batch)
+    runner.draws = not same_rng(recorded[0], recorded[-1])
+    return recorded if runner.draws else None
