@@ -7,6 +7,7 @@ import torch
 
 import leantrain as lt
 from leantrain import Param, ParamList, optim
+from leantrain.optim import rules
 from leantrain.optim.rules import rule_for
 
 REGISTRY = {
@@ -57,8 +58,17 @@ def test_dtype_kept_and_frozen_slots_bit_identical(name, dtype):
         assert all(t.dtype == dtype for t in rec.tensors().values())
 
 
+@pytest.fixture(params=["fused", "fallback"])
+def kernels(request, monkeypatch):
+    """Both forms of every rule: torch's fused kernels (what runs on CPU and CUDA float
+    tensors) and the foreach/per-tensor fallback (what runs elsewhere), forced here."""
+    if request.param == "fallback":
+        monkeypatch.setattr(rules, "fusable", lambda ps: False)
+    return request.param
+
+
 @pytest.mark.parametrize("name", REGISTRY)
-def test_multi_tensor_path_equals_per_tensor_rule_bit_for_bit(name):
+def test_multi_tensor_path_equals_per_tensor_rule_bit_for_bit(name, kernels):
     opt = REGISTRY[name]()
     h, rule = opt.hyper, rule_for(opt.hyper)
     gen = torch.Generator().manual_seed(7)
@@ -390,3 +400,28 @@ def test_warmup_cosine_edge_cases():
 def test_bad_schedules_rejected(make, message):
     with pytest.raises(lt.ConfigError, match=f"^{message}$"):
         make()
+
+
+@pytest.mark.parametrize("name", REGISTRY)
+def test_the_fallback_forms_agree_with_the_fused_kernels(name, monkeypatch):
+    """The foreach forms (another device or dtype) against the fused kernels on the same
+    gradients: SGD bit for bit, the adaptive rules to rounding (their kernels fold the
+    bias correction and the denominator differently)."""
+    opt = REGISTRY[name]()
+    h, rule = opt.hyper, rule_for(opt.hyper)
+    gen = torch.Generator().manual_seed(3)
+    shapes = [(3,), (2, 5), (7,)]
+    fused = [torch.randn(s, generator=gen) for s in shapes]
+    plain = [p.clone() for p in fused]
+    recs_f, recs_p = [rule.init(h, p) for p in fused], [rule.init(h, p) for p in plain]
+    for step in range(5):
+        gs = [torch.randn(s, generator=gen) for s in shapes]
+        recs_f = rule.update_many(h, 0.05, recs_f, fused, gs)
+        with monkeypatch.context() as m:
+            m.setattr(rules, "fusable", lambda ps: False)
+            recs_p = rule.update_many(h, 0.05, recs_p, plain, gs)
+    for a, b in zip(fused, plain):
+        if h.kind == "sgd" and h.momentum == 0.0:
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

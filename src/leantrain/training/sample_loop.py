@@ -49,7 +49,10 @@ def run_sample_steps(
 ) -> tuple[OptState, list[tuple[int, float]], int]:
     """The fixed-step loop from ``start_step`` to ``cfg.steps``. Returns (state, the
     (step, loss) pairs this call logged, steps done). ``session`` (the one
-    ``train_samples`` runs in) hears every step; without one the loop runs bare."""
+    ``train_samples`` runs in) hears every step; without one the loop runs bare. ``opt``
+    must be the config's optimizer (the one the state belongs to)."""
+    if opt != cfg.optimizer:
+        raise ConfigError("run_sample_steps: opt must be cfg.optimizer (the optimizer the state was made by)")
     if session is None:
         session = Session("run_sample_steps", runner, cfg, "samples", log=log)
     first_logged = len(session.logged)
