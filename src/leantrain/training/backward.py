@@ -80,28 +80,23 @@ def differentiate(loss: torch.Tensor, leaves: Sequence, loss_scale=None, bound=N
 def own_gradients(grads: Sequence, wrt: Sequence[torch.Tensor], strides=None) -> list:
     """``grads`` (one per tensor of ``wrt``, ``None`` where unused) with every dense
     gradient in its tensor's kernel layout (``strides``: ``kernel_strides`` of each,
-    computed when not given) and no two gradients sharing memory.
+    computed when not given) and no tensor given to two slots.
 
-    autograd hands back one tensor for two inputs of ``a + b`` and views for an
-    expand; such a gradient is copied, once, so writing one slot's gradient in place
-    never changes another's. The check is one stride comparison and one data pointer
-    per gradient: no copy in the usual case."""
-    out, seen, objects = list(grads), set(), set()
+    autograd hands both inputs of ``a + b`` the same gradient tensor, and an expand's
+    gradient is a stride-0 view: such a gradient is copied, once, so writing one slot's
+    gradient in place never changes another's. The check is an identity and a stride
+    comparison per gradient: no copy in the usual case."""
+    out, seen = list(grads), set()
     for k, g in enumerate(out):
         if g is None:
             continue
-        if g.layout != torch.strided:  # sparse: its own kind of memory, only duplicates copied
-            if id(g) in objects:
-                out[k] = g = g.clone()
-            objects.add(id(g))
+        shared = id(g) in seen
+        seen.add(id(g))
+        if g.layout is not torch.strided:  # sparse: its own kind of memory
+            if shared:
+                out[k] = g.clone()
             continue
         want = kernel_strides(wrt[k]) if strides is None else strides[k]
-        if not same_layout(g, want):
-            out[k] = g = to_layout(g, wrt[k])
-        elif g.numel():
-            ptr = g.data_ptr()
-            if ptr in seen:  # the same memory as an earlier slot's gradient
-                out[k] = g = to_layout(g, wrt[k])
-            else:
-                seen.add(ptr)
-    return out  # a copied gradient's memory is fresh: nothing else points at it
+        if shared or (g.stride() != want and not same_layout(g, want)):
+            out[k] = to_layout(g, wrt[k])  # fresh memory: nothing else points at it
+    return out
