@@ -8,17 +8,7 @@ import torch
 from torch import nn
 
 import leantrain as lt
-from leantrain import optim
-
-
-def _runner():
-    torch.manual_seed(0)
-    return lt.Runner.from_module(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)), "mse")
-
-
-def _data(n=8, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(4, 3, generator=g), torch.randn(4, 2, generator=g)) for _ in range(n)]
+from callback_child import config as _cfg, data as _data, runner as _runner  # the run the fresh process resumes
 
 
 class Crash(lt.Callback):
@@ -31,12 +21,6 @@ class Crash(lt.Callback):
 
     def on_step(self, event):
         return event.step == self.at
-
-
-def _cfg(tmp_path, **kw):
-    # lr so large that the evaluation loss rises: EarlyStopping must stop the run
-    return lt.TrainConfig(steps=30, batch_size=2, optimizer=optim.sgd(2.0), log_every=1, eval_data=_data(3, 9),
-                          eval_every=1, checkpoint_path=tmp_path / "c.ckpt", checkpoint_every=1, **kw)
 
 
 def test_early_stopping_resumed_stops_where_the_uninterrupted_run_stops(tmp_path):
