@@ -182,6 +182,6 @@ def test_cuda_sparse_embedding_with_sgd_never_syncs():
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        lt.step_batch(r, opt, state, True, [(x, y), (x, y)], nonfinite="skip")
+        lt.step_batch(r, opt, state, True, [(x, y)], nonfinite="skip")
     finally:
         torch.cuda.set_sync_debug_mode("default")
