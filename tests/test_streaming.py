@@ -166,3 +166,24 @@ def test_a_checkpoint_without_a_loader_position_resumes_and_says_what_differs(tm
     with pytest.warns(UserWarning, match="holds no position for this loader.*4 batch"):
         report, _ = lt.train_loader(runner(), lt.LoaderTrainConfig(resume_from=tmp_path / "old.ckpt", **cfg), loader())
     assert report.steps == 10
+
+
+def test_a_loader_whose_iterator_cannot_skip_by_index_resumes_by_reading(tmp_path):
+    """A DataLoader subclass whose iterator has no index access: the done batches are
+    read and dropped after the generators are back, still exact."""
+
+    class Wrapped(TorchLoader):
+        def __iter__(self):
+            return (b for b in super().__iter__())
+
+    ds = Counted(30)
+    loader = lambda: Wrapped(ds, batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(4),
+                             collate_fn=ds.collate)
+    straight = runner()
+    lt.train_loader(straight, lt.LoaderTrainConfig(epochs=2, log_every=0), loader())
+    lt.train_loader(runner(), lt.LoaderTrainConfig(epochs=2, log_every=0, max_steps=13,
+                                                   checkpoint_path=tmp_path / "c.ckpt"), loader())
+    resumed = runner()
+    lt.train_loader(resumed, lt.LoaderTrainConfig(epochs=2, log_every=0, resume_from=tmp_path / "c.ckpt"), loader())
+    for a, b in zip(resumed.module.parameters(), straight.module.parameters()):
+        assert torch.equal(a, b)

@@ -294,13 +294,13 @@ def _update_group(rule, hyper, lr: float, group, recs: list, gs: list) -> tuple[
         if g.layout != torch.strided:
             sparse.append(k)
         else:
-            if (group.move and g.device != ps[k].device) or not same_layout(g, group.strides[k]):
+            if g.device != ps[k].device or not same_layout(g, group.strides[k]):
                 gs[k] = to_layout(g, ps[k])
             dense.append(k)
     work = {k: ps[k] for k in dense}
     if group.staged:
         work = {k: p if same_layout(p, group.strides[k]) else to_layout(p, p) for k, p in work.items()}
-    news = [recs[k] for k in range(len(recs))]
+    news = list(recs)
     if dense:
         ws, rs, gd = [work[k] for k in dense], [recs[k] for k in dense], [gs[k] for k in dense]
         if hyper.numerics == "torchlean":  # upstream's order, tensor by tensor

@@ -224,15 +224,20 @@ class Binding:
         runner = self.runner
         if runner.draws is False:
             return None
-        states: list = []
-        with torch.no_grad(), self.scratch_buffers():
-            for sample in batch:
-                states.append(rng_state(runner.device))
-                x, _ = runner.inputs(sample)
-                with runner.autocast():
-                    runner.module(x)
-        states.append(rng_state(runner.device))
-        set_rng_state(runner.device, states[0])
+        states: list = [rng_state(runner.device)]
+        try:
+            with torch.no_grad(), self.scratch_buffers():
+                for sample in batch:
+                    x, _ = runner.inputs(sample)
+                    try:
+                        with runner.autocast():
+                            runner.module(x)
+                    except MODEL_ERRORS as e:
+                        raise DataError(f"{op}: the model rejected the sample (x {tuple(x.shape)} {x.dtype}): "
+                                        f"{str(e).splitlines()[0]}") from e
+                    states.append(rng_state(runner.device))
+        finally:
+            set_rng_state(runner.device, states[0])  # the gradient passes draw from here
         runner.draws = not same_rng(states[0], states[-1])
         return states if runner.draws else None
 

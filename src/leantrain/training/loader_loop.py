@@ -54,7 +54,7 @@ def run_loader_epochs(
     if session is None:
         session = Session("train_loader", runner, cfg, "loader", log=log)
     if stream is None:
-        stream = Stream.of(session.op, loader)
+        stream = Stream(session.op, loader)
     first_logged = len(session.logged)
     with runner.steady():  # checked at the first step, again after the user's code ran
         state, step, seen = _epochs(cfg, stream, state, schedule_state, start, session)
@@ -140,7 +140,7 @@ def train_loader(
             f"read once, but epochs={cfg.epochs}; train it with epochs=1 (and max_steps), or pass a "
             f"re-iterable loader (a list of batches, a leantrain.DataLoader, a torch.utils.data.DataLoader)"
         )
-    stream = Stream.of(op, loader)
+    stream = Stream(op, loader)
     with distributed.collectives(cfg.collective_timeout):  # fail, not hang, on a lost peer
         session = Session(op, runner, cfg, "loader", log=log, callback=callback, callbacks=callbacks)
         with session.computing():  # autocast and the loss scale, for this loop only

@@ -28,7 +28,6 @@ from .config import ACCUMULATION_MODES, NONFINITE_MODES
 from .runner import Runner, Sample, check_sample
 
 
-
 def _check_batch(op: str, batch: Sequence[Sample]) -> list[Sample]:
     if not isinstance(batch, (list, tuple)):
         raise DataError(f"{op}: a batch is a list of (x, y) samples, got {type(batch).__name__}")
@@ -42,7 +41,7 @@ def _gradients(
     exact_reduction: bool = False, defer: bool = False, states: Optional[list] = None,
 ) -> tuple[torch.Tensor, Pack, Optional[float]]:
     """(mean loss, mean gradients, None) at one parameter point: left-to-right sums times
-    ``1/n`` (with ``defer``, possibly the sums and ``1/n`` still to apply: see ``_scale``).
+    ``1/n`` (with ``defer``, possibly the sums and ``1/n`` still to apply: see ``accumulate.scale``).
 
     Under ``torch.distributed`` each rank differentiates its share of the items and the
     sums are all-reduced (see ``distributed.py``); the loss joins only if ``want_loss``.

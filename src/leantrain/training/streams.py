@@ -4,7 +4,7 @@ checkpoints and put back exactly where the loader allows it.
 Nothing is read ahead, counted or kept: a pass yields the loader's batches as they come
 (the torch DataLoader's own prefetch is the only read-ahead), so memory does not grow
 with the dataset and a loader without ``len()`` (an endless stream) trains. The kinds,
-chosen once per loop (``Stream.of``):
+chosen once per loop (``kind_of``):
 
 * ``"leantrain"``: a ``leantrain.DataLoader``; its seeded order is its position.
 * ``"sampled"``: a ``torch.utils.data.DataLoader`` over a map-style dataset. An epoch's
@@ -74,10 +74,6 @@ class Stream:
         self.pending: Optional[dict] = None  # a restored position, for the resumed epoch
         self.warned = False
 
-    @classmethod
-    def of(cls, op: str, loader: object) -> "Stream":
-        return cls(op, loader)
-
     # ------------------------------------------------------------------ epochs
     def epoch(self, epoch: int, skip: int) -> Iterator:
         """The raw batches of pass ``epoch`` after the first ``skip`` (those a resumed run
@@ -99,18 +95,18 @@ class Stream:
         # sampler's shuffle): what a resume in this epoch puts back.
         self.epoch_rng = (torch.get_rng_state(), [g.get_state() for g in self.generators])
         try:
-            it = self._start(pending, skip)
+            it, left = self._start(pending, skip)
         finally:
             if pending is not None:
                 torch.set_rng_state(now)  # the run's own randomness from here, as at the checkpoint
-        if skip and self.kind == "sampled" and self.loader.num_workers > 0:
-            for _ in range(skip):  # the workers read and drop them: their random draws replay
-                if next(it, _END) is _END:
-                    break
+        for _ in range(left):  # the workers read and drop them: their random draws replay
+            if next(it, _END) is _END:
+                break
         return it
 
-    def _start(self, pending: Optional[dict], skip: int) -> Iterator:
-        """The epoch's iterator, positioned after the ``skip`` batches done."""
+    def _start(self, pending: Optional[dict], skip: int) -> tuple[Iterator, int]:
+        """The epoch's iterator, positioned after the ``skip`` batches done, and how many
+        of them are still to be read and dropped (once the run's generators are back)."""
         loader = self.loader
         if self.kind in ("stateful", "iterable") and pending is not None:
             target = loader if self.kind == "stateful" else loader.dataset
@@ -122,23 +118,23 @@ class Stream:
                 # orders come from the states they had at the checkpoint.
                 for k, g in enumerate(self.generators):
                     g.set_state(pending["tensors"][f"now.{k}"])
-            return it
+            return it, 0
         it = iter(loader)
         if not skip:
-            return (fast_batches(loader, it) if self.kind == "sampled" else None) or it
+            return (fast_batches(loader, it) if self.kind == "sampled" else None) or it, 0
         if self.kind == "sampled":
             if loader.num_workers > 0 or not hasattr(it, "_next_index"):
-                return it  # skipped by reading, after the generators are back (epoch())
+                return it, skip  # read and dropped after the generators are back (epoch())
             try:
                 for _ in range(skip):  # index lists only: no item of the done batches is read
                     it._next_index()
             except StopIteration:
-                return iter(())
-            return fast_batches(loader, it) or it
+                return iter(()), 0
+            return fast_batches(loader, it) or it, 0
         for _ in range(skip):  # replay: read and drop what the interrupted run did
             if next(it, _END) is _END:
                 break
-        return it
+        return it, 0
 
     # ---------------------------------------------------------------- position
     def state(self) -> Optional[dict]:
