@@ -14,18 +14,11 @@ from torch import nn
 
 import leantrain as lt
 from leantrain import optim
+from optimizer_table import TABLE
 
 K, M = 5, 7  # steps (in-memory) or batches (loader) before and after the save
 
-OPTIMIZERS = {
-    "sgd": lambda: optim.sgd(0.05),
-    "momentum": lambda: optim.sgd(0.05, momentum=0.9),
-    "adagrad": lambda: optim.adagrad(0.05),
-    "rmsprop": lambda: optim.rmsprop(0.01),
-    "adam": lambda: optim.adam(0.01),
-    "adamw": lambda: optim.adamw(0.01, 0.1),
-    "adadelta": lambda: optim.adadelta(1.0),
-}
+OPTIMIZERS = {name: case.make for name, case in TABLE.items()}  # the shared table
 
 
 def cases():

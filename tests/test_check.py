@@ -37,6 +37,24 @@ def test_every_check_passes_on_zoo_models(name):
     assert report["host syncs"].figure.startswith("0 device-to-host reads per step")
 
 
+def test_an_optimizer_torch_lacks_skips_the_comparisons_and_passes_the_rest(tmp_path, capsys):
+    """Lion has no torch.optim equivalent: the two checks that compare against one say so
+    (SKIP, not a failure) and the other six run as for any optimizer."""
+    entry = BY_NAME["gpt"]
+    cfg = lt.TrainConfig(steps=4, batch_size=2, optimizer=lt.optim.lion(1e-3, weight_decay=0.1))
+    report = check(lambda: lt.Runner.from_module(entry.build(), entry.loss), entry.samples(8), cfg, max_ratio=100)
+    assert report.passed, "\n".join(report.lines())
+    skipped = [r.name for r in report.results if r.skipped]
+    assert skipped == ["optimizer", "speed"]
+    assert report["optimizer"].line().startswith("SKIP  optimizer") and "no torch.optim equivalent" in \
+        report["optimizer"].figure
+    assert "bit-identical" in report["exact resume"].figure
+    assert main(["check", "--optimizer", "lion", "--lr", "0.001", "--json", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "SKIP  optimizer" in out and "PASS  gradients" in out
+    assert json.loads((tmp_path / "r.json").read_text())["passed"] is True
+
+
 def failing(report, name):
     result = report[name]
     assert not result.passed, result.line()

@@ -76,7 +76,7 @@ def test_toml_config_and_flag_override(tmp_path, capsys):
         (["train", "--preset", "nope"], "--preset: expected one of digits-mlp, digits-cnn, got 'nope'"),
         (["train", "--epochs", "two"], "argument --epochs: expected a natural number, got 'two'"),
         (["train", "--epochs", "0"], "argument --epochs: expected a number > 0, got 0"),
-        (["train", "--optimizer", "lion"], "--optimizer: expected one of"),
+        (["train", "--optimizer", "lamb"], "--optimizer: expected one of"),
         (["train", "--lr", "-1"], "--lr: expected a finite number > 0, got -1.0"),
         (["train", "--bogus"], "unrecognized arguments: --bogus"),
         (["train", "missing.toml"], "missing.toml: no such config file"),
@@ -243,3 +243,18 @@ def test_max_steps_and_a_warm_up_over_updates(tmp_path, capsys):
     assert json.loads((out / "config.json").read_text())["max_steps"] == 10
     assert main(["train", "--resume", str(out), "--max-steps", "12"]) == 0
     assert json.loads((out / "report.json").read_text())["steps"] == 12
+
+
+def test_every_optimizer_of_the_table_trains_from_the_command(tmp_path, capsys):
+    """The command's --optimizer choices and --weight-decay rule come from the rules' records."""
+    from leantrain import optim
+    from leantrain.cli.runconfig import DECAYING
+
+    assert set(DECAYING) == {"adamw", "lion"}
+    for kind in optim.OPTIMIZERS:
+        extra = ["--weight-decay", "0.1"] if kind in DECAYING else []
+        out = tmp_path / kind
+        assert main(["train", "--optimizer", kind, "--lr", "0.001", "--epochs", "1", "--out", str(out)] + extra) == 0
+        assert json.loads((out / "report.json").read_text())["steps"] == 45
+    assert main(["train", "--optimizer", "adam", "--weight-decay", "0.1", "--out", str(tmp_path / "x")]) == 2
+    assert "--weight-decay: only adamw and lion take a weight decay" in capsys.readouterr().err

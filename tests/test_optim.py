@@ -10,16 +10,15 @@ from leantrain import Param, ParamList, optim
 from leantrain.optim import rules
 from leantrain.optim.rules import rule_for
 
-REGISTRY = {
-    "sgd": lambda: optim.sgd(0.1),
-    "momentum": lambda: optim.sgd(0.1, momentum=0.8),
-    "adagrad": lambda: optim.adagrad(0.1),
-    "rmsprop": lambda: optim.rmsprop(0.01, decay=0.9),
-    "adam": lambda: optim.adam(0.1, 0.8, 0.9, 1e-8),
-    "adamw": lambda: optim.adamw(0.1, 0.05, 0.8, 0.9, 1e-8),
-    "adadelta": lambda: optim.adadelta(1.0, 0.9, 1e-6),
-}
-NATIVE = ["sgd", "adam", "adamw"]
+from optimizer_table import NATIVE, TABLE, HandLion
+
+REGISTRY = {name: case.make for name, case in TABLE.items()}
+
+
+def test_the_table_covers_every_optimizer():
+    """A rule added to the library without a case in the shared table fails here."""
+    assert {case.kind for case in TABLE.values()} == set(optim.OPTIMIZERS) == set(rules.HYPERS)
+    assert {type(rule_for(case.opt.hyper)) for case in TABLE.values()} == {type(r) for r in rules.RULES}
 
 
 def quadratic_grads(params, target):
@@ -28,8 +27,7 @@ def quadratic_grads(params, target):
 
 @pytest.mark.parametrize("name", REGISTRY)
 def test_converges_on_a_quadratic(name):
-    faster = {"adagrad": optim.adagrad(1.0), "rmsprop": optim.rmsprop(0.05), "adadelta": optim.adadelta(10.0)}
-    opt = faster.get(name) or REGISTRY[name]()
+    opt = (TABLE[name].faster or TABLE[name].make)()
     params = ParamList.of_pack([torch.full((3,), 5.0, dtype=torch.float64)])
     state = opt.init(params)
     start = (params.values()[0] - 1.0).abs().max().item()
@@ -130,7 +128,7 @@ def test_session_sgd_applies_the_summed_gradient_once():
 
 def _torch_run(cls, kwargs, p0, grads):
     p = torch.nn.Parameter(p0.clone())
-    o = cls([p], foreach=False, **kwargs)
+    o = cls([p], **({} if "fused" in kwargs or cls is HandLion else {"foreach": False}), **kwargs)
     for g in grads:
         p.grad = g.clone()
         o.step()
@@ -145,15 +143,9 @@ def _lt_run(opt, p0, grads):
     return params.values()[0]
 
 
-TORCH_EQUIVALENTS = [
-    # (leantrain, torch.optim, kwargs, exact bits?): the fused kernels where leantrain uses them
-    (optim.sgd(0.1), torch.optim.SGD, dict(lr=0.1, fused=True), True),
-    (optim.sgd(0.1, 0.8), torch.optim.SGD, dict(lr=0.1, momentum=0.8, fused=True), True),
-    (optim.adagrad(0.1), torch.optim.Adagrad, dict(lr=0.1, eps=1e-10, fused=True), True),
-    (optim.rmsprop(0.01, 0.9), torch.optim.RMSprop, dict(lr=0.01, alpha=0.9, eps=1e-8), True),
-    (optim.adadelta(1.0, 0.9, 1e-6), torch.optim.Adadelta, dict(lr=1.0, rho=0.9, eps=1e-6), True),
-    (optim.adam(0.01), torch.optim.Adam, dict(lr=0.01, fused=True), True),
-    (optim.adamw(0.01, 0.05), torch.optim.AdamW, dict(lr=0.01, weight_decay=0.05, fused=True), True),
+# (leantrain, torch.optim, kwargs, exact bits?): each rule's declared equivalent (the fused
+# kernels where leantrain runs them; Lion: the hand-written torch optimizer of the table)
+TORCH_EQUIVALENTS = [(case.opt, *case.torch(), True) for case in TABLE.values()] + [
     (optim.adam(0.01), torch.optim.Adam, dict(lr=0.01), False),  # the foreach form: to rounding
 ]
 
@@ -171,41 +163,6 @@ def test_matches_torch_optim_step_by_step(opt, cls, kwargs, exact):
             torch.testing.assert_close(ours, theirs, rtol=2e-6, atol=2e-7)
 
 
-def _reference_f64(name, h, p, grads):
-    """The spec §3 formulas, written out literally in float64."""
-    p = p.double().clone()
-    z = torch.zeros_like(p)
-    m, v, a, b = z.clone(), z.clone(), z.clone(), z.clone()
-    b1p = b2p = 1.0
-    for t, g in enumerate(grads, start=1):
-        g = g.double()
-        if name == "sgd":
-            p = p - g * h.lr
-        elif name == "momentum":
-            m = m * h.momentum + g
-            p = p - m * h.lr
-        elif name == "adagrad":
-            a = a + g * g
-            p = p - (h.lr / (torch.sqrt(a) + h.eps)) * g
-        elif name == "rmsprop":
-            a = a * h.decay + g * g * (1 - h.decay)
-            p = p - (h.lr / (torch.sqrt(a) + h.eps)) * g
-        elif name in ("adam", "adamw"):
-            if name == "adamw":
-                p = p - p * (h.lr * h.weight_decay)
-            b1p, b2p = b1p * h.beta1, b2p * h.beta2
-            m = m * h.beta1 + g * (1 - h.beta1)
-            v = v * h.beta2 + g * g * (1 - h.beta2)
-            mhat, vhat = m * (1 / (1 - b1p)), v * (1 / (1 - b2p))
-            p = p - (h.lr / (torch.sqrt(vhat) + h.eps)) * mhat
-        elif name == "adadelta":
-            a = a * h.rho + g * g * (1 - h.rho)
-            dx = (torch.sqrt(b + h.eps) / torch.sqrt(a + h.eps)) * g
-            p = p - dx * h.lr
-            b = b * h.rho + dx * dx * (1 - h.rho)
-    return p
-
-
 @pytest.mark.parametrize("name", REGISTRY)
 def test_matches_the_float64_reference(name):
     opt = REGISTRY[name]()
@@ -213,9 +170,9 @@ def test_matches_the_float64_reference(name):
     p0 = torch.randn(32, generator=gen, dtype=torch.float64)
     grads = [torch.randn(32, generator=gen, dtype=torch.float64) for _ in range(8)]
     ours = _lt_run(opt, p0, grads)
-    torch.testing.assert_close(ours, _reference_f64(name, opt.hyper, p0, grads), rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(ours, TABLE[name].f64(opt.hyper, p0, grads), rtol=1e-12, atol=1e-13)
     ours32 = _lt_run(opt, p0.float(), [g.float() for g in grads])
-    torch.testing.assert_close(ours32.double(), _reference_f64(name, opt.hyper, p0, grads), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(ours32.double(), TABLE[name].f64(opt.hyper, p0, grads), rtol=1e-4, atol=1e-5)
 
 
 # --------------------------------------------------------------- native path

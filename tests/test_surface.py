@@ -30,7 +30,7 @@ def test_param_list_methods_from_the_seed():
 
 
 def test_optim_constructors_and_schedules():
-    for name in ("sgd", "adagrad", "rmsprop", "adam", "adamw", "adadelta",
+    for name in ("sgd", "adagrad", "rmsprop", "adam", "adamw", "adadelta", "lion",
                  "constant", "step", "exponential", "warmup_cosine"):
         assert callable(getattr(optim, name)), name
 

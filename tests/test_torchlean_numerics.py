@@ -10,6 +10,7 @@ import torch
 
 import leantrain as lt
 from leantrain import optim
+from optimizer_table import REFERENCED, TABLE
 
 
 def test_sgd_rounds_twice_as_written():
@@ -63,17 +64,15 @@ def by_hand(kind, F, p, grads, lr, h):
     return p
 
 
-CASES = {
-    "sgd": (lambda n: optim.sgd(0.1, numerics=n), {}),
-    "momentum": (lambda n: optim.sgd(0.05, 0.9, numerics=n), {"momentum": 0.9}),
-    "adagrad": (lambda n: optim.adagrad(0.1, 1e-10, numerics=n), {"eps": 1e-10}),
-    "rmsprop": (lambda n: optim.rmsprop(0.01, 0.9, 1e-8, numerics=n), {"decay": 0.9, "eps": 1e-8}),
-    "adam": (lambda n: optim.adam(0.01, 0.9, 0.999, 1e-8, numerics=n), {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}),
-    "adamw": (lambda n: optim.adamw(0.01, 0.05, 0.9, 0.999, 1e-8, numerics=n),
-              {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.05}),
-    "adadelta": (lambda n: optim.adadelta(1.0, 0.9, 1e-6, numerics=n), {"rho": 0.9, "eps": 1e-6}),
-}
-LRS = {"sgd": 0.1, "momentum": 0.05, "adagrad": 0.1, "rmsprop": 0.01, "adam": 0.01, "adamw": 0.01, "adadelta": 1.0}
+# Every rule upstream has, from the shared table (its settings by name for ``by_hand``).
+CASES = {name: (TABLE[name].make, TABLE[name].hyper) for name in REFERENCED}
+LRS = {name: TABLE[name].opt.lr for name in REFERENCED}
+
+
+def test_every_rule_but_lion_has_upstreams_formula_and_lion_refuses_it():
+    assert set(REFERENCED) == set(TABLE) - {"lion"}
+    with pytest.raises(lt.ConfigError, match=r"optim.lion: numerics='torchlean' .* upstream has no lion"):
+        optim.lion(1e-3, numerics="torchlean")
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["binary64", "binary32"])

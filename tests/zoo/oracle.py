@@ -14,18 +14,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from leantrain import optim
+from optimizer_table import TABLE
 
-# (leantrain optimizer, torch.optim class, kwargs, equal bit for bit on equal gradients)
-OPTIMIZERS = {
-    "sgd": (optim.sgd(0.1), torch.optim.SGD, dict(lr=0.1, fused=True), True),
-    "momentum": (optim.sgd(0.05, 0.9), torch.optim.SGD, dict(lr=0.05, momentum=0.9, fused=True), True),
-    "adagrad": (optim.adagrad(0.1), torch.optim.Adagrad, dict(lr=0.1, eps=1e-10, fused=True), True),
-    "rmsprop": (optim.rmsprop(0.01, 0.9), torch.optim.RMSprop, dict(lr=0.01, alpha=0.9, eps=1e-8), True),
-    "adadelta": (optim.adadelta(1.0, 0.9, 1e-6), torch.optim.Adadelta, dict(lr=1.0, rho=0.9, eps=1e-6), True),
-    "adam": (optim.adam(0.01), torch.optim.Adam, dict(lr=0.01), False),
-    "adamw": (optim.adamw(0.01, 0.05), torch.optim.AdamW, dict(lr=0.01, weight_decay=0.05), False),
-}
+# (leantrain optimizer, torch.optim class, kwargs, equal bit for bit on equal gradients):
+# every case of the shared table, against the rule's declared torch.optim equivalent
+OPTIMIZERS = {name: (case.opt, *case.torch(), True) for name, case in TABLE.items()}
 
 
 def _set_buffer(model: nn.Module, name: str, value: torch.Tensor) -> None:

@@ -23,12 +23,16 @@ from .checks import CHECKS, Probe
 
 @dataclass(frozen=True)
 class CheckResult:
+    """One guarantee: PASS, FAIL, or SKIP (``skipped``: it does not apply; not a failure)."""
+
     name: str
     passed: bool
     figure: str
+    skipped: bool = False
 
     def line(self) -> str:
-        return f"{'PASS' if self.passed else 'FAIL'}  {self.name:<14} {self.figure}"
+        verdict = "SKIP" if self.skipped else "PASS" if self.passed else "FAIL"
+        return f"{verdict}  {self.name:<14} {self.figure}"
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ def check(
             passed, figure = fn(probe)
         except Exception as e:  # a check that cannot run has failed; say why
             passed, figure = False, f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        results.append(CheckResult(name, passed, figure))
+        results.append(CheckResult(name, passed is not False, figure, skipped=passed is None))
     return CheckReport(tuple(results))
 
 

@@ -1,5 +1,6 @@
 """The eight checks of ``leantrain.check``, each a function of a ``Probe`` returning
-``(passed, figure)``. A probe builds fresh runners from the user's factory with the same
+``(passed, figure)``; ``passed`` is ``None`` when the check does not apply (an optimizer
+torch.optim lacks has nothing to be compared with). A probe builds fresh runners from the user's factory with the same
 seed, so every check starts from the same model."""
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ def optimizer(p: Probe) -> tuple[bool, str]:
     torch.manual_seed(p.seed)
     state = opt.init(r.params)
     topt = torch_optimizer(opt, ref, r.params)
+    if topt is None:
+        return None, f"{opt.kind} has no torch.optim equivalent: not compared"
     slots_map = r.params.canonical_slot_indices()
     for b in p.batches(3):
         grads = mean_gradients(r, b)
@@ -245,6 +248,8 @@ def speed(p: Probe) -> tuple[bool, str]:
     opt = p.cfg.optimizer
     state = [opt.init(r.params)]
     topt = torch_optimizer(opt, hand, r.params)
+    if topt is None:
+        return None, f"{opt.kind} has no torch.optim equivalent: no hand-written loop to time against"
     batches = p.batches(8)
 
     def ours():

@@ -3,34 +3,29 @@ against (a deep copy of the user's module, ``autograd`` and ``torch.optim``)."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
-from ..optim.hyper import SGD, Adadelta, Adagrad, Adam, AdamW, RMSProp
+from ..optim.rules import rule_for
 
 
-def torch_settings(h) -> tuple[type, dict]:
-    """The ``torch.optim`` class and keyword arguments doing what ``h`` describes."""
-    if isinstance(h, SGD):
-        return torch.optim.SGD, dict(lr=h.lr, momentum=h.momentum)
-    if isinstance(h, Adagrad):
-        return torch.optim.Adagrad, dict(lr=h.lr, eps=h.eps)
-    if isinstance(h, RMSProp):
-        return torch.optim.RMSprop, dict(lr=h.lr, alpha=h.decay, eps=h.eps)
-    if isinstance(h, AdamW):
-        return torch.optim.AdamW, dict(lr=h.lr, betas=(h.beta1, h.beta2), eps=h.eps, weight_decay=h.weight_decay)
-    if isinstance(h, Adam):
-        return torch.optim.Adam, dict(lr=h.lr, betas=(h.beta1, h.beta2), eps=h.eps)
-    if isinstance(h, Adadelta):
-        return torch.optim.Adadelta, dict(lr=h.lr, rho=h.rho, eps=h.eps)
-    raise TypeError(f"no torch.optim equivalent of {type(h).__name__}")  # pragma: no cover
+def torch_settings(h) -> Optional[tuple[type, dict]]:
+    """The ``torch.optim`` class and keyword arguments doing what ``h`` describes (the
+    rule's own declaration), or ``None`` where torch.optim has no such rule."""
+    return rule_for(h).torch_equivalent(h)
 
 
-def torch_optimizer(opt, module: nn.Module, params) -> torch.optim.Optimizer:
+def torch_optimizer(opt, module: nn.Module, params) -> Optional[torch.optim.Optimizer]:
     """The ``torch.optim`` optimizer doing what ``opt`` does to ``params`` (a Runner's
     slots) on ``module`` (a deep copy of the Runner's module): one parameter group per
-    per-slot setting (``opt.per_slot``), each with its own hyperparameters and rate."""
-    cls, base = torch_settings(opt.hyper)
+    per-slot setting (``opt.per_slot``), each with its own hyperparameters and rate;
+    ``None`` where torch.optim has no such rule (Lion)."""
+    found = torch_settings(opt.hyper)
+    if found is None:
+        return None
+    cls, base = found
     by_name = dict(module.named_parameters())
     settings = opt.settings("check", params)[0]
     reps = params.canonical_slot_indices()

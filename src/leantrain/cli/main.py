@@ -22,6 +22,8 @@ from ..io.torchlean import detect_format
 from .check import cmd_check
 from .torchlean import cmd_export, inspect_torchlean
 from .train import cmd_train
+from .runconfig import DECAYING
+from ..optim import OPTIMIZERS
 from .usage import EXIT_USER, OneLineParser, UserError, natural, positive, seed
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--epochs", type=positive)
     t.add_argument("--batch-size", type=positive, help="items stacked into one forward pass")
     t.add_argument("--accumulate", type=positive, help="minibatches averaged into one update")
-    t.add_argument("--optimizer", help="sgd, adagrad, rmsprop, adam, adamw or adadelta")
+    t.add_argument("--optimizer", help=", ".join(OPTIMIZERS))
     t.add_argument("--lr", type=float)
     t.add_argument("--scheduler", help="none, step, exponential or cosine (per epoch)")
     t.add_argument("--seed", type=seed)
@@ -52,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--model", help="your own model: package.module:factory (instead of a preset)")
     t.add_argument("--data", help="your own data: package.module:function returning (train, test)")
     t.add_argument("--loss", help="mse, cross_entropy or package.module:function")
-    t.add_argument("--weight-decay", type=float, help="adamw's weight decay")
+    t.add_argument("--weight-decay", type=float, help=f"weight decay ({' or '.join(DECAYING)})")
     t.add_argument("--warmup", type=natural, help="warm-up of the cosine schedule (epochs; updates with "
                    "--schedule-per step)")
     t.add_argument("--schedule-per", choices=["epoch", "step"],
@@ -79,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--model", help="package.module:factory")
     c.add_argument("--data", help="package.module:function returning (train, test)")
     c.add_argument("--loss", help="mse, cross_entropy or package.module:function")
-    c.add_argument("--optimizer", help="sgd, adagrad, rmsprop, adam, adamw or adadelta")
+    c.add_argument("--optimizer", help=", ".join(OPTIMIZERS))
     c.add_argument("--lr", type=float)
     c.add_argument("--weight-decay", type=float)
     c.add_argument("--batch-size", type=positive, help="examples per minibatch")

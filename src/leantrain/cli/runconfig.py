@@ -22,6 +22,8 @@ SCHEDULERS = ("none", "step", "exponential", "cosine")
 SCHEDULE_PER = ("epoch", "step")
 DEVICES = ("cpu", "cuda")
 PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}  # -> the loops' autocast
+# The optimizers whose hyperparameters include a weight decay (read from their records).
+DECAYING = tuple(kind for kind, h in optim.HYPERS.items() if "weight_decay" in {f.name for f in dataclasses.fields(h)})
 
 
 @dataclass(frozen=True)
@@ -83,8 +85,8 @@ class RunConfig:
         if not isinstance(self.loss, str) or (not one_of(self.loss, ("mse", "cross_entropy")) and ":" not in self.loss):
             raise bad("loss", "expected mse, cross_entropy or 'package.module:function'")
         if self.weight_decay is not None:
-            if self.optimizer != "adamw":
-                raise bad("weight_decay", "only adamw takes a weight decay")
+            if self.optimizer not in DECAYING:
+                raise bad("weight_decay", f"only {' and '.join(DECAYING)} take a weight decay")
             if not is_number(self.weight_decay) or not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
                 raise bad("weight_decay", "expected a finite number >= 0")
         if not isinstance(self.exact_reduction, bool):
@@ -101,7 +103,7 @@ class RunConfig:
         if not isinstance(self.decay_matrices_only, bool):
             raise bad("decay_matrices_only", "expected true or false")
         if self.decay_matrices_only and self.weight_decay is None:
-            raise bad("decay_matrices_only", "needs adamw with --weight-decay")
+            raise bad("decay_matrices_only", f"needs --weight-decay (with {' or '.join(DECAYING)})")
         if not isinstance(self.compile, bool):
             raise bad("compile", "expected true or false")
         if not one_of(self.precision, PRECISIONS):
@@ -129,10 +131,11 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     def make_optimizer(self) -> optim.Optimizer:
+        make = optim.OPTIMIZERS[self.optimizer]
         if self.weight_decay is not None:
-            opt = optim.adamw(self.lr, self.weight_decay)
+            opt = make(self.lr, weight_decay=self.weight_decay)
             return opt.per_slot(no_decay_on_vectors) if self.decay_matrices_only else opt
-        return optim.OPTIMIZERS[self.optimizer](self.lr)
+        return make(self.lr)
 
     def make_schedule(self, steps_per_epoch: int) -> Optional[optim.Schedule]:
         """Indexed by epoch (upstream's rule), or by update with ``schedule_per="step"``:

@@ -9,13 +9,14 @@ Constructors take the defaults of the TorchLean configs (spec §4)::
 
 from __future__ import annotations
 
-from .hyper import SGD, Adadelta, Adagrad, Adam, AdamW, Hyper, RMSProp
+from .hyper import SGD, Adadelta, Adagrad, Adam, AdamW, Hyper, Lion, RMSProp
 from .optimizer import OptState, Optimizer
 from .rules import (
     HYPERS,
     AdadeltaState,
     AdagradState,
     AdamState,
+    LionState,
     MomentumState,
     RMSPropState,
     SGDState,
@@ -63,6 +64,14 @@ def adadelta(lr: float = 1.0, rho: float = 0.9, eps: float = 1e-6, *, numerics: 
     return Optimizer(Adadelta(lr, rho, eps, numerics=numerics))
 
 
+def lion(lr: float, beta1: float = 0.9, beta2: float = 0.99, weight_decay: float = 0.0, *,
+         numerics: str = "fast") -> Optimizer:
+    """Lion: ``p -= lr * sign(lerp(m, g, 1-beta1))`` after ``p *= 1 - lr*weight_decay``,
+    then ``m = lerp(m, g, 1-beta2)`` (see ``optim/lion.py``). Use a learning rate 3-10x
+    smaller than AdamW's. Upstream has no Lion: ``numerics="torchlean"`` is refused."""
+    return Optimizer(Lion(lr, beta1, beta2, weight_decay, numerics=numerics))
+
+
 def constant(lr: float) -> Constant:
     return Constant(lr)
 
@@ -84,9 +93,9 @@ def warmup_cosine(peak: float, min: float, warmup_steps: int, total_steps: int) 
 OPTIMIZERS = {kind: globals()[kind] for kind in HYPERS}
 
 __all__ = [
-    "Optimizer", "OptState", "Hyper", "SGD", "Adagrad", "RMSProp", "Adam", "AdamW", "Adadelta",
-    "SGDState", "MomentumState", "AdagradState", "RMSPropState", "AdamState", "AdadeltaState",
+    "Optimizer", "OptState", "Hyper", "SGD", "Adagrad", "RMSProp", "Adam", "AdamW", "Adadelta", "Lion",
+    "SGDState", "MomentumState", "AdagradState", "RMSPropState", "AdamState", "AdadeltaState", "LionState",
     "Schedule", "Constant", "Step", "Exponential", "WarmupCosine",
-    "sgd", "adagrad", "rmsprop", "adam", "adamw", "adadelta",
-    "constant", "step", "exponential", "warmup_cosine", "OPTIMIZERS",
+    "sgd", "adagrad", "rmsprop", "adam", "adamw", "adadelta", "lion",
+    "constant", "step", "exponential", "warmup_cosine", "OPTIMIZERS", "HYPERS",
 ]

@@ -171,3 +171,17 @@ class Adadelta(Hyper):
     kind = "adadelta"
     _units = ("rho",)
     _eps = ("eps",)
+
+
+@dataclass(frozen=True)
+class Lion(Hyper):
+    """Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms"): the sign of
+    an interpolated momentum, decoupled weight decay. No torch.optim equivalent, no
+    upstream formula (``numerics="torchlean"`` is refused)."""
+
+    beta1: float = 0.9
+    beta2: float = 0.99
+    weight_decay: float = 0.0
+    kind = "lion"
+    _rates = ("lr", "weight_decay")
+    _units = ("beta1", "beta2")

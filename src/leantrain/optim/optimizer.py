@@ -32,7 +32,6 @@ from .hyper import Hyper, check_rate
 from .per_slot import Settings, plain, resolve
 from ..params.dense import same_layout, to_layout
 from .layout import GENERIC, NATIVE, Layout, build_layout, check_sparse, no_mirror
-from .reference import reference_update
 from .rules import rule_for
 
 
@@ -77,6 +76,11 @@ class Optimizer:
     hyper: Hyper
     slot_fn: Optional[Callable] = field(default=None, compare=False, repr=False)
     _resolved: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.hyper.numerics == "torchlean" and rule_for(self.hyper).reference is None:
+            raise ConfigError(f"optim.{self.kind}: numerics='torchlean' replays upstream's formulas, and upstream "
+                              f"has no {self.kind}; use numerics='fast'")
 
     def per_slot(self, fn: Callable) -> "Optimizer":
         """This optimizer with per-slot hyperparameters: ``fn(param)`` returns overrides
@@ -304,7 +308,7 @@ def _update_group(rule, hyper, lr: float, group, recs: list, gs: list) -> tuple[
     if dense:
         ws, rs, gd = [work[k] for k in dense], [recs[k] for k in dense], [gs[k] for k in dense]
         if hyper.numerics == "torchlean":  # upstream's order, tensor by tensor
-            out = [reference_update(hyper, lr, r, w, g) for r, w, g in zip(rs, ws, gd)]
+            out = [rule.reference(hyper, lr, r, w, g) for r, w, g in zip(rs, ws, gd)]
         else:
             out = rule.update_many(hyper, lr, rs, ws, gd, uniform=True)  # one device, one dtype
         for k, r in zip(dense, out):

@@ -70,6 +70,14 @@ class AdadeltaState:
         return {"square_avg": self.square_avg, "delta_avg": self.delta_avg}
 
 
+@dataclass(frozen=True)
+class LionState:
+    m: torch.Tensor
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"m": self.m}
+
+
 def clone_record(rec):
     """A deep copy of a record (its buffers cloned), for un-tied histories."""
     return replace(rec, **{k: t.clone() for k, t in rec.tensors().items()})

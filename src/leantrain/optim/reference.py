@@ -9,7 +9,9 @@ division. So SGD writes ``p - g*lr`` as two roundings: ``2.0 - 1.3*0.1`` is ``1.
 in binary64, where the fast path's fused ``p + (-lr)*g`` gives ``1.8699999999999999``.
 
 This is slower than the fast path (a temporary per operation, host only) and exists to
-replay a run and compare it with TorchLean bit for bit.
+replay a run and compare it with TorchLean bit for bit. Each rule names its formula here
+(``rules.*Rule.reference``); a rule upstream does not have (Lion) names none, and its
+constructor refuses ``numerics="torchlean"``.
 
 * SGD:      ``p - g*lr``
 * momentum: ``b = b*mu + g``; ``p - b*lr``
@@ -27,8 +29,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .hyper import SGD, Adadelta, Adagrad, Adam, AdamW, RMSProp
-from .rules import AdadeltaState, AdagradState, AdamState, RMSPropState
+from .hyper import SGD, Adadelta, Adagrad, AdamW, RMSProp
+from .records import AdadeltaState, AdagradState, AdamState, RMSPropState
 
 
 def _scalar(x, like: torch.Tensor) -> torch.Tensor:
@@ -48,51 +50,60 @@ def _rms(x: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
     return _sqrt(torch.clamp_min(x + eps, 0))
 
 
-def reference_update(h, lr: float, s, p: torch.Tensor, g: torch.Tensor):
-    """One update of ``p`` (written in place) by upstream's formula; returns the record."""
+def sgd(h: SGD, lr: float, s, p: torch.Tensor, g: torch.Tensor):
+    """SGD ``p - g*lr``; momentum ``b = b*mu + g``, ``p - b*lr``."""
     S = lambda x: _scalar(x, p)  # noqa: E731
-    one = S(1.0)
-    if isinstance(h, SGD):
-        if h.momentum == 0.0:
-            p.copy_(p - g * S(lr))
-            return s
-        buf = s.buf * S(h.momentum) + g
-        s.buf.copy_(buf)
-        p.copy_(p - buf * S(lr))
+    if h.momentum == 0.0:
+        p.copy_(p - g * S(lr))
         return s
-    if isinstance(h, Adagrad):
-        G = s.sum + g * g
-        s.sum.copy_(G)
-        p.copy_(p - torch.div(S(lr), _sqrt(torch.clamp_min(G, 0)) + S(h.eps)) * g)
-        return AdagradState(s.sum)
-    if isinstance(h, RMSProp):
-        A = s.avg * S(h.decay) + (g * g) * (one - S(h.decay))
-        s.avg.copy_(A)
-        p.copy_(p - torch.div(S(lr), _sqrt(torch.clamp_min(A, 0)) + S(h.eps)) * g)
-        return RMSPropState(s.avg)
-    if isinstance(h, (Adam, AdamW)):
-        b1, b2 = S(h.beta1), S(h.beta2)
-        b1p = S(s.beta1_power) * b1  # the cached power is held exactly (a value of this dtype)
-        b2p = S(s.beta2_power) * b2
-        m = s.m * b1 + g * (one - b1)
-        v = s.v * b2 + (g * g) * (one - b2)
-        s.m.copy_(m)
-        s.v.copy_(v)
-        mhat = m * torch.div(one, one - b1p)
-        vhat = v * torch.div(one, one - b2p)
-        if isinstance(h, AdamW):
-            pd = p - p * (S(lr) * S(h.weight_decay))
-            p.copy_(pd - torch.div(S(lr), _sqrt(vhat) + S(h.eps)) * mhat)
-        else:
-            p.copy_(p - torch.div(S(lr), _sqrt(torch.clamp_min(vhat, 0)) + S(h.eps)) * mhat)
-        return AdamState(s.step + 1, s.m, s.v, float(b1p), float(b2p))
-    if isinstance(h, Adadelta):
-        rho, eps = S(h.rho), S(h.eps)
-        E = s.square_avg * rho + (g * g) * (one - rho)
-        dx = torch.div(_rms(s.delta_avg, eps), _rms(E, eps)) * g
-        s.square_avg.copy_(E)
-        p.copy_(p - dx * S(lr))
-        s.delta_avg.copy_(s.delta_avg * rho + (dx * dx) * (one - rho))
-        return AdadeltaState(s.square_avg, s.delta_avg)
-    raise TypeError(f"no reference formula for {type(h).__name__}")  # pragma: no cover
+    buf = s.buf * S(h.momentum) + g
+    s.buf.copy_(buf)
+    p.copy_(p - buf * S(lr))
+    return s
 
+
+def adagrad(h: Adagrad, lr: float, s: AdagradState, p: torch.Tensor, g: torch.Tensor) -> AdagradState:
+    S = lambda x: _scalar(x, p)  # noqa: E731
+    G = s.sum + g * g
+    s.sum.copy_(G)
+    p.copy_(p - torch.div(S(lr), _sqrt(torch.clamp_min(G, 0)) + S(h.eps)) * g)
+    return AdagradState(s.sum)
+
+
+def rmsprop(h: RMSProp, lr: float, s: RMSPropState, p: torch.Tensor, g: torch.Tensor) -> RMSPropState:
+    S = lambda x: _scalar(x, p)  # noqa: E731
+    A = s.avg * S(h.decay) + (g * g) * (S(1.0) - S(h.decay))
+    s.avg.copy_(A)
+    p.copy_(p - torch.div(S(lr), _sqrt(torch.clamp_min(A, 0)) + S(h.eps)) * g)
+    return RMSPropState(s.avg)
+
+
+def adam(h, lr: float, s: AdamState, p: torch.Tensor, g: torch.Tensor) -> AdamState:
+    """Adam and AdamW (``isinstance(h, AdamW)``: decoupled decay before the step)."""
+    S = lambda x: _scalar(x, p)  # noqa: E731
+    one, b1, b2 = S(1.0), S(h.beta1), S(h.beta2)
+    b1p = S(s.beta1_power) * b1  # the cached power is held exactly (a value of this dtype)
+    b2p = S(s.beta2_power) * b2
+    m = s.m * b1 + g * (one - b1)
+    v = s.v * b2 + (g * g) * (one - b2)
+    s.m.copy_(m)
+    s.v.copy_(v)
+    mhat = m * torch.div(one, one - b1p)
+    vhat = v * torch.div(one, one - b2p)
+    if isinstance(h, AdamW):
+        pd = p - p * (S(lr) * S(h.weight_decay))
+        p.copy_(pd - torch.div(S(lr), _sqrt(vhat) + S(h.eps)) * mhat)
+    else:
+        p.copy_(p - torch.div(S(lr), _sqrt(torch.clamp_min(vhat, 0)) + S(h.eps)) * mhat)
+    return AdamState(s.step + 1, s.m, s.v, float(b1p), float(b2p))
+
+
+def adadelta(h: Adadelta, lr: float, s: AdadeltaState, p: torch.Tensor, g: torch.Tensor) -> AdadeltaState:
+    S = lambda x: _scalar(x, p)  # noqa: E731
+    one, rho, eps = S(1.0), S(h.rho), S(h.eps)
+    E = s.square_avg * rho + (g * g) * (one - rho)
+    dx = torch.div(_rms(s.delta_avg, eps), _rms(E, eps)) * g
+    s.square_avg.copy_(E)
+    p.copy_(p - dx * S(lr))
+    s.delta_avg.copy_(s.delta_avg * rho + (dx * dx) * (one - rho))
+    return AdadeltaState(s.square_avg, s.delta_avg)

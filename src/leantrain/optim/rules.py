@@ -1,33 +1,44 @@
-"""Per-tensor update rules over typed state records (spec §3), and their multi-tensor form.
+"""The update rules over typed state records (spec §3), and the one table of them.
 
-The tensors a rule is handed are dense in one layout (the optimizer shell's layout
-rule, ``params/dense.py``: the fused kernels pair elements by memory position), and a
-gradient is present (a slot without one is left out by the shell). Each rule has three parts: ``init(h, p)`` makes the zero state of one tensor;
-``update(h, lr, state, p, g)`` is the reference per-tensor rule; ``update_many``
-does the same over lists with ``torch._foreach_*`` and must agree bit for bit
-(tested); ``uniform=True`` tells it the tensors share one device and dtype (the
-optimizer's groups do), which saves regrouping them. Updates are in place: ``p`` and the state's buffers are overwritten, and
-a new record carries the scalar fields. No parameter-sized temporary is allocated
-except the one denominator the adaptive rules need.
+Each rule is a class of static functions over one kind's hyperparameters ``h``:
 
-Operation order is leantrain's definition (chosen for speed, fixed for exactness):
+* ``init(h, p)``: the zero state record of one tensor;
+* ``update_many(h, lr, records, ps, gs, uniform)``: the update of a group of tensors,
+  in place (``uniform``: one device and dtype, as the optimizer's groups are), returning
+  the new records; ``update(h, lr, record, p, g)`` is the same for one tensor;
+* ``reference``: upstream's per-tensor formula (``numerics="torchlean"``, in
+  ``reference.py``), or ``None`` where upstream has none (the constructor then refuses
+  that setting);
+* ``torch_equivalent(h)``: the ``torch.optim`` class and arguments that do the same
+  update (``None``: no equivalent; ``leantrain check`` says so), with ``fused=True``
+  where leantrain runs that fused kernel;
+* ``native(h)``: whether it has the device-resident path; ``sparse``: whether it takes
+  sparse gradients (``update_sparse``).
 
-* SGD:       ``p += -lr * g``
-* momentum:  ``b = b*mu + g``; ``p += -lr * b``
-* Adagrad:   ``G += g*g``; ``p += -lr * g / (sqrt(G) + eps)``
+The tensors a rule is handed are dense in one layout (``params/dense.py``: the kernels
+pair elements by memory position) and every one has a gradient (the shell leaves a slot
+without one out). No parameter-sized temporary is allocated except where a formula
+needs one (a denominator, Lion's interpolation).
+
+What runs. On CPU and CUDA float tensors SGD (with or without momentum), Adagrad, Adam
+and AdamW run torch's fused kernels (``fused.py``), the bits of ``torch.optim.*(fused=
+True)``:
+
+* SGD:       ``p += -lr * g``; momentum ``b = b*mu + g``, ``p += -lr * b``
+* Adagrad:   ``G += g*g``; ``p -= lr * g / (sqrt(G) + eps)``
+* Adam:      ``m = lerp(m, g, 1-b1)``; ``v = v*b2 + (1-b2)*g*g``; ``p -= (lr/c1) * m /
+  (sqrt(v)/sqrt(c2) + eps)`` with ``c = 1 - b^t`` in binary64; AdamW first ``p *= 1 - lr*wd``
+
+On other devices and dtypes these four fall back to ``torch._foreach_*`` forms of the
+same formulas (Adam's folded as ``p += -(lr*sqrt(c2)/c1) * m / (sqrt(v) + eps*sqrt(c2))``);
+the fallbacks are tested against the fused kernels on CPU by forcing them. The other
+rules have one form, on every device:
+
 * RMSProp:   ``A = A*decay + (1-decay)*g*g``; ``p += -lr * g / (sqrt(A) + eps)``
-* Adam:      ``m = lerp(m, g, 1-b1)``; ``v = v*b2 + (1-b2)*g*g``; with
-  ``c1 = 1 - b1^t``, ``c2 = 1 - b2^t`` (powers by repeated multiplication in
-  binary64): ``p += -(lr*sqrt(c2)/c1) * m / (sqrt(v) + eps*sqrt(c2))``, which is
-  ``p - lr*mhat/(sqrt(vhat)+eps)`` rearranged so the bias corrections cost no pass.
-* AdamW:     ``p *= 1 - lr*wd`` first, then the Adam update with the raw gradient.
-
-On CPU and CUDA float tensors SGD, Adagrad, Adam and AdamW run torch's fused kernels
-instead (fused.py: the bits of ``torch.optim.*(fused=True)``; SGD's equal the form above,
-Adagrad's and Adam's round differently; Adam's is ``p -= (lr/c1) * m / (sqrt(v)/sqrt(c2)
-+ eps)`` with ``c`` from ``t`` in binary64); the forms above remain for other devices.
 * Adadelta:  ``E = E*rho + (1-rho)*g*g``; ``d = sqrt(D+eps)/sqrt(E+eps)*g``;
-  ``D = D*rho + (1-rho)*d*d``; ``p += -lr * d``.
+  ``D = D*rho + (1-rho)*d*d``; ``p += -lr * d``
+* Lion:      ``p *= 1 - lr*wd``; ``c = lerp(m, g, 1-b1)``; ``p += -lr * sign(c)``;
+  ``m = lerp(m, g, 1-b2)``
 """
 
 from __future__ import annotations
@@ -37,10 +48,15 @@ from typing import Sequence
 
 import torch
 
+import torch.optim
+
+from . import reference
 from .fused import adam as fused_adam_kernel, by_device_dtype, fusable
 from .hyper import Adadelta, Adagrad, Adam, AdamW, Hyper, RMSProp, SGD
+from .lion import LionRule
 from .records import (  # noqa: F401  (re-exported: the rules' records live there)
-    AdadeltaState, AdagradState, AdamState, MomentumState, RMSPropState, SGDState, clone_record, record_scalars,
+    AdadeltaState, AdagradState, AdamState, LionState, MomentumState, RMSPropState, SGDState, clone_record,
+    record_scalars,
 )
 
 Tensors = Sequence[torch.Tensor]
@@ -64,6 +80,11 @@ class SGDRule:
     hypers = (SGD,)
     records = (SGDState, MomentumState)
     sparse = True  # takes sparse gradients (update_sparse), as torch.optim.SGD does
+    reference = staticmethod(reference.sgd)
+
+    @staticmethod
+    def torch_equivalent(h: SGD):
+        return torch.optim.SGD, dict(lr=h.lr, momentum=h.momentum, fused=True)
 
     @staticmethod
     def native(h: SGD) -> bool:
@@ -119,6 +140,11 @@ class AdagradRule:
     hypers = (Adagrad,)
     records = (AdagradState,)
     sparse = True
+    reference = staticmethod(reference.adagrad)
+
+    @staticmethod
+    def torch_equivalent(h: Adagrad):
+        return torch.optim.Adagrad, dict(lr=h.lr, eps=h.eps, fused=True)
 
     @staticmethod
     def native(h) -> bool:
@@ -171,6 +197,11 @@ class RMSPropRule:
     sparse = False
     hypers = (RMSProp,)
     records = (RMSPropState,)
+    reference = staticmethod(reference.rmsprop)
+
+    @staticmethod
+    def torch_equivalent(h: RMSProp):
+        return torch.optim.RMSprop, dict(lr=h.lr, alpha=h.decay, eps=h.eps)
 
     @staticmethod
     def native(h) -> bool:
@@ -229,6 +260,14 @@ class AdamRule:
     hypers = (Adam, AdamW)
     records = (AdamState,)
     sparse = False  # as torch.optim.Adam(W): refused (SparseAdam is another rule)
+    reference = staticmethod(reference.adam)
+
+    @staticmethod
+    def torch_equivalent(h):
+        if isinstance(h, AdamW):
+            return torch.optim.AdamW, dict(lr=h.lr, betas=(h.beta1, h.beta2), eps=h.eps,
+                                           weight_decay=h.weight_decay, fused=True)
+        return torch.optim.Adam, dict(lr=h.lr, betas=(h.beta1, h.beta2), eps=h.eps, fused=True)
 
     @staticmethod
     def native(h) -> bool:
@@ -291,6 +330,11 @@ class AdadeltaRule:
     sparse = False
     hypers = (Adadelta,)
     records = (AdadeltaState,)
+    reference = staticmethod(reference.adadelta)
+
+    @staticmethod
+    def torch_equivalent(h: Adadelta):
+        return torch.optim.Adadelta, dict(lr=h.lr, rho=h.rho, eps=h.eps)
 
     @staticmethod
     def native(h) -> bool:
@@ -328,10 +372,12 @@ class AdadeltaRule:
 
 # ---------------------------------------------------------------------- registry
 # The one table of rules. Each declares the hyperparameter records it serves, the
-# state records it makes (their class names are their checkpoint names) and whether
-# it has a native (device) path; checkpoints, the optimizer and the constructor table
-# read everything from here. A new optimizer: a Hyper record, a rule here, a constructor.
-RULES = (SGDRule, AdagradRule, RMSPropRule, AdamRule, AdadeltaRule)
+# state records it makes (their class names are their checkpoint names), its upstream
+# formula, its torch.optim equivalent and whether it has a native (device) path;
+# checkpoints, the optimizer, ``check``, the command and the tests read everything from
+# here. A new optimizer: a Hyper record (hyper.py), a state record (records.py), a rule
+# here (or in a module of its own: lion.py), a constructor of the kind's name (optim/__init__.py).
+RULES = (SGDRule, AdagradRule, RMSPropRule, AdamRule, AdadeltaRule, LionRule)
 
 _BY_HYPER = {h: rule for rule in RULES for h in rule.hypers}
 HYPERS: dict[str, type] = {h.kind: h for rule in RULES for h in rule.hypers}
