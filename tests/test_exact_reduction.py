@@ -89,11 +89,11 @@ def test_a_failed_collective_names_the_rank_the_step_and_the_last_checkpoint(tmp
     cfg = replace(cfg, checkpoint_path=tmp_path / "run.ckpt", checkpoint_every=2, log_every=0)
     real = session.update
 
-    def flaky(op, runner, opt, state, native, batch, *a, **k):
+    def flaky(op, runner, opt, state, *rest):
         if state.steps == 5:  # the sixth update: its all-reduce fails, as when a peer dies
             monkeypatch.setattr(distributed, "active", lambda: (1, 2))
             raise RuntimeError("Connection closed by peer")
-        return real(op, runner, opt, state, native, batch, *a, **k)
+        return real(op, runner, opt, state, *rest)
 
     monkeypatch.setattr(session, "update", flaky)
     with pytest.raises(distributed.CollectiveError,

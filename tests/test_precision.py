@@ -54,7 +54,7 @@ def test_bfloat16_is_the_autocast_loop(entry):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         else:
             assert torch.equal(a, b), k
-    assert r.amp is None and r.loss_scale is None  # only for the loop
+    assert r.loop.amp is None and r.loop.loss_scale is None  # only for the loop
     for p in model.parameters():
         assert p.dtype == torch.float32
 

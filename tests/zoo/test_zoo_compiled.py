@@ -46,7 +46,7 @@ def test_compiled_training_matches_eager_to_rounding_and_itself_exactly(name):
     r, compiled = _train(entry, compiled_model, compile=True)
     torch.manual_seed(3)
     _, again = _train(entry, again_model, compile=True)
-    assert r.compiled is None  # only for the loop's length
+    assert r.loop.compiled is None  # only for the loop's length
     if name == "gpt":
         assert compiled_model.lm_head.weight is compiled_model.tok_emb.weight  # the tie is the user's still
     for (k, a), b, c in zip(compiled_model.state_dict().items(), eager_model.state_dict().values(),

@@ -54,7 +54,7 @@ def test_one_tensor_alone_equals_the_group(dtype):
     ss1 = [R.AdamRule.init(h, p) for p in ps]
     for _ in range(3):
         ss = R.AdamRule.update_many(h, 0.01, ss, ps, gs)
-        ss1 = [R.AdamRule.update(h, 0.01, s, p, gr) for s, p, gr in zip(ss1, one, gs)]
+        ss1 = [R.AdamRule.update_many(h, 0.01, [s], [p], [gr])[0] for s, p, gr in zip(ss1, one, gs)]
     assert all(torch.equal(a, b) for a, b in zip(ps, one))
     assert all(torch.equal(a.m, b.m) and torch.equal(a.v, b.v) and a.step == b.step == 3 for a, b in zip(ss, ss1))
 

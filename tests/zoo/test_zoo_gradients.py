@@ -115,14 +115,14 @@ def _count_forwards(name, items, steps):
 def test_constant_buffers_cost_no_extra_forward():
     r, per_step = _count_forwards("constant_buffer", 3, 3)
     assert per_step == [3, 3, 3]  # one forward per item, from the first step on
-    assert r.buffer_writes is False
+    assert (r.stats.buffer_passes, r.stats.redone_steps) == (0, 0)
 
 
 def test_a_model_that_writes_buffers_pays_the_pass():
     r, per_step = _count_forwards("cnn_batchnorm", 2, 3)
     # first step: a scratch attempt, then the buffer pass and the gradients; then 2 + 2
     assert per_step == [6, 4, 4]
-    assert r.buffer_writes is True
+    assert (r.stats.buffer_passes, r.stats.redone_steps) == (3, 1)
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("entry", ZOO, ids=lambda e: e.name)

@@ -8,15 +8,15 @@ next step, exactly as between two calls). Also: the direct autograd engine call 
 ``torch.autograd.grad``'s bits.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
 
 import leantrain as lt
 from leantrain import optim
-from leantrain.optim import optimizer as optimizer_module
 from leantrain.training import backward
-from leantrain.training.runner import Runner
 from zoo_models import ZOO, BY_NAME
 
 
@@ -60,47 +60,39 @@ def test_a_tensor_subclass_goes_through_autograd_grad(monkeypatch):
     assert public and torch.equal(g[0], torch.ones(3))  # a subclass: torch.autograd.grad (it may re-enter)
 
 
-def _count(monkeypatch):
-    calls = {"layout": 0, "bind": 0}
-    real_layout, real_bind = optimizer_module.build_layout, Runner._bind
-
-    def layout(*a, **k):
-        calls["layout"] += 1
-        return real_layout(*a, **k)
-
-    def bind(self, op):
-        calls["bind"] += 1
-        return real_bind(self, op)
-
-    monkeypatch.setattr(optimizer_module, "build_layout", layout)
-    monkeypatch.setattr(Runner, "_bind", bind)
-    return calls
-
-
 @pytest.mark.parametrize("hooks", ["none", "step_callback", "log_lines"])
-def test_a_loop_checks_once_unless_user_code_runs(monkeypatch, hooks):
+def test_a_loop_checks_once_unless_user_code_runs(hooks):
     entry = BY_NAME["gpt"]  # a tie: the layout sums two occurrences each step
     r = lt.Runner.from_module(entry.model(), entry.loss)
     steps = 8
     cfg = lt.TrainConfig(steps=steps, optimizer=optim.adam(1e-2), log_every=2 if hooks == "log_lines" else 0,
                          measure_loss=False)
-    calls = _count(monkeypatch)
+    before = dataclasses.replace(r.stats)
     lt.train_samples(r, cfg, entry.samples(4), log=lambda s: None,
                      callback=(lambda ev: None) if hooks == "step_callback" else None)
     # "none": built at the first step only; a callback rechecks after every step; a log
     # line every 2 steps rechecks after steps 0, 2, 4, 6 (so steps 1, 3, 5, 7 rebuild).
     want = {"none": 1, "step_callback": steps, "log_lines": 1 + steps // 2}[hooks]
-    assert calls["layout"] == want
-    assert calls["bind"] >= want  # the tied model's binding swaps leaves in: never reused
+    assert r.stats.layouts - before.layouts == want
+    assert r.stats.bindings - before.bindings >= want  # the tied model's binding swaps leaves in: never reused
 
 
-def test_the_binding_without_swaps_is_reused(monkeypatch):
+def test_the_binding_without_swaps_is_reused():
     entry = BY_NAME["lstm"]
     r = lt.Runner.from_module(entry.model(), entry.loss)
-    calls = _count(monkeypatch)
     cfg = lt.TrainConfig(steps=6, optimizer=optim.sgd(0.1), log_every=0, measure_loss=False)
     lt.train_samples(r, cfg, entry.samples(3), log=lambda s: None)
-    assert calls == {"layout": 1, "bind": 1}
+    assert (r.stats.layouts, r.stats.bindings) == (1, 1)
+
+
+def test_outside_a_loop_every_step_checks_everything():
+    entry = BY_NAME["lstm"]
+    r = lt.Runner.from_module(entry.model(), entry.loss)
+    opt = optim.sgd(0.1)
+    state = opt.init(r.params)
+    for _ in range(3):
+        state = lt.step_batch(r, opt, state, False, entry.samples(2))
+    assert (r.stats.layouts, r.stats.bindings) == (3, 3)
 
 
 @pytest.mark.parametrize("name", ["gpt", "cnn_batchnorm", "frozen_backbone"])
@@ -151,10 +143,9 @@ def test_a_parameter_replaced_by_a_callback_is_refused_at_the_next_step():
     assert seen == [1, 2]  # refused at the third update, before it changed anything
 
 
-def test_a_read_only_callback_does_not_recheck(monkeypatch):
+def test_a_read_only_callback_does_not_recheck():
     entry = BY_NAME["lstm"]
     r = lt.Runner.from_module(entry.model(), entry.loss)
-    calls = _count(monkeypatch)
     cfg = lt.TrainConfig(steps=5, optimizer=optim.sgd(0.1), log_every=0, measure_loss=False)
 
     class Reader(lt.Callback):
@@ -168,4 +159,4 @@ def test_a_read_only_callback_does_not_recheck(monkeypatch):
 
     reader = Reader()
     lt.train_samples(r, cfg, entry.samples(3), log=lambda s: None, callbacks=[reader])
-    assert reader.steps == [1, 2, 3, 4, 5] and calls["layout"] == 1
+    assert reader.steps == [1, 2, 3, 4, 5] and r.stats.layouts == 1

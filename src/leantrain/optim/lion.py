@@ -41,10 +41,6 @@ class LionRule:
         return LionState(torch.zeros_like(p))
 
     @staticmethod
-    def update(h: Lion, lr, s, p, g):
-        return LionRule.update_many(h, lr, [s], [p], [g])[0]
-
-    @staticmethod
     def update_many(h: Lion, lr, ss, ps, gs, uniform: bool = False):
         ms = [s.m for s in ss]
         if h.weight_decay != 0.0:

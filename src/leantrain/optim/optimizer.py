@@ -200,7 +200,7 @@ class Optimizer:
     def apply(
         self, state: OptState, params: ParamList, gradients: Sequence, path: str,
         found_inf: Optional[torch.Tensor] = None, presummed: bool = False,
-        cache: Optional[dict] = None, slots_map: Optional[list] = None,
+        cache=None, slots_map: Optional[list] = None,
     ) -> OptState:
         """The update, for a state and gradients the caller has checked (``check``, and a
         pack with the slots' shapes and dtypes, as the runner's own gradients are).
@@ -210,13 +210,14 @@ class Optimizer:
         device, with no host read: one copy of the updated tensors per step. Host-side
         counters (Adam's ``t``) still advance on a skipped step. ``presummed``: the pack
         already holds the canonical gradients (``canonical_gradients``' result: sums at
-        representatives, ``None`` elsewhere), as clipping leaves it. ``cache``: a loop's
-        steady cache (``Runner.steady``): the update's layout is built at the first step
-        and reused while the cache lives; ``slots_map``: the canonical map, if known.
+        representatives, ``None`` elsewhere), as clipping leaves it. ``cache``: a record
+        with a ``layout`` field (a loop's ``Steady``, see ``Runner.steady``): the update's
+        layout is built at the first step and kept there while the loop is steady;
+        ``slots_map``: the canonical map, if known.
         """
         op = f"{self.kind}.{'step_native' if path == NATIVE else 'step'}"
         records = list(state.slots)
-        lay = None if cache is None else cache.get("layout")
+        lay = None if cache is None else cache.layout
         if lay is None:  # everything validated here, nothing written yet
             if slots_map is None:
                 slots_map = params.canonical_slot_indices()
@@ -224,7 +225,7 @@ class Optimizer:
                                                                    allow_missing=True)
             lay = build_layout(op, self.hyper, records, params, slots_map, sums, path, self.settings(op, params)[0])
             if cache is not None and lay.reusable:
-                cache["layout"] = lay
+                cache.layout = lay
         else:  # a loop's layout: the runner's own gradients, the same slots
             sums = (canonical_gradients(lay.slots_map, gradients, allow_missing=True) if lay.tied and not presummed
                     else gradients)

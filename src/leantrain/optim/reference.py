@@ -26,6 +26,8 @@ constructor refuses ``numerics="torchlean"``.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import torch
 
@@ -107,3 +109,7 @@ def adadelta(h: Adadelta, lr: float, s: AdadeltaState, p: torch.Tensor, g: torch
     p.copy_(p - dx * S(lr))
     s.delta_avg.copy_(s.delta_avg * rho + (dx * dx) * (one - rho))
     return AdadeltaState(s.square_avg, s.delta_avg)
+
+
+# The formulas by rule, for the rules' ``reference`` declarations (rules.py).
+FORMULAS = SimpleNamespace(sgd=sgd, adagrad=adagrad, rmsprop=rmsprop, adam=adam, adadelta=adadelta)

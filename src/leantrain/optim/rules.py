@@ -5,7 +5,8 @@ Each rule is a class of static functions over one kind's hyperparameters ``h``:
 * ``init(h, p)``: the zero state record of one tensor;
 * ``update_many(h, lr, records, ps, gs, uniform)``: the update of a group of tensors,
   in place (``uniform``: one device and dtype, as the optimizer's groups are), returning
-  the new records; ``update(h, lr, record, p, g)`` is the same for one tensor;
+  the new records. Every form is elementwise: a tensor alone gets the bits it gets in a
+  group (tested), so there is no separate per-tensor form;
 * ``reference``: upstream's per-tensor formula (``numerics="torchlean"``, in
   ``reference.py``), or ``None`` where upstream has none (the constructor then refuses
   that setting);
@@ -50,7 +51,7 @@ import torch
 
 import torch.optim
 
-from . import reference
+from .reference import FORMULAS as upstream
 from .fused import adam as fused_adam_kernel, by_device_dtype, fusable
 from .hyper import Adadelta, Adagrad, Adam, AdamW, Hyper, RMSProp, SGD
 from .lion import LionRule
@@ -80,7 +81,7 @@ class SGDRule:
     hypers = (SGD,)
     records = (SGDState, MomentumState)
     sparse = True  # takes sparse gradients (update_sparse), as torch.optim.SGD does
-    reference = staticmethod(reference.sgd)
+    reference = staticmethod(upstream.sgd)
 
     @staticmethod
     def torch_equivalent(h: SGD):
@@ -95,12 +96,6 @@ class SGDRule:
         if h.momentum == 0.0:
             return SGDState()
         return MomentumState(torch.zeros_like(p, memory_format=torch.preserve_format))
-
-    @staticmethod
-    def update(h: SGD, lr: float, s, p: torch.Tensor, g: torch.Tensor):
-        if fusable([p]):  # the kernel is elementwise: one tensor alone gives the group's bits
-            return SGDRule.update_many(h, lr, [s], [p], [g])[0]
-        return SGDRule.update_sparse(h, lr, s, p, g)  # the same per-tensor form
 
     @staticmethod
     def update_many(h: SGD, lr: float, ss: list, ps: Tensors, gs: Tensors, uniform: bool = False) -> list:
@@ -140,7 +135,7 @@ class AdagradRule:
     hypers = (Adagrad,)
     records = (AdagradState,)
     sparse = True
-    reference = staticmethod(reference.adagrad)
+    reference = staticmethod(upstream.adagrad)
 
     @staticmethod
     def torch_equivalent(h: Adagrad):
@@ -153,14 +148,6 @@ class AdagradRule:
     @staticmethod
     def init(h: Adagrad, p):
         return AdagradState(torch.zeros_like(p))
-
-    @staticmethod
-    def update(h: Adagrad, lr, s, p, g):
-        if fusable([p]):  # the kernel is elementwise: one tensor alone gives the group's bits
-            return AdagradRule.update_many(h, lr, [s], [p], [g])[0]
-        s.sum.addcmul_(g, g, value=1.0)
-        p.addcdiv_(g, s.sum.sqrt().add_(h.eps), value=-lr)
-        return s
 
     @staticmethod
     def update_many(h: Adagrad, lr, ss, ps, gs, uniform: bool = False):
@@ -197,7 +184,7 @@ class RMSPropRule:
     sparse = False
     hypers = (RMSProp,)
     records = (RMSPropState,)
-    reference = staticmethod(reference.rmsprop)
+    reference = staticmethod(upstream.rmsprop)
 
     @staticmethod
     def torch_equivalent(h: RMSProp):
@@ -210,12 +197,6 @@ class RMSPropRule:
     @staticmethod
     def init(h: RMSProp, p):
         return RMSPropState(torch.zeros_like(p))
-
-    @staticmethod
-    def update(h: RMSProp, lr, s, p, g):
-        s.avg.mul_(h.decay).addcmul_(g, g, value=1.0 - h.decay)
-        p.addcdiv_(g, s.avg.sqrt().add_(h.eps), value=-lr)
-        return s
 
     @staticmethod
     def update_many(h: RMSProp, lr, ss, ps, gs, uniform: bool = False):
@@ -260,7 +241,7 @@ class AdamRule:
     hypers = (Adam, AdamW)
     records = (AdamState,)
     sparse = False  # as torch.optim.Adam(W): refused (SparseAdam is another rule)
-    reference = staticmethod(reference.adam)
+    reference = staticmethod(upstream.adam)
 
     @staticmethod
     def torch_equivalent(h):
@@ -281,21 +262,6 @@ class AdamRule:
     # can round to 0 in the parameter's dtype (eps=1e-45 in binary32), where a zero
     # gradient would give 0/0. Such a tensor takes upstream's form instead:
     # ``(lr/c1) * m / (sqrt(v)*(1/sqrt(c2)) + eps)``, which keeps it finite.
-    @staticmethod
-    def update(h, lr, s: AdamState, p, g):
-        if fusable([p]):  # the kernel is elementwise: one tensor alone gives the same bits
-            return _fused_adam(h, lr, [s], [p], [g])[0]
-        if isinstance(h, AdamW):
-            p.mul_(1.0 - lr * h.weight_decay)
-        s, scale, eps, inv_root_c2 = _adam_scalars(h, s)
-        s.m.lerp_(g, 1.0 - h.beta1)
-        s.v.mul_(h.beta2).addcmul_(g, g, value=1.0 - h.beta2)
-        if _underflows(eps, p.dtype):
-            p.addcdiv_(s.m, s.v.sqrt().mul_(inv_root_c2).add_(h.eps), value=-(lr * (scale * inv_root_c2)))
-        else:
-            p.addcdiv_(s.m, s.v.sqrt().add_(eps), value=-(lr * scale))
-        return s
-
     @staticmethod
     def update_many(h, lr, ss: list, ps, gs, uniform: bool = False):
         if fusable(ps[:1] if uniform else ps):
@@ -330,7 +296,7 @@ class AdadeltaRule:
     sparse = False
     hypers = (Adadelta,)
     records = (AdadeltaState,)
-    reference = staticmethod(reference.adadelta)
+    reference = staticmethod(upstream.adadelta)
 
     @staticmethod
     def torch_equivalent(h: Adadelta):
@@ -343,15 +309,6 @@ class AdadeltaRule:
     @staticmethod
     def init(h: Adadelta, p):
         return AdadeltaState(torch.zeros_like(p), torch.zeros_like(p))
-
-    @staticmethod
-    def update(h: Adadelta, lr, s, p, g):
-        s.square_avg.mul_(h.rho).addcmul_(g, g, value=1.0 - h.rho)
-        std = s.square_avg.add(h.eps).sqrt_()
-        delta = s.delta_avg.add(h.eps).sqrt_().div_(std).mul_(g)
-        s.delta_avg.mul_(h.rho).addcmul_(delta, delta, value=1.0 - h.rho)
-        p.add_(delta, alpha=-lr)
-        return s
 
     @staticmethod
     def update_many(h: Adadelta, lr, ss, ps, gs, uniform: bool = False):

@@ -32,7 +32,7 @@ an extra forward, and a model that does pays it once, on its first step.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 import torch
 
@@ -41,9 +41,6 @@ from .backward import all_plain
 from ..errors import ConfigError, DataError, slot_label
 from ..params.dense import kernel_strides
 from ..params.module_slots import bind
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .runner import Runner
 
 MODEL_ERRORS = (RuntimeError, ValueError, TypeError, IndexError)
 
@@ -80,6 +77,31 @@ def rng_preserved(device: torch.device, generators: Sequence[torch.Generator] = 
             g.set_state(s)
 
 
+class Owner(Protocol):
+    """What a ``Binding`` reads of the runner it binds (the Runner is one; nothing here
+    imports it). What a binding observes about the model (that a forward wrote a buffer,
+    that it drew random numbers) it reports through the ``learned_*`` methods; the
+    runner keeps the facts."""
+
+    module: torch.nn.Module
+    params: Any
+    locations: list
+    buffer_slots: list
+    device: torch.device
+    buffer_writes: Optional[bool]
+    draws: Optional[bool]
+
+    @property
+    def has_buffer_updates(self) -> bool: ...
+    def inputs(self, sample): ...
+    def autocast(self): ...
+    def loss_and_gradients(self, sample, leaves): ...
+    def mark_buffers_stale(self) -> None: ...
+    def learned_buffer_writes(self, wrote: bool) -> None: ...
+    def learned_draws(self, states: list) -> bool: ...
+    def entered(self, binding: Optional["Binding"]) -> None: ...
+
+
 class BufferSnapshot:
     """Buffers as they were before a step's buffer pass (values and whether each
     storage's host copy was current), to undo a rejected step."""
@@ -111,7 +133,7 @@ class Binding:
 
     __slots__ = ("runner", "leaves", "working", "swaps", "depth", "wrt", "plain", "strides")
 
-    def __init__(self, runner: "Runner", leaves: list, working: list, swaps: list) -> None:
+    def __init__(self, runner: Owner, leaves: list, working: list, swaps: list) -> None:
         self.runner = runner
         self.leaves: list[Optional[torch.Tensor]] = leaves  # one per trainable slot
         self.wrt = tuple(t for t in leaves if t is not None)  # what a gradient pass differentiates
@@ -125,14 +147,14 @@ class Binding:
         if self.depth == 0:
             for loc, t, _ in self.swaps:
                 bind(loc, t)
-            self.runner.bound = self
+            self.runner.entered(self)
         self.depth += 1
         return self
 
     def __exit__(self, *exc) -> None:
         self.depth -= 1
         if self.depth == 0:
-            self.runner.bound = None
+            self.runner.entered(None)
             for loc, _, orig in reversed(self.swaps):
                 bind(loc, orig)
 
@@ -208,7 +230,7 @@ class Binding:
         set_rng_state(runner.device, rng)  # replay: the gradient passes draw the same numbers
         written = [t for t, v in zip(tensors, versions) if t._version != v]
         if written or reassigned:
-            runner.buffer_writes = True
+            runner.learned_buffer_writes(True)
         if not written:
             return True, None
         runner.mark_buffers_stale()
@@ -238,8 +260,7 @@ class Binding:
                     states.append(rng_state(runner.device))
         finally:
             set_rng_state(runner.device, states[0])  # the gradient passes draw from here
-        runner.draws = not same_rng(states[0], states[-1])
-        return states if runner.draws else None
+        return states if runner.learned_draws(states) else None
 
     def one_item(self, op: str, sample) -> tuple[torch.Tensor, list, Optional[BufferSnapshot]]:
         """One item in train mode as plain PyTorch runs it: one forward on the real
@@ -263,11 +284,9 @@ class Binding:
             snapshot.restore()
             raise
         written = [t for t, v in zip(tensors, versions) if t._version != v]
+        runner.learned_buffer_writes(bool(written) or reassigned)
         if not written:
-            if not reassigned and runner.buffer_writes is not True:
-                runner.buffer_writes = False  # seen: a forward writes no buffer
             return loss, grads, None
-        runner.buffer_writes = True
         runner.mark_buffers_stale()
         snapshot.written = [t for t in written if t.is_floating_point()]
         return loss, grads, snapshot

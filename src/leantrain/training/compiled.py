@@ -19,36 +19,20 @@ stay the user's as always. Measured in ``benchmarks/compiled_step.py``.
 
 from __future__ import annotations
 
-import contextlib
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 
 from ..errors import ConfigError
 
 
-def compiled_loss(runner) -> Callable:
-    """The runner's compiled ``(x, y) -> loss_fn(module(x), y)``, made on first use."""
-    fn = runner.compiled_loss
-    if fn is None:
-        module, loss_fn = runner.module, runner.loss_fn
+def make_compiled(module: torch.nn.Module, loss_fn: Callable) -> Callable:
+    """``torch.compile`` of ``(x, y) -> loss_fn(module(x), y)`` (compiled at its first call)."""
 
-        def forward_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return loss_fn(module(x), y)
+    def forward_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return loss_fn(module(x), y)
 
-        fn = runner.compiled_loss = torch.compile(forward_loss)
-    return fn
-
-
-@contextlib.contextmanager
-def compiling(runner, on: bool) -> Iterator[None]:
-    """For the enclosed loop, the runner's gradient passes use the compiled loss."""
-    saved = runner.compiled
-    runner.compiled = compiled_loss(runner) if on else None
-    try:
-        yield
-    finally:
-        runner.compiled = saved
+    return torch.compile(forward_loss)
 
 
 def is_compiler_error(e: BaseException) -> bool:

@@ -15,38 +15,22 @@ from typing import Optional
 import torch
 
 from . import distributed, overlap
-from .accumulate import Pack, add_into, draws, plus, scale, sum_items
-from .binding import same_rng
+from .accumulate import draws, fold, item_gradients, sum_items
+from .mean import Mean
+from .vectorized import stacked_loss_and_gradients
 from .runner import Runner
 
-def fold(losses: list, packs: list, inv: float) -> tuple[torch.Tensor, Pack]:
-    """The gathered items folded exactly as ``sum_items`` folds them in one process:
-    ``l0 + l1``, then ``+ lk``; ``g0 + g1``, then ``add_(gk)``; then ``* (1/n)`` (not for one
-    item). So a run gives the same bits on any number of ranks."""
-    loss, grads = losses[0], packs[0]
-    if len(packs) == 1:
-        return loss, grads
-    loss = loss + losses[1]
-    grads = [plus(g, h) for g, h in zip(grads, packs[1])]
-    for loss_k, pack in zip(losses[2:], packs[2:]):
-        loss = loss + loss_k
-        add_into(grads, pack)
-    return scale(loss, grads, inv)[:2]
-
-
-def exact_gradients(runner: Runner, leaves, scratch, batch, rank: int, world: int, states: Optional[list] = None):
+def exact_gradients(runner: Runner, leaves, scratch, batch, rank: int, world: int,
+                    states: Optional[list] = None) -> Mean:
     """Each rank differentiates its items one by one; every rank then folds all items in
-    item order (``exact_reduction``): the one-process mean gradient, bit for bit."""
-    mine = []
+    item order (``exact_reduction``) with ``accumulate.fold``, then ``* (1/n)``: the
+    one-process mean gradient, bit for bit, on any number of ranks."""
     own = None if states is None else distributed.my_items(states[:-1], rank, world)
-    for k, sample in enumerate(distributed.my_items(batch, rank, world)):
-        if k:
-            scratch.reset()
-        draws(runner, own, k)
-        mine.append(runner.loss_and_gradients(sample, leaves))
+    mine = list(item_gradients(runner, distributed.my_items(batch, rank, world), leaves, scratch, own))
     losses, packs = distributed.gather_items(mine, len(batch), rank, world, leaves)
     dtype = mine[0][0].dtype if mine else torch.float64  # rank 0 always has item 0: it logs
-    return fold([x.to(dtype) for x in losses], packs, 1.0 / len(batch))
+    loss, grads = fold(zip([x.to(dtype) for x in losses], packs))
+    return Mean.of_sums(loss, grads, len(batch))
 
 
 def overlapped_sums(runner: Runner, leaves, scratch, mine: list, accumulation: str, want_loss: bool,
@@ -55,13 +39,13 @@ def overlapped_sums(runner: Runner, leaves, scratch, mine: list, accumulation: s
     while the last backward runs (see ``overlap.py``): the same fold as ``sum_items``, so
     the same bits as summing first and all-reducing after. ``(None, grads)`` unless
     ``want_loss``."""
-    cache = runner.steady_cache
-    plan = None if cache is None else cache.get("buckets")
+    steady = runner.loop.steady
+    plan = None if steady is None else steady.buckets
     if plan is None or plan.leaves is not leaves:
         plan = overlap.plan_buckets(leaves)
-        if cache is not None:
-            cache["buckets"] = plan
-    reuse = cache is not None  # in a loop the step consumes the gradients: reuse the buckets
+        if steady is not None:
+            steady.buckets = plan
+    reuse = steady is not None  # in a loop the step consumes the gradients: reuse the buckets
     if not mine:  # more ranks than items: this rank sends zeros in the same buckets
         loss = torch.zeros((), device=runner.device)
         return overlap.Reducer(plan, None, reuse).finish(None, loss if want_loss else None)
@@ -76,7 +60,7 @@ def overlapped_sums(runner: Runner, leaves, scratch, mine: list, accumulation: s
     handles = [t.register_hook(reducer.hook(i)) for i, t in enumerate(leaves) if t is not None]
     try:
         if accumulation == "vectorized":
-            loss, grads = runner.stacked_loss_and_gradients(mine, leaves, scale=1.0)
+            loss, grads = stacked_loss_and_gradients(runner, mine, leaves, scale=1.0)
         else:
             loss, grads = runner.loss_and_gradients(mine[-1], leaves)
     finally:
@@ -92,5 +76,4 @@ def item_states(runner: Runner, bound, op: str, batch, recorded: Optional[list])
     recorded, or a pass of their own; ``None`` when the model draws nothing."""
     if recorded is None:
         return bound.draw_states(op, batch)
-    runner.draws = not same_rng(recorded[0], recorded[-1])
-    return recorded if runner.draws else None
+    return recorded if runner.learned_draws(recorded) else None

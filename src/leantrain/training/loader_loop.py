@@ -13,7 +13,8 @@ so a resume inside any epoch continues with the batches the interrupted run had 
 from __future__ import annotations
 
 import warnings
-from typing import Iterable, Iterator, Optional, Sequence
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Optional, Sequence, Union
 
 from ..data import DataLoader
 from ..errors import ConfigError, DataError
@@ -30,6 +31,25 @@ from .session import Log, ScheduleState, Session
 from .streams import Stream
 from ..io.checkpoint import loader_record
 
+@dataclass(frozen=True)
+class Progress:
+    """Where a loader run stands: its epoch, the loader batches done in that epoch, the
+    updates done and the samples seen (what a checkpoint saves and a resume starts at)."""
+
+    epoch: int = 0
+    batch: int = 0
+    step: int = 0
+    seen: int = 0
+
+    def after(self, batch: int, items: int) -> "Progress":
+        """One update later, at loader batch ``batch`` of the epoch, ``items`` more seen."""
+        return Progress(self.epoch, batch, self.step + 1, self.seen + items)
+
+    def record(self) -> dict:
+        """The fields a checkpoint's progress holds besides the step."""
+        return {"epoch": self.epoch, "batch": self.batch, "seen": self.seen}
+
+
 def run_loader_epochs(
     runner: Runner,
     cfg: LoaderTrainConfig,
@@ -39,82 +59,79 @@ def run_loader_epochs(
     schedule_state: ScheduleState,
     *,
     log: Log = print,
-    start: tuple[int, int, int, int] = (0, 0, 0, 0),
+    start: Union[Progress, tuple[int, int, int, int]] = Progress(),
     session: Optional[Session] = None,
     stream: Optional[Stream] = None,
 ) -> tuple[Loader, OptState, list[tuple[int, float]], int, int]:
-    """All epochs from ``start = (epoch, batches done in it, step, samples seen)``.
-
-    Returns (next loader, state, the (step, loss) pairs this call logged, steps,
-    samples seen). ``session`` (the one ``train_loader`` runs in) hears every step;
-    ``stream``: the loader as ``train_loader`` reads it (its restored position). ``opt``
-    must be the config's optimizer (the one the state belongs to)."""
+    """All epochs from ``start`` (a ``Progress``, or ``(epoch, batches done in it, step,
+    samples seen)``). Returns (next loader, state, the (step, loss) pairs this call
+    logged, steps, samples seen). ``session`` (the one ``train_loader`` runs in) hears
+    every step; ``stream``: the loader as ``train_loader`` reads it (its restored
+    position). ``opt`` must be the config's optimizer (the one the state belongs to)."""
     if opt != cfg.optimizer:
         raise ConfigError("run_loader_epochs: opt must be cfg.optimizer (the optimizer the state was made by)")
     if session is None:
         session = Session("train_loader", runner, cfg, "loader", log=log)
     if stream is None:
         stream = Stream(session.op, loader)
+    start = start if isinstance(start, Progress) else Progress(*start)
     first_logged = len(session.logged)
     with runner.steady():  # checked at the first step, again after the user's code ran
-        state, step, seen = _epochs(cfg, stream, state, schedule_state, start, session)
-    return stream.loader, state, session.logged[first_logged:], step, seen
+        state, at = _epochs(cfg, stream, state, schedule_state, start, session)
+    return stream.loader, state, session.logged[first_logged:], at.step, at.seen
 
 
 def _epochs(cfg: LoaderTrainConfig, stream: Stream, state: OptState, schedule_state: ScheduleState,
-            start: tuple[int, int, int, int], session: Session) -> tuple[OptState, int, int]:
+            start: Progress, session: Session) -> tuple[OptState, Progress]:
     """The loop, top to bottom: per epoch the schedule, then per group of batches the
     update and what follows it (callbacks, checkpoints); stops at ``max_steps``."""
     op = session.op
-    epoch, skip, step, seen = start
+    at, skip = start, start.batch
     event: Optional[StepEvent] = None
-    while epoch < cfg.epochs and not _reached(cfg, step):
+    while at.epoch < cfg.epochs and not _reached(cfg, at):
         if cfg.schedule_per == "epoch":
-            state = schedule_state(epoch, state)  # the schedule advances once per epoch
+            state = schedule_state(at.epoch, state)  # the schedule advances once per epoch
         group: list[Sample] = []  # the items of up to cfg.accumulate loader batches
         b = skip - 1
-        for b, raw in enumerate(stream.epoch(epoch, skip), start=skip):
+        for b, raw in enumerate(stream.epoch(at.epoch, skip), start=skip):
             group += as_list_batch(op, raw)
             if (b + 1) % cfg.accumulate == 0:
-                state, step, seen, event, stop = _group_update(cfg, session, stream, state, group, step, seen, epoch,
-                                                               b, schedule_state)
+                state, at, event, stop = _group_update(cfg, session, stream, state, group, at, b, schedule_state)
                 group = []
-                if stop or _reached(cfg, step):
-                    return state, step, seen
+                if stop or _reached(cfg, at):
+                    return state, at
         if group:  # the epoch's short tail group: its own mean
-            state, step, seen, event, stop = _group_update(cfg, session, stream, state, group, step, seen, epoch, b,
-                                                           schedule_state)
-            if stop or _reached(cfg, step):
-                return state, step, seen
+            state, at, event, stop = _group_update(cfg, session, stream, state, group, at, b, schedule_state)
+            if stop or _reached(cfg, at):
+                return state, at
         if b < 0:  # the pass yielded nothing
-            if step == start[2]:
-                raise DataError(f"{op}: the loader yielded no batch in epoch {epoch}; nothing was trained")
-            warnings.warn(f"{op}: the loader yielded no batch in epoch {epoch} (a stream that is read once?); "
-                          f"training ends after {step} updates", stacklevel=3)
-            return state, step, seen
-        if event is not None and session.end_epoch(event, epoch):
-            return state, step, seen
+            if at.step == start.step:
+                raise DataError(f"{op}: the loader yielded no batch in epoch {at.epoch}; nothing was trained")
+            warnings.warn(f"{op}: the loader yielded no batch in epoch {at.epoch} (a stream that is read once?); "
+                          f"training ends after {at.step} updates", stacklevel=3)
+            return state, at
+        if event is not None and session.end_epoch(event, at.epoch):
+            return state, at
         skip = 0
-        epoch += 1
-    return state, step, seen
+        at = Progress(at.epoch + 1, 0, at.step, at.seen)
+    return state, at
 
 
-def _reached(cfg: LoaderTrainConfig, step: int) -> bool:
-    return cfg.max_steps is not None and step >= cfg.max_steps
+def _reached(cfg: LoaderTrainConfig, at: Progress) -> bool:
+    return cfg.max_steps is not None and at.step >= cfg.max_steps
 
 
 def _group_update(cfg: LoaderTrainConfig, session: Session, stream: Stream, state: OptState, group: list[Sample],
-                  step: int, seen: int, epoch: int, b: int, schedule_state: ScheduleState
-                  ) -> tuple[OptState, int, int, StepEvent, bool]:
+                  at: Progress, b: int, schedule_state: ScheduleState
+                  ) -> tuple[OptState, Progress, StepEvent, bool]:
     """One update over a group of loader batches (the list-batch mean over its items),
-    then the callbacks and the checkpoint cadence. Returns the new counters and stop."""
+    then the callbacks and the checkpoint cadence. Returns the new progress and stop."""
     if cfg.schedule_per == "step":
-        state = schedule_state(step, state)  # indexed by update: a warm-up over updates
-    state, loss = session.update(state, group, step)
-    step, seen = step + 1, seen + len(group)
-    event = StepEvent(step, state, loss, epoch, b + 1, grad_norm=session.last_norm)
-    progress = {"epoch": epoch, "batch": b + 1, "seen": seen}
-    return state, step, seen, event, session.after_update(event, progress, stream.state)
+        state = schedule_state(at.step, state)  # indexed by update: a warm-up over updates
+    state, loss = session.update(state, group, at.step)
+    at = at.after(b + 1, len(group))
+    event = StepEvent(at.step, state, loss, at.epoch, at.batch, grad_norm=session.last_norm)
+    return state, at, event, session.after_update(event, at.record(), stream.state)
 
 
 def train_loader(
@@ -147,12 +164,12 @@ def train_loader(
             expect = {"n_samples": stream.size(), "accumulate": cfg.accumulate}
             state, ck = session.start(lambda: _measure(op, runner, stream, cfg), expect,
                                       lambda manifest, tensors: stream.problems(loader_record(manifest, tensors)))
-            start = (0, 0, 0, 0)
+            start = Progress()
             if ck is not None:
                 p = ck.progress
-                start = (p["epoch"], p["batch"], p["step"], p["seen"])
-                stream.restore(ck.loader_state, p["epoch"], p["batch"])
-            session.begin(_total_steps(stream.loader, cfg), start[2])
+                start = Progress(p["epoch"], p["batch"], p["step"], p["seen"])
+                stream.restore(ck.loader_state, start.epoch, start.batch)
+            session.begin(_total_steps(stream.loader, cfg), start.step)
             loader, state, _, steps, seen = run_loader_epochs(
                 runner, cfg, stream.loader, cfg.optimizer, state, lambda t, s: s.with_lr(lr_for(cfg, t)),
                 start=start, session=session, stream=stream,

@@ -12,8 +12,7 @@ and the scale halves; after ``growth_interval`` clean steps it doubles
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 
@@ -60,15 +59,3 @@ def scaler_state_problems(p: dict) -> list[str]:
         return [f"progress.loss_scale/scale_tracker: expected a scale that is positive and finite in float32 and a "
                 f"count below 2**31, got {s!r}, {t!r}"]
     return []
-
-
-@contextlib.contextmanager
-def precision(runner, autocast: Optional[str], scaler: Optional[LossScaler]) -> Iterator[None]:
-    """The runner computes under ``autocast`` (and scales its losses) for the enclosed loop."""
-    saved = runner.amp, runner.loss_scale
-    runner.amp = AUTOCAST[autocast] if autocast else None
-    runner.loss_scale = scaler.scale if scaler is not None else None
-    try:
-        yield
-    finally:
-        runner.amp, runner.loss_scale = saved

@@ -21,8 +21,9 @@ import torch.nn.functional as F
 
 from .ema import EMA
 from .backward import differentiate
-from .compiled import compiler_error, is_compiler_error
-from .binding import MODEL_ERRORS, Binding, rng_preserved
+from .compiled import compiler_error, is_compiler_error, make_compiled
+from .binding import MODEL_ERRORS, Binding, rng_preserved, same_rng
+from .loop_state import LoopState, RunnerStats, Steady
 from ..errors import ConfigError, DataError, slot_label
 from ..params.module_slots import module_entries
 from ..params.paramlist import ParamList
@@ -76,22 +77,15 @@ class Runner:
         self._scratch_locations = [loc for _, _, loc in module_entries(module, persistent=False)]
         self._device_copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.bound: Optional[Binding] = None  # the Binding in force during a call
-        self.ema: Optional[EMA] = None  # the weights' moving average, when a loop keeps one
-        # Mixed precision, set by a loop for its duration (precision.py): the autocast
-        # dtype, and the float16 loss scale (a device tensor) losses are multiplied by.
-        self.amp: Optional[torch.dtype] = None
-        self.loss_scale: Optional[torch.Tensor] = None
-        self.compiled: Optional[Callable] = None  # the compiled loss, while a compile=True loop runs
-        self.compiled_loss: Optional[Callable] = None  # made by the first compile=True loop, then kept
-        # Whether a train-mode forward writes any buffer: None until a step tells (by
-        # the tensors' version counters, see binding.py).
+        self.ema: Optional[EMA] = None  # the weights' moving average the newest loop with ema_decay kept
+        self.loop = LoopState()  # what the running loop installed (``looping``); outside loops, nothing
+        self.stats = RunnerStats()
+        self._compiled_loss: Optional[Callable] = None  # made by the first compile=True loop, then kept
+        # Facts learned about the model (reported by bindings): whether a train-mode
+        # forward writes any buffer (by the tensors' version counters), and whether it
+        # draws random numbers (dropout; data parallel asks). None until seen.
         self.buffer_writes: Optional[bool] = None
-        # Whether a train-mode forward draws random numbers (dropout): None until a
-        # data-parallel step tells (binding.Binding.draw_states).
         self.draws: Optional[bool] = None
-        # Within a loop (``steady()``): what the steps checked once and reuse (the slot
-        # map, a binding without swaps, the optimizer's layout) until ``recheck()``.
-        self.steady_cache: Optional[dict] = None
         hosts = [v.storage.host.device for v in self.params]
         self.device: torch.device = hosts[0] if hosts else torch.device("cpu")
         self._index_slots()
@@ -131,9 +125,40 @@ class Runner:
 
     def autocast(self):
         """``torch.autocast`` on the runner's device when a loop asked for it, else nothing."""
-        if self.amp is None:
+        amp = self.loop.amp
+        if amp is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.amp)
+        return torch.autocast(self.device.type, dtype=amp)
+
+    def keep_ema(self, ema: Optional[EMA]) -> None:
+        """The moving average a loop with ``ema_decay`` keeps (it outlives the loop:
+        ``ema_values``, ``evaluate(ema=True)``, checkpoints)."""
+        self.ema = ema
+
+    def compiled_loss(self) -> Callable:
+        """The compiled ``(x, y) -> loss_fn(module(x), y)``, made on first use and kept."""
+        if self._compiled_loss is None:
+            self._compiled_loss = make_compiled(self.module, self.loss_fn)
+        return self._compiled_loss
+
+    # --------------------------------------------------- facts about the model
+    def learned_buffer_writes(self, wrote: bool) -> None:
+        """A binding saw a forward write a buffer (``True``), or write none (``False``,
+        kept only until a write is seen)."""
+        if wrote:
+            self.buffer_writes = True
+        elif self.buffer_writes is None:
+            self.buffer_writes = False
+
+    def learned_draws(self, states: list) -> bool:
+        """A binding recorded the generator states around one forward per item: the model
+        draws random numbers if the first and last differ. Returns that."""
+        self.draws = not same_rng(states[0], states[-1])
+        return self.draws
+
+    def entered(self, binding: Optional[Binding]) -> None:
+        """A binding took effect (``None``: it ended)."""
+        self.bound = binding
 
     def ema_values(self) -> list[torch.Tensor]:
         """Per slot, the moving average of the trained weights a loop with ``ema_decay``
@@ -147,7 +172,17 @@ class Runner:
     def has_buffer_updates(self) -> bool:
         return self.mode == "train" and bool(self.buffer_slots)
 
-    # ------------------------------------------------------------ steady loop
+    # ------------------------------------------------------------------ loops
+    @contextlib.contextmanager
+    def looping(self, state: LoopState):
+        """Install ``state`` for the enclosed loop; what was there comes back afterwards,
+        even when the loop raised."""
+        outer, self.loop = self.loop, state
+        try:
+            yield state
+        finally:
+            self.loop = outer
+
     @contextlib.contextmanager
     def steady(self):
         """For the length of a training loop: what a step checks about the module, the
@@ -156,28 +191,27 @@ class Runner:
         the user's runs between steps (a callback, a log line, an evaluation, a
         checkpoint), so a parameter replaced, frozen or re-tied there is seen at the
         next step, as outside a loop."""
-        outer = self.steady_cache
-        self.steady_cache = {}
+        loop = self.loop
+        outer, loop.steady = loop.steady, Steady()
         try:
             yield self
         finally:
-            self.steady_cache = outer
+            loop.steady = outer
 
     def recheck(self) -> None:
         """Forget what the current loop checked: the next step checks everything again."""
-        if self.steady_cache:
-            self.steady_cache.clear()
+        if self.loop.steady is not None:
+            self.loop.steady.clear()
 
     def slot_map(self) -> list[Optional[int]]:
         """``params.canonical_slot_indices()``; computed once per steady stretch of a loop
         (read only: callers must not modify it)."""
-        cache = self.steady_cache
-        if cache is None:
+        steady = self.loop.steady
+        if steady is None:
             return self.params.canonical_slot_indices()
-        m = cache.get("slot_map")
-        if m is None:
-            m = cache["slot_map"] = self.params.canonical_slot_indices()
-        return m
+        if steady.slot_map is None:
+            steady.slot_map = self.params.canonical_slot_indices()
+        return steady.slot_map
 
     # --------------------------------------------------------------- binding
     def binding(self, op: str = "Runner") -> Binding:
@@ -189,17 +223,18 @@ class Runner:
         """
         if self.bound is not None:
             return self.bound
-        cache = self.steady_cache
-        if cache is not None:
-            b = cache.get("binding")
+        steady = self.loop.steady
+        if steady is not None:
+            b = steady.binding
             if b is None:
                 b = self._bind(op)
                 if not b.swaps:
-                    cache["binding"] = b
+                    steady.binding = b
             return b
         return self._bind(op)
 
     def _bind(self, op: str) -> Binding:
+        self.stats.bindings += 1
         views, dev = self.params, self.device
         slots_map = self.slot_map()
         leaves: list[Optional[torch.Tensor]] = [None] * len(views)
@@ -293,8 +328,9 @@ class Runner:
         with self.binding("Runner.loss"):
             try:
                 with self.autocast():
-                    if self.compiled is not None and torch.is_grad_enabled():
-                        loss = self.compiled(x, y)  # compile=True (compiled.py)
+                    compiled = self.loop.compiled
+                    if compiled is not None and torch.is_grad_enabled():
+                        loss = compiled(x, y)  # compile=True (compiled.py)
                     else:
                         loss = self.loss_fn(self.module(x), y)
             except MODEL_ERRORS as e:
@@ -347,45 +383,13 @@ class Runner:
     ) -> tuple[torch.Tensor, list[Optional[torch.Tensor]]]:
         """Loss and per-slot gradients of one item (``None`` at frozen slots); call it
         inside ``binding()`` with that binding's ``leaves``."""
-        return self._grads(self.loss(sample), leaves)
+        return self.loss_gradients(self.loss(sample), leaves)
 
-    def _grads(self, loss: torch.Tensor, leaves):
+    def loss_gradients(self, loss: torch.Tensor, leaves) -> tuple[torch.Tensor, list[Optional[torch.Tensor]]]:
+        """(the detached loss, per-slot gradients of ``loss`` with respect to ``leaves``, a
+        binding's), dense in each leaf's layout (``backward.differentiate``), under the
+        loop's loss scale."""
         bound = self.bound
-        return differentiate(loss, leaves, self.loss_scale, bound if bound is not None and bound.leaves is leaves else None,
-                             force_public=self.compiled is not None)
-
-    # ----------------------------------------------------------- vectorised
-    def check_stackable(self, batch: Sequence[Sample]) -> None:
-        """Raise unless the items stack and no layer couples them (checked before any change)."""
-        op = "vectorized accumulation"
-        if self.mode == "train":
-            for name, m in self.module.named_modules():
-                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-                    raise ConfigError(
-                        f"{op}: module {name!r} ({type(m).__name__}) couples the items of a "
-                        f"stacked batch in train mode; use accumulation='exact' or runner.eval()"
-                    )
-        x0, y0 = batch[0]
-        for i, (x, y) in enumerate(batch):
-            if x.shape != x0.shape or y.shape != y0.shape:
-                raise ConfigError(
-                    f"{op}: item {i} does not stack with item 0: x {tuple(x.shape)} vs "
-                    f"{tuple(x0.shape)}, y {tuple(y.shape)} vs {tuple(y0.shape)}"
-                )
-
-    def stacked_loss_and_gradients(
-        self, batch: Sequence[Sample], leaves: Sequence[Optional[torch.Tensor]], scale: Optional[float] = None
-    ) -> tuple[torch.Tensor, list[Optional[torch.Tensor]]]:
-        """Mean loss over a stacked batch and its gradient: one forward, one backward.
-
-        Items are stacked along a new leading dimension and the model sees them as one
-        batch; the per-item losses (the loss function mapped over the items) are summed
-        and multiplied by ``scale`` (default ``1/n``). Refused when a layer couples the items.
-        """
-        self.check_stackable(batch)
-        xs, ys = self.inputs((torch.stack([x for x, _ in batch]), torch.stack([y for _, y in batch])))
-        with self.binding("vectorized accumulation"):
-            with self.autocast():
-                per_item = torch.vmap(self.loss_fn)(self.module(xs), ys)
-        total = per_item.sum()
-        return self._grads(total * (1.0 / len(batch) if scale is None else scale), leaves)
+        return differentiate(loss, leaves, self.loop.loss_scale,
+                             bound if bound is not None and bound.leaves is leaves else None,
+                             force_public=self.loop.compiled is not None)

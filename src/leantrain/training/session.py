@@ -27,12 +27,13 @@ from . import distributed
 from .config import TrainReport
 from .runner import Runner, Sample
 from .step import update
+from .step_options import StepOptions
+from .loop_state import LoopState
 from .callbacks import Callback
 from .loop_checks import check_schedule, loop_callbacks, stateful, wants_stop
-from .compiled import compiling
 from .evaluation import evaluate
 from .ema import EMA, restored_ema
-from .precision import LossScaler, precision, scaler_state_problems
+from .precision import AUTOCAST, LossScaler, scaler_state_problems
 from .events import StepCallback, StepEvent
 
 Log = Callable[[str], None]
@@ -94,6 +95,7 @@ class Session:
         self.pending: Optional[tuple[dict, OptState, Optional[dict]]] = None  # the newest step
         self.saved = True  # whether ``pending`` is on disk
         self.saved_step: Optional[int] = None  # the step of the newest checkpoint written
+        self._options: Optional[StepOptions] = None  # how the updates run: built at the first one
 
     def _log(self, line: str) -> None:
         self.user_log(line)
@@ -101,10 +103,21 @@ class Session:
 
     @contextlib.contextmanager
     def computing(self):
-        """The runner under the loop's precision (autocast, loss scale) and, with
-        ``compile=True``, its compiled loss, while the loop runs."""
-        with precision(self.runner, self.cfg.autocast, self.scaler), compiling(self.runner, self.cfg.compile):
+        """The loop's state installed on the runner while the loop runs: its precision
+        (autocast, loss scale) and, with ``compile=True``, its compiled loss."""
+        cfg = self.cfg
+        state = LoopState(amp=AUTOCAST[cfg.autocast] if cfg.autocast else None,
+                          loss_scale=self.scaler.scale if self.scaler is not None else None,
+                          compiled=self.runner.compiled_loss() if cfg.compile else None)
+        with self.runner.looping(state):
             yield
+
+    def options(self, state: OptState) -> StepOptions:
+        """The updates' options, built once per loop from the config (on the history's path)."""
+        o = self._options
+        if o is None or o.native != (state.path == NATIVE):
+            o = self._options = StepOptions.of(self.cfg, state.path == NATIVE, self.skipped, self.scaler)
+        return o
 
     # ------------------------------------------------------------------ start
     def start(self, measure: Callable[[], Optional[float]], expect: dict, loader_check=None
@@ -124,7 +137,7 @@ class Session:
             state = self.opt.init(self.runner.params, native=uses_native(self.runner, self.opt))
             self.runner.train()
             if self.cfg.ema_decay is not None:
-                self.runner.ema = EMA(self.runner.params, self.cfg.ema_decay)
+                self.runner.keep_ema(EMA(self.runner.params, self.cfg.ema_decay))
             self.before = measure() if self.cfg.measure_loss else None
             return state, None
         ck = self._resume(self.expect, loader_check)
@@ -133,7 +146,7 @@ class Session:
             self.scaler.scale.fill_(ck.progress["loss_scale"])
             self.scaler.tracker.fill_(ck.progress["scale_tracker"])
         if self.cfg.ema_decay is not None:
-            self.runner.ema = restored_ema(self.runner.params, ck.ema)
+            self.runner.keep_ema(restored_ema(self.runner.params, ck.ema))
         self._restore_callbacks(ck.progress.get("callbacks", []))
         self.before = ck.progress["before"]
         self.logged = [tuple(x) for x in ck.progress["losses"]]
@@ -190,25 +203,21 @@ class Session:
         cfg = self.cfg
         want = bool(cfg.log_every) and step % cfg.log_every == 0
         try:
-            state, loss, norm = update(
-                self.op, self.runner, self.opt, state, state.path == NATIVE, batch,
-                cfg.accumulation, want_loss=want, nonfinite=cfg.nonfinite, skipped=self.skipped,
-                exact_reduction=cfg.exact_reduction, clip_grad_norm=cfg.clip_grad_norm,
-                clip_grad_value=cfg.clip_grad_value, scaler=self.scaler,
-            )
+            done = update(self.op, self.runner, self.opt, state, batch, self.options(state), want)
         except NonFiniteError as e:
             raise NonFiniteError(f"step {step}: {e}") from None
         except RuntimeError as e:
             self._collective_failed(e, f"step {step}")
+        state = done.state
         if cfg.ema_decay is not None:
             self.runner.ema.update(self.runner.params)  # after the step, on the device
         self.last_norm = None
         if not want:
             return state, None
-        if norm is None:
-            value = float(loss.item())  # intentional sync: a log line is due
+        if done.norm is None:
+            value = float(done.loss.item())  # intentional sync: a log line is due
         else:  # intentional sync, one read for both: a log line is due
-            value, self.last_norm = torch.stack([loss.detach().double(), norm.double()]).tolist()
+            value, self.last_norm = torch.stack([done.loss.detach().double(), done.norm.double()]).tolist()
             self.grad_norms.append((step, self.last_norm))
         self.logged.append((step, value))
         self.log(log_line(step, value))
