@@ -1,5 +1,6 @@
 """The leantrain command: help, a short end-to-end run, inspect, plot, user errors, Ctrl-C."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -258,3 +259,45 @@ def test_every_optimizer_of_the_table_trains_from_the_command(tmp_path, capsys):
         assert json.loads((out / "report.json").read_text())["steps"] == 45
     assert main(["train", "--optimizer", "adam", "--weight-decay", "0.1", "--out", str(tmp_path / "x")]) == 2
     assert "--weight-decay: only adamw and lion take a weight decay" in capsys.readouterr().err
+
+
+def test_one_table_makes_the_flags_the_toml_keys_and_the_config():
+    """Every setting is one row of runconfig.FIELDS: its flag on the subcommands that take
+    it, its TOML key, its RunConfig field and default, its check."""
+    import argparse
+
+    from leantrain.cli.main import build_parser
+    from leantrain.cli.runconfig import FIELDS, RunConfig
+    from leantrain.errors import ConfigError
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for command, extra in (("train", {"--overwrite", "--resume"}), ("check", {"--max-ratio", "--json"})):
+        flags = {s for a in sub.choices[command]._actions for s in a.option_strings if s.startswith("--")}
+        assert flags - {"--help"} == {f.flag for f in FIELDS if command in f.commands} | extra, command
+    assert [f.name for f in dataclasses.fields(RunConfig)] == [f.name for f in FIELDS]
+    assert RunConfig().to_dict() == {f.name: f.default for f in FIELDS}
+    assert RunConfig.known_keys() == {f.name for f in FIELDS}
+    for f in FIELDS:  # each row's check refuses a value of the wrong kind, naming the flag
+        with pytest.raises(ConfigError, match=f"^{f.flag}: "):
+            RunConfig(**{f.name: [1]})
+
+
+def test_the_command_checks_the_model_once_per_loop(tmp_path, monkeypatch):
+    """The command's callbacks all read only, and its evaluations use the ready metrics:
+    the optimizer's layout is built once in a whole run (three epochs, evaluated after each)."""
+    from leantrain.cli import train as cli_train
+    from leantrain.cli.main import build_parser
+
+    jobs = []
+    real = cli_train.build_job
+    monkeypatch.setattr(cli_train, "build_job", lambda plan: jobs.append(real(plan)) or jobs[-1])
+    args = build_parser().parse_args(["train", "--preset", "digits-cnn", "--epochs", "3", "--log-every", "2",
+                                      "--checkpoint-every", "10", "--out", str(tmp_path / "r")])
+    assert cli_train.cmd_train(args) == 0
+    stats = jobs[0].runner.stats
+    # one layout; bindings: the loss before, the loop (no tie in the CNN: reused by every step and
+    # evaluation), the loss after, the report's evaluation
+    assert stats.layouts == 1 and stats.bindings == 4, stats
+    records = [json.loads(ln) for ln in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records if r["kind"] == "epoch"] == [0, 1, 2]
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [45, 90, 135]

@@ -11,10 +11,9 @@ from ..check import check
 from ..training.config import TrainConfig
 from ..training.runner import Runner
 from .digits import stack_minibatches
-from .runconfig import RunConfig
+from .runconfig import RunConfig, flag_values
 from .usermodel import build_task
 
-FLAGS = ("preset", "batch_size", "optimizer", "lr", "seed", "model", "data", "loss", "weight_decay")
 
 
 class RunnerFactory:
@@ -30,7 +29,7 @@ class RunnerFactory:
 
 
 def cmd_check(args) -> int:
-    cfg = RunConfig.build(args.config, {k: getattr(args, k, None) for k in FLAGS})
+    cfg = RunConfig.build(args.config, flag_values(args, "check"))
     factory, loss, train, _ = build_task(cfg)  # user errors surface here, before any check
     items = stack_minibatches(cfg.batch_size)(train[: cfg.batch_size * 8])  # 8 minibatches
     tcfg = TrainConfig(steps=4, batch_size=2, optimizer=cfg.make_optimizer(), log_every=0)

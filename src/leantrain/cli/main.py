@@ -22,9 +22,8 @@ from ..io.torchlean import detect_format
 from .check import cmd_check
 from .torchlean import cmd_export, inspect_torchlean
 from .train import cmd_train
-from .runconfig import DECAYING
-from ..optim import OPTIMIZERS
-from .usage import EXIT_USER, OneLineParser, UserError, natural, positive, seed
+from .runconfig import add_flags
+from .usage import EXIT_USER, OneLineParser, UserError, positive, seed
 
 def build_parser() -> argparse.ArgumentParser:
     ap = OneLineParser(prog="leantrain", description="The TorchLean trainer runtime on PyTorch.")
@@ -35,57 +34,16 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     t = sub.add_parser("train", help="train a preset on the bundled digits data, or your own model")
     t.add_argument("config", nargs="?", help="a TOML file with the same keys as the flags")
-    t.add_argument("--preset", help="digits-mlp (tied weights) or digits-cnn (BatchNorm)")
-    t.add_argument("--epochs", type=positive)
-    t.add_argument("--batch-size", type=positive, help="items stacked into one forward pass")
-    t.add_argument("--accumulate", type=positive, help="minibatches averaged into one update")
-    t.add_argument("--optimizer", help=", ".join(OPTIMIZERS))
-    t.add_argument("--lr", type=float)
-    t.add_argument("--scheduler", help="none, step, exponential or cosine (per epoch)")
-    t.add_argument("--seed", type=seed)
-    t.add_argument("--device", help="cpu or cuda")
-    t.add_argument("--out", help="output folder (default runs/latest)")
-    t.add_argument("--log-every", type=natural, help="read the loss every N steps (0: never)")
-    t.add_argument("--checkpoint-every", type=natural, help="save every N steps (0: only at the end)")
+    add_flags(t, "train")  # every setting: one row of runconfig.FIELDS
     t.add_argument("--overwrite", action="store_true",
                    help="replace the earlier run in --out (its files are replaced as the new run writes)")
     t.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR exactly "
                    "('auto': the --out folder's run if it has one, else start fresh)")
-    t.add_argument("--model", help="your own model: package.module:factory (instead of a preset)")
-    t.add_argument("--data", help="your own data: package.module:function returning (train, test)")
-    t.add_argument("--loss", help="mse, cross_entropy or package.module:function")
-    t.add_argument("--weight-decay", type=float, help=f"weight decay ({' or '.join(DECAYING)})")
-    t.add_argument("--warmup", type=natural, help="warm-up of the cosine schedule (epochs; updates with "
-                   "--schedule-per step)")
-    t.add_argument("--schedule-per", choices=["epoch", "step"],
-                   help="index the schedule by epoch (default) or by update (a warm-up over updates)")
-    t.add_argument("--max-steps", type=positive, metavar="N", help="stop after N updates (mid-epoch if need be)")
-    t.add_argument("--exact-reduction", action="store_true", default=None,
-                   help="under torchrun: fold every item's gradient in order (the one-process bits)")
-    t.add_argument("--clip-grad-norm", type=float, metavar="X",
-                   help="clip the global L2 norm of each update's gradient to X (norm logged in metrics)")
-    t.add_argument("--ema", type=float, metavar="DECAY",
-                   help="keep a moving average of the weights (e.g. 0.999), saved and evaluated at the end")
-    t.add_argument("--decay-matrices-only", action="store_true", default=None,
-                   help="with --weight-decay: no decay on biases and norms (per-slot hyperparameters)")
-    t.add_argument("--precision", help="fp32 (default), bf16 (autocast) or fp16 (autocast, loss scaling)")
-    t.add_argument("--compile", action="store_true", default=None,
-                   help="compile each item's loss and gradients with torch.compile (may round differently)")
-    t.add_argument("--collective-timeout", type=float, metavar="SECONDS",
-                   help="under torchrun: how long a rank waits for the others before failing (300)")
     i = sub.add_parser("inspect", help="show a checkpoint's slots, optimizer, progress and integrity")
     i.add_argument("checkpoint")
     c = sub.add_parser("check", help="verify leantrain's guarantees on a preset or your own model")
     c.add_argument("config", nargs="?", help="a TOML file with the same keys as train")
-    c.add_argument("--preset", help="digits-mlp or digits-cnn")
-    c.add_argument("--model", help="package.module:factory")
-    c.add_argument("--data", help="package.module:function returning (train, test)")
-    c.add_argument("--loss", help="mse, cross_entropy or package.module:function")
-    c.add_argument("--optimizer", help=", ".join(OPTIMIZERS))
-    c.add_argument("--lr", type=float)
-    c.add_argument("--weight-decay", type=float)
-    c.add_argument("--batch-size", type=positive, help="examples per minibatch")
-    c.add_argument("--seed", type=seed)
+    add_flags(c, "check")
     c.add_argument("--max-ratio", type=float, default=2.0, help="slowest step time accepted vs a hand loop (2.0)")
     c.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     e = sub.add_parser("export", help="export a checkpoint's weights (safetensors) or in TorchLean's formats")

@@ -1,4 +1,11 @@
-"""The configuration of ``leantrain train``: a frozen, validated dataclass.
+"""The settings of ``leantrain train`` and ``leantrain check``: one table of fields.
+
+Each row of ``FIELDS`` is one setting: its TOML key (and ``RunConfig`` field), its flag
+(``--key-with-dashes``), its default, its argparse type, its help text, its check, and
+the subcommands that take it. The table generates the argparse flags (``add_flags``),
+the TOML keys (``read_toml``) and the frozen ``RunConfig`` (each row's check in
+``__post_init__``, with the library's own predicates). A new setting is one row here
+and its use where the run is built (``cli/train.py``).
 
 Sources, later wins: the defaults, a TOML file (same keys as the flags, with
 underscores), then command-line flags.
@@ -11,109 +18,164 @@ import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .. import optim
-from .digits import PRESETS
 from ..errors import ConfigError
+from ..training.config import SCHEDULE_PER
 from ..validate import is_int, is_number
+from .digits import PRESETS
+from .usage import natural, positive, seed as seed_arg
 
 SCHEDULERS = ("none", "step", "exponential", "cosine")
-SCHEDULE_PER = ("epoch", "step")
 DEVICES = ("cpu", "cuda")
 PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}  # -> the loops' autocast
 # The optimizers whose hyperparameters include a weight decay (read from their records).
 DECAYING = tuple(kind for kind, h in optim.HYPERS.items() if "weight_decay" in {f.name for f in dataclasses.fields(h)})
+SWITCH = "switch"  # a flag without a value (store_true); the TOML key takes true or false
+
+Check = Callable[[Any], Optional[str]]  # the rule a value breaks, or None
+
+
+def one_of(value: object, choices) -> bool:
+    """``value`` is one of the string ``choices`` (a list or a table never is)."""
+    return isinstance(value, str) and value in choices
+
+
+def _choice(choices) -> Check:
+    return lambda v: None if one_of(v, choices) else f"expected one of {', '.join(choices)}"
+
+
+def _integer(low: int, optional: bool = False) -> Check:
+    return lambda v: None if (optional and v is None) or (is_int(v) and v >= low) else f"expected an integer >= {low}"
+
+
+def _seed(v) -> Optional[str]:
+    if not is_int(v) or v < 0:
+        return "expected an integer >= 0"
+    return "expected an integer below 2**64 (torch's seed range)" if v >= 2**64 else None
+
+
+def _finite(rule: str, ok: Callable[[float], bool], optional: bool = False) -> Check:
+    return lambda v: None if (optional and v is None) or (is_number(v) and math.isfinite(v) and ok(v)) else rule
+
+
+def _boolean(v) -> Optional[str]:
+    return None if isinstance(v, bool) else "expected true or false"
+
+
+def _reference(v) -> Optional[str]:
+    return None if v is None or (isinstance(v, str) and ":" in v) else "expected 'package.module:name'"
+
+
+def _loss(v) -> Optional[str]:
+    ok = isinstance(v, str) and (one_of(v, ("mse", "cross_entropy")) or ":" in v)
+    return None if ok else "expected mse, cross_entropy or 'package.module:function'"
+
+
+def _folder(v) -> Optional[str]:
+    return None if isinstance(v, str) and v else "expected a folder path"
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    preset: str = "digits-mlp"
-    epochs: int = 20
-    batch_size: int = 32
-    accumulate: int = 1
-    optimizer: str = "adam"
-    lr: float = 0.002
-    scheduler: str = "none"
-    seed: int = 0
-    device: str = "cpu"
-    out: str = "runs/latest"
-    log_every: int = 5
-    checkpoint_every: int = 100
-    model: Optional[str] = None  # "package.module:factory" instead of a preset
-    data: Optional[str] = None  # "package.module:function" -> (train, test); default: digits
-    loss: str = "cross_entropy"  # "mse", "cross_entropy" or "package.module:function"
-    weight_decay: Optional[float] = None  # adamw only
-    warmup: int = 1  # warm-up of the cosine schedule: epochs, or updates with schedule_per="step"
-    schedule_per: str = "epoch"  # the schedules' index: the epoch (upstream) or the update
-    max_steps: Optional[int] = None  # stop after this many updates (mid-epoch if need be)
-    exact_reduction: bool = False  # under torchrun: the one-process bits on any number of ranks
-    collective_timeout: float = 300.0  # under torchrun: seconds to wait for the slowest rank
-    clip_grad_norm: Optional[float] = None  # clip the mean gradient's global L2 norm to this
-    ema: Optional[float] = None  # keep a moving average of the weights with this decay
-    precision: str = "fp32"  # fp32, bf16 (autocast) or fp16 (autocast and loss scaling)
-    decay_matrices_only: bool = False  # adamw: no weight decay on biases and norms (slots below 2-D)
-    compile: bool = False  # torch.compile each item's loss and gradients (rounds differently)
+class Field:
+    """One setting (see the module docstring). ``needs(cfg)``: a rule across settings,
+    checked after every row's own check."""
 
-    def __post_init__(self) -> None:
-        def bad(name: str, rule: str) -> ConfigError:
-            return ConfigError(f"--{name.replace('_', '-')}: {rule}, got {getattr(self, name)!r}")
+    name: str
+    default: Any
+    help: str
+    check: Check
+    arg: Any = str
+    commands: tuple = ("train",)
+    metavar: Optional[str] = None
+    needs: Optional[Callable[[Any], Optional[str]]] = None
 
-        if not one_of(self.preset, PRESETS):
-            raise bad("preset", f"expected one of {', '.join(PRESETS)}")
-        for name, low in (("epochs", 1), ("batch_size", 1), ("accumulate", 1), ("seed", 0),
-                          ("log_every", 0), ("checkpoint_every", 0)):
-            v = getattr(self, name)
-            if not is_int(v) or v < low:
-                raise bad(name, f"expected an integer >= {low}")
-        if self.seed >= 2**64:
-            raise bad("seed", "expected an integer below 2**64 (torch's seed range)")
-        if not one_of(self.optimizer, optim.OPTIMIZERS):
-            raise bad("optimizer", f"expected one of {', '.join(optim.OPTIMIZERS)}")
-        if not is_number(self.lr) or not (math.isfinite(self.lr) and self.lr > 0):
-            raise bad("lr", "expected a finite number > 0")
-        if not one_of(self.scheduler, SCHEDULERS):
-            raise bad("scheduler", f"expected one of {', '.join(SCHEDULERS)}")
-        if not one_of(self.device, DEVICES):
-            raise bad("device", f"expected one of {', '.join(DEVICES)}")
-        if not isinstance(self.out, str) or not self.out:
-            raise bad("out", "expected a folder path")
-        for name in ("model", "data"):
-            ref = getattr(self, name)
-            if ref is not None and (not isinstance(ref, str) or ":" not in ref):
-                raise bad(name, "expected 'package.module:name'")
-        if not isinstance(self.loss, str) or (not one_of(self.loss, ("mse", "cross_entropy")) and ":" not in self.loss):
-            raise bad("loss", "expected mse, cross_entropy or 'package.module:function'")
-        if self.weight_decay is not None:
-            if self.optimizer not in DECAYING:
-                raise bad("weight_decay", f"only {' and '.join(DECAYING)} take a weight decay")
-            if not is_number(self.weight_decay) or not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-                raise bad("weight_decay", "expected a finite number >= 0")
-        if not isinstance(self.exact_reduction, bool):
-            raise bad("exact_reduction", "expected true or false")
-        t = self.collective_timeout
-        if not is_number(t) or not (math.isfinite(t) and 0 < t < 10**7):
-            raise bad("collective_timeout", "expected seconds > 0")
-        c = self.clip_grad_norm
-        if c is not None and not (is_number(c) and math.isfinite(c) and c > 0):
-            raise bad("clip_grad_norm", "expected a finite number > 0")
-        e = self.ema
-        if e is not None and not (is_number(e) and math.isfinite(e) and 0 <= e < 1):
-            raise bad("ema", "expected a decay in [0, 1)")
-        if not isinstance(self.decay_matrices_only, bool):
-            raise bad("decay_matrices_only", "expected true or false")
-        if self.decay_matrices_only and self.weight_decay is None:
-            raise bad("decay_matrices_only", f"needs --weight-decay (with {' or '.join(DECAYING)})")
-        if not isinstance(self.compile, bool):
-            raise bad("compile", "expected true or false")
-        if not one_of(self.precision, PRECISIONS):
-            raise bad("precision", f"expected one of {', '.join(PRECISIONS)}")
-        if not is_int(self.warmup) or self.warmup < 0:
-            raise bad("warmup", "expected an integer >= 0")
-        if not one_of(self.schedule_per, SCHEDULE_PER):
-            raise bad("schedule_per", f"expected one of {', '.join(SCHEDULE_PER)}")
-        if self.max_steps is not None and (not is_int(self.max_steps) or self.max_steps < 1):
-            raise bad("max_steps", "expected an integer >= 1")
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+BOTH = ("train", "check")
+FIELDS = (
+    Field("preset", "digits-mlp", "digits-mlp (tied weights) or digits-cnn (BatchNorm)", _choice(PRESETS),
+          commands=BOTH),
+    Field("epochs", 20, "passes over the training split", _integer(1), positive),
+    Field("batch_size", 32, "items stacked into one forward pass", _integer(1), positive, BOTH),
+    Field("accumulate", 1, "minibatches averaged into one update", _integer(1), positive),
+    Field("optimizer", "adam", ", ".join(optim.OPTIMIZERS), _choice(optim.OPTIMIZERS), commands=BOTH),
+    Field("lr", 0.002, "the (peak) learning rate", _finite("expected a finite number > 0", lambda v: v > 0), float,
+          BOTH),
+    Field("scheduler", "none", "none, step, exponential or cosine (per epoch; per update with --schedule-per step)",
+          _choice(SCHEDULERS)),
+    Field("seed", 0, "model initialisation and shuffling seed", _seed, seed_arg, BOTH),
+    Field("device", "cpu", "cpu or cuda", _choice(DEVICES)),
+    Field("out", "runs/latest", "output folder", _folder),
+    Field("log_every", 5, "read the loss every N steps (0: never)", _integer(0), natural),
+    Field("checkpoint_every", 100, "save every N steps (0: only at the end)", _integer(0), natural),
+    Field("model", None, "your own model: package.module:factory (instead of a preset)", _reference, commands=BOTH),
+    Field("data", None, "your own data: package.module:function returning (train, test)", _reference,
+          commands=BOTH),
+    Field("loss", "cross_entropy", "mse, cross_entropy or package.module:function", _loss, commands=BOTH),
+    Field("weight_decay", None, f"weight decay ({' or '.join(DECAYING)})",
+          _finite("expected a finite number >= 0", lambda v: v >= 0, optional=True), float, BOTH,
+          needs=lambda c: None if c.weight_decay is None or c.optimizer in DECAYING
+          else f"only {' and '.join(DECAYING)} take a weight decay"),
+    Field("warmup", 1, "warm-up of the cosine schedule (epochs; updates with --schedule-per step)", _integer(0),
+          natural),
+    Field("schedule_per", "epoch", "index the schedule by epoch (default) or by update (a warm-up over updates)",
+          _choice(SCHEDULE_PER)),
+    Field("max_steps", None, "stop after N updates (mid-epoch if need be)", _integer(1, optional=True), positive,
+          metavar="N"),
+    Field("exact_reduction", False, "under torchrun: fold every item's gradient in order (the one-process bits)",
+          _boolean, SWITCH),
+    Field("collective_timeout", 300.0, "under torchrun: how long a rank waits for the others before failing",
+          _finite("expected seconds > 0", lambda v: 0 < v < 10**7), float, metavar="SECONDS"),
+    Field("clip_grad_norm", None, "clip the global L2 norm of each update's gradient to X (norm logged in metrics)",
+          _finite("expected a finite number > 0", lambda v: v > 0, optional=True), float, metavar="X"),
+    Field("ema", None, "keep a moving average of the weights (e.g. 0.999), saved and evaluated at the end",
+          _finite("expected a decay in [0, 1)", lambda v: 0 <= v < 1, optional=True), float, metavar="DECAY"),
+    Field("precision", "fp32", "fp32, bf16 (autocast) or fp16 (autocast, loss scaling)", _choice(PRECISIONS)),
+    Field("decay_matrices_only", False, "with --weight-decay: no decay on biases and norms (per-slot settings)",
+          _boolean, SWITCH, needs=lambda c: None if not c.decay_matrices_only or c.weight_decay is not None
+          else f"needs --weight-decay (with {' or '.join(DECAYING)})"),
+    Field("compile", False, "compile each item's loss and gradients with torch.compile (may round differently)",
+          _boolean, SWITCH),
+)
+BY_NAME = {f.name: f for f in FIELDS}
+
+
+def add_flags(parser, command: str) -> None:
+    """The flags of ``command`` (``"train"`` or ``"check"``), one per row that it takes;
+    each parses to ``None`` when absent, so a TOML file's value stands."""
+    for f in FIELDS:
+        if command not in f.commands:
+            continue
+        shown = f" (default {f.default})" if f.default not in (None, False) else ""
+        if f.arg == SWITCH:
+            parser.add_argument(f.flag, action="store_true", default=None, help=f.help)
+        else:
+            parser.add_argument(f.flag, type=f.arg, metavar=f.metavar, help=f.help + shown)
+
+
+def flag_values(args, command: str) -> dict[str, Any]:
+    """The settings given as flags (``None``: not given)."""
+    return {f.name: getattr(args, f.name, None) for f in FIELDS if command in f.commands}
+
+
+def _post_init(self) -> None:
+    for f in FIELDS:
+        rule = f.check(getattr(self, f.name))
+        if rule is not None:
+            raise ConfigError(f"{f.flag}: {rule}, got {getattr(self, f.name)!r}")
+    for f in FIELDS:
+        rule = f.needs(self) if f.needs is not None else None
+        if rule is not None:
+            raise ConfigError(f"{f.flag}: {rule}, got {getattr(self, f.name)!r}")
+
+
+class _Methods:
+    """What a ``RunConfig`` does besides holding its fields."""
 
     @classmethod
     def build(cls, toml_path: Optional[str], overrides: dict[str, Any]) -> "RunConfig":
@@ -125,7 +187,7 @@ class RunConfig:
 
     @classmethod
     def known_keys(cls) -> set[str]:
-        return {f.name for f in dataclasses.fields(cls)}
+        return set(BY_NAME)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -153,14 +215,16 @@ class RunConfig:
         return None
 
 
+# The run's settings: a frozen dataclass with one field per row, checked when built.
+RunConfig = dataclasses.make_dataclass(
+    "RunConfig", [(f.name, Any, dataclasses.field(default=f.default)) for f in FIELDS], bases=(_Methods,),
+    frozen=True, namespace={"__post_init__": _post_init, "__module__": __name__},
+)
+
+
 def no_decay_on_vectors(p) -> dict:
     """The usual split: weight decay on matrices and kernels, none on biases and norms."""
     return {"weight_decay": 0.0} if len(p.shape) < 2 else {}
-
-
-def one_of(value: object, choices) -> bool:
-    """``value`` is one of the string ``choices`` (a list or a table never is)."""
-    return isinstance(value, str) and value in choices
 
 
 def read_toml(path: str) -> dict[str, Any]:
@@ -174,8 +238,7 @@ def read_toml(path: str) -> dict[str, Any]:
     data = data.get("train", data)  # keys at the top level or under [train]
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: 'train' must be a table ([train] with key = value lines), got {data!r:.60}")
-    known = RunConfig.known_keys()
-    unknown = sorted(set(data) - known)
+    unknown = sorted(set(data) - set(BY_NAME))
     if unknown:
-        raise ConfigError(f"{path}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}")
+        raise ConfigError(f"{path}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(BY_NAME))}")
     return data

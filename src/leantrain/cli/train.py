@@ -1,41 +1,103 @@
-"""``leantrain train``: a preset on the bundled digits data, with progress, metrics,
-checkpoints, a plot and a final report. Ctrl-C stops after the current step, saves a
-checkpoint and exits; ``--resume DIR`` continues exactly where it stopped."""
+"""``leantrain train``: a preset on the bundled digits data (or your own model and data),
+with progress, metrics, checkpoints, a plot and a final report. Ctrl-C stops after the
+current step, saves a checkpoint and exits; ``--resume DIR`` continues exactly where it
+stopped.
+
+The command is the library's first user: ``plan`` reads and checks the settings (nothing
+written yet), ``build`` makes the runner, the loader and the ``LoaderTrainConfig``,
+``run`` calls ``train_loader`` with the library's callbacks (``ProgressBar``,
+``JSONLLogger``, the test split as ``eval_data`` and ``Interrupt`` for Ctrl-C, all
+``reads_only``, so the loop checks the model once), ``report`` writes the results.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import signal
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
 
-from ..io.atomic import atomic_write_bytes
-from ..training import distributed
-from .usage import EXIT_INTERRUPTED, UserError
-from ..training.config import LoaderTrainConfig
 from ..data import DataLoader, Dataset
+from ..io.atomic import atomic_write_bytes
 from ..metrics import accuracy
+from ..training import distributed
+from ..training.callbacks import Callback, JSONLLogger, ProgressBar
+from ..training.config import LoaderTrainConfig, TrainReport
 from ..training.evaluation import evaluate
-from .digits import stack_minibatches
-from .usermodel import build_task
-from ..training.loader_loop import train_loader
-from .plotting import plot_metrics
-from .runconfig import PRECISIONS, RunConfig
-from ..training.runner import Runner
 from ..training.events import StepEvent
+from ..training.loader_loop import train_loader
+from ..training.runner import Runner
+from .digits import stack_minibatches
+from .plotting import plot_metrics
+from .runconfig import PRECISIONS, RunConfig, flag_values
+from .usage import EXIT_INTERRUPTED, UserError
+from .usermodel import build_task
 
-FLAGS = ("preset", "epochs", "batch_size", "accumulate", "optimizer", "lr", "scheduler", "seed",
-         "device", "out", "log_every", "checkpoint_every", "model", "data", "loss", "weight_decay", "warmup",
-         "exact_reduction", "collective_timeout", "clip_grad_norm", "ema", "precision", "decay_matrices_only",
-         "compile", "schedule_per", "max_steps")
+RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.ckpt", "report.json", "loss.png")
+
+
+def cmd_train(args) -> int:
+    try:
+        plan = plan_run(args)
+        job = build_job(plan)
+        prepare_folder(plan, args.overwrite)
+        return report_run(plan, job, run_job(plan, job))
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------ plan
+@dataclass(frozen=True)
+class Plan:
+    """The settings of one command run and where it stands (nothing written yet)."""
+
+    cfg: RunConfig
+    resuming: bool
+    world: int  # processes under torchrun (1 otherwise)
+    main: bool  # rank 0: the one that prints and writes
+    start_step: int  # the checkpoint's step when resuming
+
+    @property
+    def out(self) -> Path:
+        return Path(self.cfg.out)
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.out / "checkpoint.ckpt"
+
+    @property
+    def metrics(self) -> Path:
+        return self.out / "metrics.jsonl"
+
+
+def plan_run(args) -> Plan:
+    """The settings (defaults, TOML, flags, or the resumed run's), checked; the process
+    group under torchrun; the step a resume starts from."""
+    cfg, resuming = _config(args)
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device: cuda requested but no CUDA device is available")
+    # under torchrun: one process per rank; each minibatch is cut into one piece per rank
+    world = dist.get_world_size() if distributed.init_from_env(cfg.device, cfg.collective_timeout) else 1
+    start = 0
+    if resuming:
+        from ..io.checkpoint import read_checkpoint
+
+        start = int(read_checkpoint(Path(cfg.out) / "checkpoint.ckpt", f"--resume {cfg.out}")[0]["progress"]
+                    .get("step", 0))
+    plan = Plan(cfg, resuming, world, distributed.is_main(), start)
+    if resuming and plan.main:
+        _check_metrics(plan.metrics)
+    return plan
 
 
 def _config(args) -> tuple[RunConfig, bool]:
-    overrides = {k: getattr(args, k) for k in FLAGS}
+    overrides = flag_values(args, "train")
     if args.resume == "auto":  # a restarted job: continue the --out folder's run if it has one
         cfg = RunConfig.build(args.config, overrides)
         if not (Path(cfg.out) / "checkpoint.ckpt").is_file():
@@ -67,9 +129,6 @@ def _config(args) -> tuple[RunConfig, bool]:
     return RunConfig(**base), True
 
 
-RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.ckpt", "report.json", "loss.png")
-
-
 def _partial_start_of(out: Path, cfg: RunConfig) -> bool:
     """Whether ``out`` holds only the start of this very run (its settings, some metrics,
     no checkpoint and no report): what a job killed before its first checkpoint leaves."""
@@ -93,42 +152,17 @@ def _refuse_an_earlier_run(out: Path, overwrite: bool) -> None:
         )
 
 
-class LazyFile:
-    """A text file opened at its first write (so an earlier file survives until then)."""
-
-    def __init__(self, path: Path, mode: str) -> None:
-        self.path, self.mode, self.file = path, mode, None
-
-    def write(self, text: str) -> None:
-        if self.file is None:
-            try:
-                self.file = self.path.open(self.mode)
-            except OSError as e:
-                raise UserError(f"{self.path}: cannot be written ({e.strerror or e})") from None
-        self.file.write(text)
-
-    def flush(self) -> None:
-        if self.file is not None:
-            self.file.flush()
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-        elif self.mode == "w":
-            self.path.write_text("")  # a finished run with no record still has its file
-
-
-def _trim_metrics(path: Path, step: int) -> None:
-    """On resume, drop records written after the checkpoint (they are replayed), and a
-    last line torn by a crash mid-write. A damaged line before the last is an error."""
+def _check_metrics(path: Path) -> None:
+    """A resumed run's metrics file: a line torn by a crash mid-write may end it (the
+    logger drops it, and the records after the checkpoint, which are replayed); a damaged
+    line before the last is refused, before anything is written."""
     if not path.exists():
         return
     try:
         lines = path.read_text().splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"--resume: {path}: cannot be read as text ({e})") from None
-    kept = []
-    for n, line in enumerate(lines, 1):
+    for n, line in enumerate(lines[:-1], 1):
         if not line.strip():
             continue
         try:
@@ -136,13 +170,70 @@ def _trim_metrics(path: Path, step: int) -> None:
         except (ValueError, RecursionError):
             rec = None
         if not isinstance(rec, dict):
-            if n == len(lines):
-                break  # torn by a crash mid-write: the records after the checkpoint are replayed anyway
             raise UserError(f"--resume: {path}: line {n} is not a JSON record (the file is damaged)")
-        at = rec.get("step", 0)
-        if not isinstance(at, (int, float)) or at <= step:
-            kept.append(line)
-    atomic_write_bytes(path, "".join(ln + "\n" for ln in kept).encode(), "--resume")
+
+
+# ----------------------------------------------------------------------- build
+@dataclass
+class Job:
+    """What the run trains: the runner, the loader, the loop's config and the test split."""
+
+    runner: Runner
+    loader: DataLoader
+    tcfg: LoaderTrainConfig
+    classify: bool
+    test_batches: list
+    n_train: int
+    n_test: int
+    steps_per_epoch: int
+
+    @property
+    def metrics(self) -> Optional[dict]:
+        return {"accuracy": accuracy} if self.classify else None
+
+
+def build_job(plan: Plan) -> Job:
+    """The model (a preset or the user's factory), its data as a shuffled loader of
+    stacked minibatches (one piece per rank under torchrun) and the loop's config."""
+    cfg = plan.cfg
+    torch.manual_seed(cfg.seed)
+    factory, loss, train, test = build_task(cfg)
+    runner = Runner.from_module(factory(), loss)
+    if not any(runner.params.requires_grad_array()):
+        raise UserError(f"--model {cfg.model or cfg.preset}: the model has no trainable parameter (every one is "
+                        f"frozen, or it has none): there is nothing to train")
+    if cfg.device == "cuda":
+        runner.to(f"cuda:{torch.cuda.current_device()}")
+    classify = loss == "cross_entropy"
+    test_batches = stack_minibatches(512)(test)
+    piece = -(-cfg.batch_size // plan.world)
+    loader = DataLoader(Dataset(train), batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed,
+                        collate=stack_minibatches(piece))
+    steps_per_epoch = -(-len(loader) // cfg.accumulate)  # --accumulate loader batches per update
+    tcfg = LoaderTrainConfig(
+        epochs=cfg.epochs, optimizer=cfg.make_optimizer(), scheduler=cfg.make_schedule(steps_per_epoch),
+        log_every=cfg.log_every, checkpoint_every=cfg.checkpoint_every, checkpoint_path=plan.checkpoint,
+        resume_from=plan.checkpoint if plan.resuming else None, exact_reduction=cfg.exact_reduction,
+        collective_timeout=None,  # the process group itself was made with --collective-timeout
+        clip_grad_norm=cfg.clip_grad_norm, accumulate=cfg.accumulate, ema_decay=cfg.ema,
+        autocast=PRECISIONS[cfg.precision], compile=cfg.compile, schedule_per=cfg.schedule_per,
+        max_steps=cfg.max_steps, eval_data=test_batches, eval_every=1,
+        eval_metrics={"accuracy": accuracy} if classify else None,
+    )
+    return Job(runner, loader, tcfg, classify, test_batches, len(train), len(test), steps_per_epoch)
+
+
+def prepare_folder(plan: Plan, overwrite: bool) -> None:
+    """Rank 0: refuse an earlier run (unless ``--overwrite``), make the folder, save the
+    settings of a fresh run. The first writes of the command."""
+    if not plan.main:
+        return
+    if not plan.resuming:
+        _refuse_an_earlier_run(plan.out, overwrite)  # before anything is written
+    _make_folder(plan.out)
+    if not plan.resuming:
+        atomic_write_bytes(plan.out / "config.json", (json.dumps(plan.cfg.to_dict(), indent=2) + "\n").encode(),
+                           "--out")
 
 
 def _make_folder(out: Path) -> None:
@@ -152,152 +243,115 @@ def _make_folder(out: Path) -> None:
         raise UserError(f"--out {out}: cannot create the folder ({e.strerror or e})") from None
 
 
-def cmd_train(args) -> int:
-    try:
-        return _train(args)
-    finally:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+# ------------------------------------------------------------------------- run
+class Interrupt(Callback):
+    """Ctrl-C asks the run to stop after the current update (it then saves and returns);
+    a second Ctrl-C raises ``KeyboardInterrupt``. Under torch.distributed the ranks agree
+    at epoch ends (one tiny all-reduce there, a sync), so all stop at the same update."""
+
+    reads_only = True
+    every_rank = True
+
+    def __init__(self, device: torch.device, batches_per_epoch: int, world: int) -> None:
+        self.device, self.batches_per_epoch, self.world = device, batches_per_epoch, world
+        self.requested = False
+
+    @contextlib.contextmanager
+    def installed(self):
+        def on_sigint(signum, frame):
+            if self.requested:
+                raise KeyboardInterrupt
+            self.requested = True  # finish this step, save, exit
+
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def on_step(self, event: StepEvent) -> bool:
+        if self.world == 1:
+            return self.requested
+        if event.batch != self.batches_per_epoch:
+            return False
+        flag = torch.tensor([float(self.requested)], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        self.requested = bool(flag.item())  # intentional sync: the ranks' agreement, once per epoch
+        return self.requested
 
 
-def _train(args) -> int:
-    cfg, resuming = _config(args)
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device: cuda requested but no CUDA device is available")
-    out = Path(cfg.out)
-    ckpt, metrics_path = out / "checkpoint.ckpt", out / "metrics.jsonl"
-    # under torchrun: one process per rank; each minibatch is cut into one piece per rank
-    world = dist.get_world_size() if distributed.init_from_env(cfg.device, cfg.collective_timeout) else 1
-    main = distributed.is_main()
-    say = print if main else (lambda *a, **k: None)
-    torch.manual_seed(cfg.seed)
-    factory, loss, train, test = build_task(cfg)
-    runner = Runner.from_module(factory(), loss)
-    if not any(runner.params.requires_grad_array()):
-        raise UserError(f"--model {cfg.model or cfg.preset}: the model has no trainable parameter (every one is "
-                        f"frozen, or it has none): there is nothing to train")
-    classify = loss == "cross_entropy"
-    test_batches = stack_minibatches(512)(test)
-    if cfg.device == "cuda":
-        runner.to(f"cuda:{torch.cuda.current_device()}")
-    piece = -(-cfg.batch_size // world)
-    loader = DataLoader(Dataset(train), batch_size=cfg.batch_size, shuffle=True,
-                        seed=cfg.seed, collate=stack_minibatches(piece))
-    batches_per_epoch = len(loader)
-    steps_per_epoch = -(-batches_per_epoch // cfg.accumulate)  # --accumulate loader batches per update
-    tcfg = LoaderTrainConfig(
-        epochs=cfg.epochs, optimizer=cfg.make_optimizer(), scheduler=cfg.make_schedule(steps_per_epoch),
-        log_every=cfg.log_every, checkpoint_every=cfg.checkpoint_every, checkpoint_path=ckpt,
-        resume_from=ckpt if resuming else None, exact_reduction=cfg.exact_reduction,
-        collective_timeout=None,  # the process group itself was made with --collective-timeout
-        clip_grad_norm=cfg.clip_grad_norm, accumulate=cfg.accumulate, ema_decay=cfg.ema,
-        autocast=PRECISIONS[cfg.precision], compile=cfg.compile, schedule_per=cfg.schedule_per,
-        max_steps=cfg.max_steps,
-    )
-    start_step = 0
-    if resuming:
-        from ..io.checkpoint import read_checkpoint
+def run_job(plan: Plan, job: Job) -> TrainReport:
+    """``train_loader`` with the library's callbacks: the bar and a line per epoch, the
+    metrics file, Ctrl-C."""
+    cfg = plan.cfg
 
-        start_step = int(read_checkpoint(ckpt, f"--resume {out}")[0]["progress"].get("step", 0))
-    if main:
-        if not resuming:
-            _refuse_an_earlier_run(out, args.overwrite)  # before anything is written
-        _make_folder(out)
-        if resuming:
-            _trim_metrics(metrics_path, start_step)
-        else:
-            atomic_write_bytes(out / "config.json", (json.dumps(cfg.to_dict(), indent=2) + "\n").encode(), "--out")
-    params = runner.params
+    def epoch_line(step: int, results: dict) -> str:
+        shown = f"test accuracy {results['accuracy']:.4f}" if job.classify else f"test loss {results['loss']:.6f}"
+        return f"epoch {step // job.steps_per_epoch:>3}/{cfg.epochs}: step {step:>5}  {shown}"
+
+    if plan.main:
+        describe(plan, job)
+    interrupt = Interrupt(job.runner.device, len(job.loader), plan.world)
+    callbacks = [interrupt, ProgressBar(file=None, eval_line=epoch_line, disable=None),
+                 JSONLLogger(plan.metrics, epoch_results="test_")]
+    with interrupt.installed():
+        report, _ = train_loader(job.runner, job.tcfg, job.loader, log=None, callbacks=callbacks)
+    return report
+
+
+def describe(plan: Plan, job: Job) -> None:
+    """The two lines a run starts with: the job, and the slots it trains."""
+    cfg, params = plan.cfg, job.runner.params
     reps = params.canonical_slot_indices()
     aliases = sum(1 for i, c in enumerate(reps) if c is not None and c != i)
     frozen = sum(1 for c in reps if c is None)
-    say(f"leantrain train: {cfg.model or cfg.preset}, {len(train)} train / {len(test)} test samples, "
-          f"{cfg.epochs} epochs x {steps_per_epoch} steps, {cfg.optimizer} lr={cfg.lr}, "
+    print(f"leantrain train: {cfg.model or cfg.preset}, {job.n_train} train / {job.n_test} test samples, "
+          f"{cfg.epochs} epochs x {job.steps_per_epoch} steps, {cfg.optimizer} lr={cfg.lr}, "
           f"batch {cfg.batch_size} x accumulate {cfg.accumulate}, device {cfg.device}"
-          + (f", {world} processes" if world > 1 else "")
+          + (f", {plan.world} processes" if plan.world > 1 else "")
           + (f", precision {cfg.precision}" if cfg.precision != "fp32" else ""))
-    say(f"slots: {len(params)} ({aliases} aliased, {frozen} frozen), "
+    print(f"slots: {len(params)} ({aliases} aliased, {frozen} frozen), "
           f"{sum(s.host.numel() for s in params.storages()):,} values in {len(params.storages())} storages"
-          + (f"; resuming at step {start_step}" if resuming else ""))
+          + (f"; resuming at step {plan.start_step}" if plan.resuming else ""))
 
-    stop = {"requested": False}
-    total_steps = cfg.epochs * steps_per_epoch if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * steps_per_epoch)
-    bar = tqdm(total=total_steps, initial=start_step, unit="step",
-               desc=f"{world} ranks" if world > 1 else None,
-               disable=None if main else True, dynamic_ncols=True, leave=False)
-    # A fresh run replaces an earlier metrics file only once it has a record to write.
-    metrics = LazyFile(metrics_path, "a" if resuming else "w") if main else open(os.devnull, "w")
 
-    def callback(ev: StepEvent) -> bool:
-        if world > 1 and ev.batch == batches_per_epoch:
-            # the ranks agree on stopping at epoch ends (one tiny all-reduce, a sync)
-            flag = torch.tensor([float(stop["requested"])], device=runner.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            stop["requested"] = bool(flag.item())
-        if not main:
-            return stop["requested"] and ev.batch == batches_per_epoch
-        bar.update(1)
-        epoch = ev.epoch or 0
-        if ev.loss is not None:
-            bar.set_postfix(epoch=epoch + 1, loss=f"{ev.loss:.4f}", lr=f"{ev.state.lr:.3g}")
-            record = {"kind": "step", "step": ev.step - 1, "epoch": epoch, "loss": ev.loss, "lr": ev.state.lr}
-            if ev.grad_norm is not None:
-                record["grad_norm"] = ev.grad_norm  # before clipping
-            metrics.write(json.dumps(record) + "\n")
-        if ev.batch == batches_per_epoch:  # end of an epoch: evaluate on the test split
-            res = evaluate(runner, test_batches, {"accuracy": accuracy} if classify else None)
-            record = {"kind": "epoch", "step": ev.step, "epoch": epoch, "test_loss": res["loss"]}
-            if classify:
-                record["test_accuracy"] = res["accuracy"]
-            metrics.write(json.dumps(record) + "\n")
-            metrics.flush()
-            shown = f"test accuracy {res['accuracy']:.4f}" if classify else f"test loss {res['loss']:.6f}"
-            line = f"epoch {epoch + 1:>3}/{cfg.epochs}: step {ev.step:>5}  {shown}"
-            bar.write(line) if not bar.disable else print(line, flush=True)
-        return stop["requested"] if world == 1 or ev.batch == batches_per_epoch else False
-
-    def on_sigint(signum, frame):
-        if stop["requested"]:
-            raise KeyboardInterrupt
-        stop["requested"] = True  # finish this step, save, exit
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        report, _ = train_loader(runner, tcfg, loader, log=lambda s: None, callback=callback)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        bar.close()
-        metrics.close()
-    if not main:
+# ---------------------------------------------------------------------- report
+def report_run(plan: Plan, job: Job, report: TrainReport) -> int:
+    """The final evaluation (and with the moving average), ``report.json``, the plot and
+    the summary lines (rank 0). Exit status 130 when interrupted."""
+    if not plan.main:
         return 0
+    cfg, out = plan.cfg, plan.out
     if report.interrupted:
-        print(f"interrupted at step {report.steps}; checkpoint saved to {ckpt}\n"
+        print(f"interrupted at step {report.steps}; checkpoint saved to {plan.checkpoint}\n"
               f"continue with: leantrain train --resume {out}")
         return EXIT_INTERRUPTED
-    res = evaluate(runner, test_batches, {"accuracy": accuracy} if classify else None)
-    res_ema = evaluate(runner, test_batches, {"accuracy": accuracy} if classify else None, ema=True) \
-        if cfg.ema is not None else None
+    res = evaluate(job.runner, job.test_batches, job.metrics)
+    res_ema = evaluate(job.runner, job.test_batches, job.metrics, ema=True) if cfg.ema is not None else None
+    reps = job.runner.params.canonical_slot_indices()
     result = {
         "preset": cfg.preset if cfg.model is None else None, "model": cfg.model,
         "loss_before": report.before, "loss_after": report.after, "test_loss": res["loss"],
-        "test_accuracy": res["accuracy"] if classify else None,
-        "steps": report.steps, "images_seen": cfg.epochs * len(train),
-        "wall_time_s": round(report.wall_time, 3), "aliased_slots": aliases, "frozen_slots": frozen,
+        "test_accuracy": res["accuracy"] if job.classify else None,
+        "steps": report.steps, "images_seen": cfg.epochs * job.n_train,
+        "wall_time_s": round(report.wall_time, 3),
+        "aliased_slots": sum(1 for i, c in enumerate(reps) if c is not None and c != i),
+        "frozen_slots": sum(1 for c in reps if c is None),
     }
     if res_ema is not None:
         result["test_loss_ema"] = res_ema["loss"]
-        result["test_accuracy_ema"] = res_ema["accuracy"] if classify else None
+        result["test_accuracy_ema"] = res_ema["accuracy"] if job.classify else None
     atomic_write_bytes(out / "report.json", (json.dumps(result, indent=2) + "\n").encode(), "--out")
-    plot_metrics(metrics_path, out / "loss.png")
+    plot_metrics(plan.metrics, out / "loss.png")
     print(f"mean training loss: {report.before:.4f} -> {report.after:.4f}")
-    if classify:
-        print(f"test accuracy: {res['accuracy']:.4f} ({round(res['accuracy'] * len(test))}/{len(test)})")
+    if job.classify:
+        print(f"test accuracy: {res['accuracy']:.4f} ({round(res['accuracy'] * job.n_test)}/{job.n_test})")
     else:
         print(f"test loss: {res['loss']:.6f}")
     if res_ema is not None:
-        shown = f"accuracy {res_ema['accuracy']:.4f}" if classify else f"loss {res_ema['loss']:.6f}"
+        shown = f"accuracy {res_ema['accuracy']:.4f}" if job.classify else f"loss {res_ema['loss']:.6f}"
         print(f"test {shown} with the moving average (decay {cfg.ema})")
-    print(f"steps: {report.steps}, images: {cfg.epochs * len(train)}, wall time: {report.wall_time:.1f} s"
-          + (" (this session)" if resuming else ""))
-    print(f"wrote {ckpt}, {metrics_path}, {out / 'loss.png'}, {out / 'report.json'}")
+    print(f"steps: {report.steps}, images: {cfg.epochs * job.n_train}, wall time: {report.wall_time:.1f} s"
+          + (" (this session)" if plan.resuming else ""))
+    print(f"wrote {plan.checkpoint}, {plan.metrics}, {out / 'loss.png'}, {out / 'report.json'}")
     return 0

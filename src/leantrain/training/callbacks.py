@@ -20,7 +20,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, Callable, Optional
 
 from ..errors import ConfigError
 from ..validate import check_choice, check_count
@@ -33,9 +33,14 @@ class Callback:
     ``reads_only``: set it to True on a callback whose hooks only read (the event, the
     results, the report) and never change the module, its parameters or the runner; a
     loop then need not check the module again after it runs (see ``Runner.steady``).
-    The default, False, is always safe."""
+    The default, False, is always safe.
+
+    ``every_rank``: under ``torch.distributed`` callbacks run on rank 0 only, except
+    those that set this to True (one that agrees with the other ranks on stopping, with a
+    collective, must run on all of them and answer alike)."""
 
     reads_only = False
+    every_rank = False
 
     def on_begin(self, total: Optional[int], start: int) -> None:
         return None
@@ -101,20 +106,24 @@ class EarlyStopping(Callback):
 
 
 class ProgressBar(Callback):
-    """A tqdm bar over the run's updates, with the last logged loss and the rate. The
-    loops add one when they run in a terminal with logging on (``log_every > 0``)."""
+    """A tqdm bar over the run's updates, with the last logged loss and the rate, and a
+    line per evaluation (``eval_line(step, results)`` formats it; by default
+    ``step N: eval loss=...``). The loops add one when they run in a terminal with
+    logging on (``log_every > 0``). ``disable``: tqdm's (``None``: no bar unless the
+    output is a terminal; the evaluation lines are printed either way)."""
 
     reads_only = True
 
-    def __init__(self, file: Optional[IO[str]] = None) -> None:
-        self.file = file
+    def __init__(self, file: Optional[IO[str]] = None, eval_line: Optional[Callable[[int, dict], str]] = None,
+                 disable: Optional[bool] = False) -> None:
+        self.file, self.eval_line, self.disable = file, eval_line, disable
         self.bar = None
 
     def on_begin(self, total: Optional[int], start: int) -> None:
         from tqdm import tqdm
 
         self.bar = tqdm(total=total, initial=start, unit="step", file=self.file or sys.stderr,
-                        dynamic_ncols=self.file is None, leave=False)
+                        dynamic_ncols=self.file is None, leave=False, disable=self.disable)
 
     def on_step(self, event: StepEvent) -> None:
         if self.bar is not None:
@@ -123,9 +132,13 @@ class ProgressBar(Callback):
                 self.bar.set_postfix(loss=f"{event.loss:.4f}", lr=f"{event.state.lr:.3g}")
 
     def on_eval(self, step: int, results: dict) -> None:
-        if self.bar is not None:
-            shown = ", ".join(f"{k}={v:.4g}" for k, v in results.items() if k != "items")
-            self.bar.write(f"step {step}: eval {shown}", file=self.file)
+        if self.bar is None:
+            return
+        if self.eval_line is not None:
+            line = self.eval_line(step, results)
+        else:
+            line = f"step {step}: eval " + ", ".join(f"{k}={v:.4g}" for k, v in results.items() if k != "items")
+        self.bar.write(line, file=self.file)
 
     def on_end(self, report) -> None:
         if self.bar is not None:
@@ -134,28 +147,44 @@ class ProgressBar(Callback):
 
 class JSONLLogger(Callback):
     """One JSON object per line: ``{"kind": "step", "step", "epoch", "loss", "lr"}`` on
-    logged steps (``step`` is the update's index, as in the log line) and
-    ``{"kind": "eval", "step", ...results}`` after each evaluation."""
+    logged steps (``step`` is the update's index, as in the log line; ``grad_norm`` when
+    clipping by norm), ``{"kind": "eval", "step", ...results}`` after each evaluation,
+    and ``{"kind": "epoch", "step", "epoch"}`` after a loader epoch's last update, with
+    the results of the evaluation made at that epoch's end, their names prefixed by
+    ``epoch_results`` (``eval_loss``...; ``"test_"`` gives ``test_loss``).
+
+    The file is opened at the first record, so an earlier file survives until the run has
+    something to write (a finished run with no record still leaves an empty file)."""
 
     reads_only = True
 
-    def __init__(self, path) -> None:
+    def __init__(self, path, epoch_results: str = "eval_") -> None:
         self.path = Path(path)
+        self.prefix = epoch_results
         self.file: Optional[IO[str]] = None
+        self.start = 0
+        self.epoch: Optional[dict] = None  # the newest epoch's record, until its evaluation is in
 
     def on_begin(self, total: Optional[int], start: int) -> None:
         """A fresh run starts the file; a resumed one keeps what was written up to its
         checkpoint and drops the rest (written after it, before the interruption), so
         the file holds each record once."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.start = start
         if start and self.path.exists():
             self._trim(start)
-        self.file = self.path.open("a" if start else "w")
+
+    def _open(self) -> IO[str]:
+        if self.file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = self.path.open("a" if self.start else "w")
+        return self.file
 
     def _trim(self, start: int) -> None:
+        from ..io.atomic import atomic_write_bytes
+
         kept = [line for line in self.path.read_text().splitlines(keepends=True)
                 if line.endswith("\n") and _before(self._record(line), start)]
-        self.path.write_text("".join(kept))
+        atomic_write_bytes(self.path, "".join(kept).encode(), type(self).__name__)
 
     @staticmethod
     def _record(line: str) -> Optional[tuple[str, int]]:
@@ -166,11 +195,16 @@ class JSONLLogger(Callback):
             return None
 
     def _write(self, record: dict) -> None:
-        if self.file is not None:
-            self.file.write(json.dumps(record) + "\n")
-            self.file.flush()
+        self._open().write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def _flush_epoch(self) -> None:
+        if self.epoch is not None:
+            record, self.epoch = self.epoch, None
+            self._write(record)
 
     def on_step(self, event: StepEvent) -> None:
+        self._flush_epoch()
         if event.loss is not None:
             record = {"kind": "step", "step": event.step - 1, "epoch": event.epoch,
                       "loss": event.loss, "lr": event.state.lr}
@@ -178,10 +212,20 @@ class JSONLLogger(Callback):
                 record["grad_norm"] = event.grad_norm  # before clipping
             self._write(record)
 
+    def on_epoch_end(self, event: StepEvent) -> None:
+        self._flush_epoch()
+        self.epoch = {"kind": "epoch", "step": event.step, "epoch": event.epoch}
+
     def on_eval(self, step: int, results: dict) -> None:
         self._write({"kind": "eval", "step": step, **results})
+        if self.epoch is not None and self.epoch["step"] == step:
+            self.epoch.update({self.prefix + k: v for k, v in results.items() if k != "items"})
+            self._flush_epoch()
 
     def on_end(self, report) -> None:
+        self._flush_epoch()
+        if self.file is None and not self.start:
+            self._open()  # a finished run with no record still has its file
         if self.file is not None:
             self.file.close()
             self.file = None
@@ -190,11 +234,16 @@ class JSONLLogger(Callback):
 class CSVLogger(JSONLLogger):
     """The same records as ``JSONLLogger``, long format: ``kind,step,epoch,name,value``."""
 
-    def on_begin(self, total: Optional[int], start: int) -> None:
-        super().on_begin(total, start)
-        self.writer = csv.writer(self.file)
-        if not start or self.path.stat().st_size == 0:
-            self.writer.writerow(["kind", "step", "epoch", "name", "value"])
+    writer = None
+
+    def _open(self) -> IO[str]:
+        if self.file is None:
+            fresh = not self.start or not self.path.exists() or self.path.stat().st_size == 0
+            super()._open()
+            self.writer = csv.writer(self.file)
+            if fresh:
+                self.writer.writerow(["kind", "step", "epoch", "name", "value"])
+        return self.file
 
     def _trim(self, start: int) -> None:
         lines = self.path.read_text().splitlines(keepends=True)
@@ -210,8 +259,8 @@ class CSVLogger(JSONLLogger):
             return None
 
     def _write(self, record: dict) -> None:
-        if self.file is None:
-            return
+        self._open()
+        record = dict(record)
         kind, step, epoch = record.pop("kind"), record.pop("step"), record.pop("epoch", None)
         for name, value in record.items():
             self.writer.writerow([kind, step, "" if epoch is None else epoch, name, value])

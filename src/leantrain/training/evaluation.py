@@ -56,11 +56,9 @@ def evaluate(
         if not isinstance(name, str) or not callable(fn) or name in ("loss", "items"):
             raise ConfigError(f"{op}: metric {name!r}: expected a name (not 'loss' or 'items') and a callable")
     items = eval_items(op, data)
-    mode = runner.mode
-    runner.eval()
     sums = {name: [torch.zeros((), dtype=torch.float64, device=runner.device), 0] for name in metrics}
     total, n = None, 0
-    try:
+    with runner.in_mode("eval"):
         with rng_preserved(runner.device, loader_generators(data)), torch.no_grad(), runner.binding(op) as bound, \
                 bound.scratch_buffers():
             for sample in items:
@@ -76,8 +74,6 @@ def evaluate(
                         raise ConfigError(f"{op}: metric {name!r} returned {type(value).__name__}, expected a tensor")
                     sums[name][0] += value.to(torch.float64).sum()
                     sums[name][1] += max(1, value.numel())
-    finally:
-        runner.train() if mode == "train" else runner.eval()
     if n == 0:
         return {"loss": 0.0, **{name: 0.0 for name in metrics}, "items": 0.0}  # upstream's rule
     results = {"loss": float((total * (1.0 / n)).item())}  # intentional sync: asked for

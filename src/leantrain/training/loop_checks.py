@@ -45,8 +45,9 @@ def check_schedule(op: str, cfg, runner: Runner) -> None:
 
 
 def loop_callbacks(op: str, cfg, callbacks: Sequence[Callback], main: bool) -> list[Callback]:
-    """The run's callbacks: checked, plus a progress bar when the loop runs in a terminal
-    with logging on (never on other ranks, in tests or under ``log_every=0``)."""
+    """The run's callbacks: checked; on ranks other than 0 only those that run on every
+    rank (``every_rank``); plus a progress bar when the loop runs in a terminal with
+    logging on (never on other ranks, in tests or under ``log_every=0``)."""
     if isinstance(callbacks, Callback) or not isinstance(callbacks, (list, tuple)):
         raise ConfigError(f"{op}: callbacks must be a list of leantrain Callback objects, got {type(callbacks).__name__}")
     for i, cb in enumerate(callbacks):
@@ -60,7 +61,7 @@ def loop_callbacks(op: str, cfg, callbacks: Sequence[Callback], main: bool) -> l
             if cb.monitor not in names:
                 raise ConfigError(f"{op}: EarlyStopping monitors {cb.monitor!r}, but the evaluations give "
                                   f"{sorted(names)}")
-    out = list(callbacks) if main else []
+    out = [cb for cb in callbacks if main or cb.every_rank]
     if main and cfg.log_every and sys.stderr.isatty() and not any(isinstance(c, ProgressBar) for c in out):
         out.append(ProgressBar())
     return out

@@ -17,36 +17,17 @@ import contextlib
 from typing import Callable, Iterable, Optional, Sequence, Union
 
 import torch
-import torch.nn.functional as F
 
 from .ema import EMA
 from .backward import differentiate
 from .compiled import compiler_error, is_compiler_error, make_compiled
 from .binding import MODEL_ERRORS, Binding, rng_preserved, same_rng
 from .loop_state import LoopState, RunnerStats, Steady
+from .samples import LOSSES, LossFn, Sample, check_sample  # noqa: F401  (re-exported)
 from ..errors import ConfigError, DataError, slot_label
 from ..params.module_slots import module_entries
 from ..params.paramlist import ParamList
 from ..params.storage import canonical_device
-
-Sample = tuple[torch.Tensor, torch.Tensor]
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-LOSSES: dict[str, LossFn] = {"mse": F.mse_loss, "cross_entropy": F.cross_entropy}
-
-
-def check_sample(op: str, sample: object, index: int = 0) -> Sample:
-    """A sample is an ``(x, y)`` pair of tensors (either may hold a minibatch)."""
-    if (
-        not isinstance(sample, (tuple, list))
-        or len(sample) != 2
-        or not all(isinstance(t, torch.Tensor) for t in sample)
-    ):
-        got = type(sample).__name__
-        if isinstance(sample, (tuple, list)):
-            got += f" of {len(sample)}: " + ", ".join(type(t).__name__ for t in sample)
-        raise ConfigError(f"{op}: item {index}: expected an (x, y) pair of tensors, got {got}")
-    return sample[0], sample[1]
 
 
 class Runner:
@@ -108,6 +89,21 @@ class Runner:
         self.recheck()
         self.module.eval()
         return self
+
+    @contextlib.contextmanager
+    def in_mode(self, mode: str):
+        """The enclosed block in ``mode`` (``"train"`` or ``"eval"``), the mode put back
+        afterwards. Unlike ``train()``/``eval()`` it keeps what a loop checked: the mode
+        changes no slot, binding or layout (only whether buffers advance, which every
+        call reads afresh). For a loop's own evaluations."""
+        saved = self.mode
+        self.mode = mode
+        self.module.train(mode == "train")
+        try:
+            yield self
+        finally:
+            self.mode = saved
+            self.module.train(saved == "train")
 
     def to(self, device: Union[str, torch.device]) -> "Runner":
         """Compute on ``device``: every storage gets a mirror there (host stays the owner)."""

@@ -32,6 +32,7 @@ from .loop_state import LoopState
 from .callbacks import Callback
 from .loop_checks import check_schedule, loop_callbacks, stateful, wants_stop
 from .evaluation import evaluate
+from ..metrics import BUILTIN as BUILTIN_METRICS
 from .ema import EMA, restored_ema
 from .precision import AUTOCAST, LossScaler, scaler_state_problems
 from .events import StepCallback, StepEvent
@@ -73,7 +74,8 @@ class Session:
         self.opt: Optimizer = cfg.optimizer
         self.main = distributed.is_main()  # under torch.distributed only rank 0 logs and writes
         self.user_log = log
-        self.log: Log = self._log if self.main else _silent
+        # ``print`` and ``None`` (no log lines) are not the user's code: no recheck after them.
+        self.log: Log = _silent if log is None or not self.main else log if log is print else self._log
         self.callback = callback
         self.callbacks = loop_callbacks(op, cfg, callbacks, self.main)
         # Whether the user's code may run after an update (a step callback, or a
@@ -289,14 +291,17 @@ class Session:
         stop = False
         for cb in self.callbacks:
             stop = wants_stop(self.op, f"{type(cb).__name__}.on_eval", cb.on_eval(step, results)) or stop
-        self.runner.recheck()  # metrics and callbacks are the user's code
+        metrics = (self.cfg.eval_metrics or {}).values()
+        if self.user_hooks or any(fn not in BUILTIN_METRICS for fn in metrics):
+            self.runner.recheck()  # the user's metrics or callbacks ran
         return stop
 
     def save(self) -> None:
         """Write the newest step's checkpoint (rank 0 only)."""
         if self.pending is None:
             return
-        self.runner.recheck()  # saving syncs storages to the host: check again at the next step
+        if self.runner.params.has_mirrors():
+            self.runner.recheck()  # saving syncs mirrors to the host: check again at the next step
         progress, state, loader_state = self.pending
         if self.main:
             if callable(loader_state):
