@@ -302,3 +302,27 @@ def test_version_1_files_still_load_and_verify(tmp_path):
     (tmp_path / "d.ckpt").write_bytes(bytes(damaged))
     with pytest.raises(lt.CheckpointError, match="fails its checksum"):
         lt.load_checkpoint(tmp_path / "d.ckpt", new)
+
+
+def test_one_wrong_shape_is_one_problem(tmp_path, unchanged):
+    """A tied storage of another size: one line (its first slot, naming the alias), not one
+    per slot, storage tensor and optimizer record that follow from it."""
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.emb, self.head = nn.Embedding(10, 8), nn.Linear(8, 10, bias=False)
+            self.emb.weight = nn.Parameter(torch.randn(10, width))
+            self.head.weight = self.emb.weight
+            self.norm = nn.LayerNorm(8)
+
+    opt = optim.adam(1e-3)
+    r = lt.Runner.from_module(Net(8), "mse")
+    lt.save_checkpoint(tmp_path / "a.ckpt", r, state=opt.init(r.params))
+    dest = lt.Runner.from_module(Net(6), "mse")
+    with unchanged(dest.params), pytest.raises(lt.CheckpointError) as err:
+        lt.load_checkpoint(tmp_path / "a.ckpt", dest, optimizer=opt)
+    lines = [ln for ln in str(err.value).splitlines() if ln.startswith("  - ")]
+    assert lines == ["  - slot 0 ('emb.weight') (and slot 1, sharing its storage): shape: checkpoint has [10, 8], "
+                     "destination has [10, 6]"], lines

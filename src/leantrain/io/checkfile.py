@@ -15,7 +15,7 @@ import torch
 
 from ..errors import CheckpointError, shape_str
 from .atomic import PathLike
-from .manifest import expected_tensors, manifest_problems
+from .manifest import Checked, check_manifest, expected_tensors
 from .tensorfile import TensorFile
 
 # Version 2 checksums each tensor with CRC-32C (hardware accelerated, ~17 GB/s per thread
@@ -63,9 +63,17 @@ def read_checkpoint(path: PathLike, op: str = "read_checkpoint") -> tuple[dict, 
     is read), then every checksum. Header and data come from one open file, so a
     concurrent atomic replacement cannot mix two files. Raises ``CheckpointError``
     listing every problem."""
+    manifest, tensors, _ = read_checked(path, op)
+    return manifest, tensors
+
+
+def read_checked(path: PathLike, op: str) -> tuple[dict, dict[str, torch.Tensor], Checked]:
+    """``read_checkpoint``, with what the manifest's check built (its schema, its
+    optimizer's hyperparameters): a sound file, internally consistent (every tensor the
+    manifest implies, of the dtype and shape it implies)."""
     path = Path(path)
     with TensorFile(path, op) as f:
-        manifest = _manifest(f, op, path)
+        manifest, checked = _manifest(f, op, path)
         want = expected_tensors(manifest)
         problems = []
         for name in sorted(set(want) - set(f.entries)):
@@ -92,10 +100,10 @@ def read_checkpoint(path: PathLike, op: str = "read_checkpoint") -> tuple[dict, 
         if got != manifest["checksums"][name]:
             problems.append(f"tensor {name!r} fails its checksum (the file is corrupt)")
     raise_all(op, path, problems)
-    return manifest, tensors
+    return manifest, tensors, checked
 
 
-def _manifest(f: TensorFile, op: str, path: Path) -> dict:
+def _manifest(f: TensorFile, op: str, path: Path) -> tuple[dict, Checked]:
     sealed = f.metadata.get("leantrain")
     if sealed is None:
         raise CheckpointError(f"{op}: {path}: no leantrain manifest in the file")
@@ -114,8 +122,9 @@ def _manifest(f: TensorFile, op: str, path: Path) -> dict:
         raise CheckpointError(
             f"{op}: {path}: unsupported format version {manifest.get('version')!r:.80}; expected one of {READABLE}"
         )
-    raise_all(op, path, manifest_problems(manifest))
-    return manifest
+    checked = check_manifest(manifest)
+    raise_all(op, path, checked.problems)
+    return manifest, checked
 
 
 def raise_all(op: str, path: Path, problems: list[str], fix: str = "") -> None:

@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import save_file
 
 from .atomic import PathLike, atomic_write
-from .checkfile import FORMAT, VERSION, checksum, dtype_name, raise_all, read_checkpoint, seal
+from .checkfile import FORMAT, VERSION, checksum, dtype_name, raise_all, read_checked, read_checkpoint, seal
 from .manifest import DTYPE_NAMES, LOADER_NAME, check_json
 from ..errors import CheckpointError, shape_str, slot_label
 from ..optim import OptState, Optimizer
@@ -183,47 +183,26 @@ class Checkpoint:
     ema: Optional[dict] = None  # {"decay", "count", "values": {storage index: CPU tensor}}
 
 
-def _tensor_problem(where: str, name: str, t: Optional[torch.Tensor], shape, dtype) -> Optional[str]:
-    """Why tensor ``name`` cannot fill a ``shape``/``dtype`` place, or ``None`` if it can."""
-    if t is None:
-        return f"{where}: missing tensor {name!r}"
-    if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
-        return (
-            f"{where}: tensor {name!r} is {shape_str(t.shape)} {dtype_name(t.dtype)}, "
-            f"destination is {shape_str(shape)} {dtype_name(dtype)}"
-        )
-    return None
-
-
-def _schema_problems(manifest: dict, tensors: dict, params: ParamList) -> list[str]:
-    if not isinstance(manifest.get("slots"), list):
-        return ["manifest has no slot schema"]
-    saved = ParameterSchema.from_manifest(manifest["slots"], manifest.get("representatives"))
-    problems = saved.differences(params.schema())
-    for k, s in enumerate(params.storages()):
-        name = f"storage.{k}"
-        problems.append(_tensor_problem(f"storage {k}", name, tensors.get(name), s.shape, s.dtype))
-    if torch.cuda.is_available():  # the generators' states are restored only after everything else
+def _fit_problems(manifest: dict, tensors: dict, checked, params: ParamList, optimizer
+                  ) -> tuple[list[str], Optional[Optimizer]]:
+    """Why a sound file (``read_checked`` checked it whole: every tensor of the dtype and
+    shape its manifest implies) cannot be loaded into ``params`` and ``optimizer``, each
+    cause once: the slot schema (the stored tensors follow it, so where it differs no
+    tensor or record is reported besides), the optimizer's configuration and per-slot
+    settings, and, when the schema fits, a record of the rule's type for every history
+    the destination has."""
+    problems = checked.schema.differences(params.schema())
+    fits = not problems
+    if fits and torch.cuda.is_available():  # the generators' states are restored only after everything else
         for d in range(min(manifest["rng"]["cuda"], torch.cuda.device_count())):
-            size = torch.cuda.get_rng_state(d).numel()
-            if tensors[f"rng.cuda.{d}"].numel() != size:
-                problems.append(f"rng: 'rng.cuda.{d}' holds {tensors[f'rng.cuda.{d}'].numel()} bytes; "
-                                f"CUDA device {d}'s generator state is {size}")
-    return [p for p in problems if p is not None]
-
-
-def _state_problems(manifest: dict, tensors: dict, params: ParamList, optimizer) -> tuple[list, Any]:
+            size, saved_size = torch.cuda.get_rng_state(d).numel(), tensors[f"rng.cuda.{d}"].numel()
+            if saved_size != size:
+                problems.append(f"rng: 'rng.cuda.{d}' holds {saved_size} bytes; CUDA device {d}'s generator "
+                                f"state is {size}")
     entry = manifest.get("optimizer")
     if entry is None:
-        return [], None
-    problems = []
-    kind = entry.get("kind")
-    if kind not in R.HYPERS:
-        return [f"optimizer: unknown kind {kind!r}"], None
-    try:
-        saved = Optimizer(R.HYPERS[kind](**entry["hyper"]))
-    except Exception as e:
-        return [f"optimizer: invalid hyperparameters {entry.get('hyper')!r} ({e})"], None
+        return problems, None
+    saved = Optimizer(checked.hyper)
     if optimizer is not None and optimizer.hyper.without_lr() != saved.hyper.without_lr():
         problems.append(
             f"optimizer: checkpoint has {saved.hyper.describe()}, destination uses "
@@ -234,33 +213,20 @@ def _state_problems(manifest: dict, tensors: dict, params: ParamList, optimizer)
         if saved_overrides(entry) != asked:
             problems.append(f"optimizer: per-slot hyperparameters: checkpoint has {entry.get('per_slot', [])}, "
                             f"destination asks for {[[i, dict(kv)] for i, kv in asked]}")
-    if entry.get("path") not in (GENERIC, NATIVE):
-        problems.append(f"optimizer: unknown update path {entry.get('path')!r}")
-    reps = params.canonical_slot_indices()
-    want = {i for i, c in enumerate(reps) if c == i}
-    records = entry.get("records", {})
-    if not isinstance(records, dict) or not all(isinstance(k, str) and k.isdigit() for k in records):
-        return problems + [f"optimizer: records must map slot numbers to entries, got {records!r}"], None
-    got = {int(i) for i in records}
-    for i in sorted(want - got):
+    if not fits:
+        return problems, saved
+    want = {i for i, c in enumerate(params.canonical_slot_indices()) if c == i}
+    records = entry["records"]
+    for i in sorted(want - {int(k) for k in records}):
         problems.append(f"optimizer: {params.label(i)} has no saved state (missing entry)")
-    for i in sorted(got - want):
-        problems.append(f"optimizer: state entry for {slot_label(i, None)}, which does not own a history here")
-    template = R.rule_for(saved.hyper).init(saved.hyper, torch.zeros(1))
-    names = sorted(template.tensors())
-    for i in sorted(got & want):
-        rec, where = records[str(i)], f"optimizer: {params.label(i)}"
-        if rec.get("type") != type(template).__name__ or sorted(rec.get("tensors", [])) != names:
-            problems.append(
-                f"{where}: state layout {rec.get('type')!r} {rec.get('tensors')!r}, expected "
-                f"{type(template).__name__!r} {names!r}"
-            )
-            continue
-        v = params[i]
-        for name in names:
-            key = f"state.{i}.{name}"
-            problems.append(_tensor_problem(where, key, tensors.get(key), v.shape, v.dtype))
-    return [p for p in problems if p is not None], saved
+    kind = R.record_type(saved.hyper)
+    names = R.tensor_fields(kind)
+    for i in sorted(want & {int(k) for k in records}):
+        rec = records[str(i)]
+        if rec["type"] != kind.__name__ or sorted(rec["tensors"]) != names:
+            problems.append(f"optimizer: {params.label(i)}: state layout {rec['type']!r} {rec['tensors']!r}, "
+                            f"expected {kind.__name__!r} {names!r}")
+    return problems, saved
 
 
 def load_checkpoint(
@@ -275,16 +241,11 @@ def load_checkpoint(
     op = "load_checkpoint"
     path = Path(path)
     params = params_of(op, target)
-    manifest, tensors = read_checkpoint(path, op)
-    try:
-        problems = _schema_problems(manifest, tensors, params)
-        state_problems, saved_opt = _state_problems(manifest, tensors, params, optimizer)
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
-        # a manifest of the wrong structure (sealed, so written that way, not corrupted)
-        raise CheckpointError(f"{op}: {path}: malformed manifest ({type(e).__name__}: {e})") from None
-    if accept is not None and not problems and not state_problems:
+    manifest, tensors, checked = read_checked(path, op)  # the file, whole: format, manifest, tensors, checksums
+    problems, saved_opt = _fit_problems(manifest, tensors, checked, params, optimizer)  # the destination, once
+    if accept is not None and not problems:
         problems = list(accept(manifest, tensors))
-    raise_all(op, path, problems + state_problems)
+    raise_all(op, path, problems)
     # ---- everything checked; install
     for k, s in enumerate(params.storages()):
         device = s.mirror.device if s.mirror is not None else None

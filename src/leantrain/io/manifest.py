@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -39,12 +40,28 @@ def _finite(x: object, low: float = -math.inf, high: float = math.inf) -> bool:
     return is_number(x) and math.isfinite(x) and low <= x <= high
 
 
+@dataclass(frozen=True)
+class Checked:
+    """A manifest's check: its problems (empty when sound), and what the check built on
+    the way, for the loader to use instead of building it again: the slot schema and the
+    optimizer's hyperparameters (``None`` when the file has no optimizer state)."""
+
+    problems: list
+    schema: Optional[ParameterSchema] = None
+    hyper: Any = None
+
+
 def manifest_problems(m: dict) -> list[str]:
     """Every way the manifest's structure, types or ranges are wrong (empty when sound)."""
+    return check_manifest(m).problems
+
+
+def check_manifest(m: dict) -> Checked:
+    """``manifest_problems`` with the schema and hyperparameters it built."""
     out: list[str] = []
     slots = m.get("slots")
     if not isinstance(slots, list):
-        return ["slots: expected a list of slot entries"]
+        return Checked(["slots: expected a list of slot entries"])
     next_storage = 0
     by_storage: dict[int, tuple] = {}
     for i, s in enumerate(slots):
@@ -74,10 +91,11 @@ def manifest_problems(m: dict) -> list[str]:
     if not (isinstance(reps, list) and len(reps) == len(slots) and all(r is None or _count(r) for r in reps)):
         out.append(f"representatives: expected one slot number or null per slot, got {_short(reps)}")
     if out:
-        return out
+        return Checked(out)
     schema = ParameterSchema.from_manifest(slots, reps)
     out += [f"representatives: {p}" for p in schema.problems()]
-    out += _optimizer_problems(m.get("optimizer"), schema)
+    opt_problems, hyper = _optimizer_problems(m.get("optimizer"), schema)
+    out += opt_problems
     if not isinstance(m.get("progress", {}), dict):
         out.append(f"progress: expected an object, got {_short(m.get('progress'))}")
     out += _loader_problems(m.get("loader"))
@@ -103,24 +121,25 @@ def manifest_problems(m: dict) -> list[str]:
     sums = m.get("checksums")
     if not (isinstance(sums, dict) and all(is_int(v) and 0 <= v < 2**32 for v in sums.values())):
         out.append("checksums: expected a map of tensor names to 32-bit checksums")
-    return out
+    return Checked(out, schema, hyper)
 
 
-def _optimizer_problems(entry: object, schema: ParameterSchema) -> list[str]:
+def _optimizer_problems(entry: object, schema: ParameterSchema) -> tuple[list[str], Any]:
+    """(problems, the hyperparameter record built from the entry, or ``None``)."""
     if entry is None:
-        return []
+        return [], None
     if not isinstance(entry, dict):
-        return [f"optimizer: expected an object or null, got {_short(entry)}"]
-    out = []
+        return [f"optimizer: expected an object or null, got {_short(entry)}"], None
+    out, built = [], None
     kind = entry.get("kind")
     if not _one_of(kind, R.HYPERS):
-        return [f"optimizer.kind: expected one of {sorted(R.HYPERS)}, got {_short(kind)}"]
+        return [f"optimizer.kind: expected one of {sorted(R.HYPERS)}, got {_short(kind)}"], None
     hyper = entry.get("hyper")
     if not (isinstance(hyper, dict) and all(isinstance(v, (int, float, str)) for v in hyper.values())):
         out.append(f"optimizer.hyper: expected a map of numbers, got {_short(hyper)}")
     else:
         try:
-            R.HYPERS[kind](**hyper)
+            built = R.HYPERS[kind](**hyper)
         except Exception as e:  # the record's own check says what is wrong
             out.append(f"optimizer.hyper: {e}")
     if not _finite(entry.get("lr"), 0.0):
@@ -137,7 +156,7 @@ def _optimizer_problems(entry: object, schema: ParameterSchema) -> list[str]:
         out.append(f"optimizer.per_slot: expected increasing [slot, {{name: number}}] pairs, got {_short(per_slot)}")
     records = entry.get("records")
     if not isinstance(records, dict):
-        return out + [f"optimizer.records: expected an object, got {_short(records)}"]
+        return out + [f"optimizer.records: expected an object, got {_short(records)}"], built
     for key, rec in records.items():
         where = f"optimizer.records[{key!r}]"
         if not (key.isdigit() and len(key) < 19 and schema.is_representative(int(key))):
@@ -149,7 +168,7 @@ def _optimizer_problems(entry: object, schema: ParameterSchema) -> list[str]:
             out.append(f"{where}: expected {{type, scalars, tensors}}, got {_short(rec)}")
             continue
         out += [f"{where}.scalars: {p}" for p in R.scalar_problems(rec["type"], rec["scalars"])]
-    return out
+    return out, built
 
 
 def expected_tensors(m: dict) -> dict[str, tuple[torch.dtype, Optional[tuple[int, ...]]]]:

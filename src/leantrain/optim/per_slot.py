@@ -20,7 +20,7 @@ import torch
 from ..errors import AliasError, ConfigError
 from ..validate import is_number
 from .hyper import Hyper
-from .rules import rule_for
+from .rules import record_type
 
 Settings = list[Optional[tuple[Hyper, float]]]  # per slot: (record, lr_scale); None: frozen
 
@@ -36,7 +36,7 @@ def resolve(op: str, base: Hyper, fn: Callable, params) -> tuple[Settings, tuple
     settings: Settings = [None] * len(params)
     asked: list[Optional[dict]] = [None] * len(params)
     keys = allowed_keys(base)
-    layout = type(rule_for(base).init(base, torch.zeros(1)))
+    layout = record_type(base)
     for i, c in enumerate(reps):
         if c is None:
             continue
@@ -75,7 +75,7 @@ def resolve(op: str, base: Hyper, fn: Callable, params) -> tuple[Settings, tuple
             h.check_dtype(params[i].dtype)
         except ConfigError as e:
             raise ConfigError(f"{op}: {where}: {e}") from None
-        if type(rule_for(h).init(h, torch.zeros(1))) is not layout:
+        if record_type(h) is not layout:
             raise ConfigError(f"{op}: {where}: {rest} changes the optimizer state's layout "
                               f"(from {layout.__name__}); choose values that keep it")
         settings[i] = (h, scale)

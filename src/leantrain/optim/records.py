@@ -78,6 +78,11 @@ class LionState:
         return {"m": self.m}
 
 
+def tensor_fields(record: type) -> list[str]:
+    """The names of the tensors a record type holds (its fields but the scalars), sorted."""
+    return sorted(f.name for f in fields(record) if f.name not in getattr(record, "SCALARS", {}))
+
+
 def clone_record(rec):
     """A deep copy of a record (its buffers cloned), for un-tied histories."""
     return replace(rec, **{k: t.clone() for k, t in rec.tensors().items()})

@@ -57,7 +57,7 @@ from .hyper import Adadelta, Adagrad, Adam, AdamW, Hyper, RMSProp, SGD
 from .lion import LionRule
 from .records import (  # noqa: F401  (re-exported: the rules' records live there)
     AdadeltaState, AdagradState, AdamState, LionState, MomentumState, RMSPropState, SGDState, clone_record,
-    record_scalars,
+    record_scalars, tensor_fields,
 )
 
 Tensors = Sequence[torch.Tensor]
@@ -81,6 +81,10 @@ class SGDRule:
     hypers = (SGD,)
     records = (SGDState, MomentumState)
     sparse = True  # takes sparse gradients (update_sparse), as torch.optim.SGD does
+
+    @staticmethod
+    def record_type(h: SGD) -> type:
+        return SGDState if h.momentum == 0.0 else MomentumState
     reference = staticmethod(upstream.sgd)
 
     @staticmethod
@@ -343,3 +347,11 @@ RECORDS: dict[str, type] = {r.__name__: r for rule in RULES for r in rule.record
 
 def rule_for(h: Hyper):
     return _BY_HYPER[type(h)]
+
+
+def record_type(h: Hyper) -> type:
+    """The state record a rule keeps for ``h``, from its declaration (no tensor made):
+    the rule's one record, or what its ``record_type`` picks (SGD: momentum or not)."""
+    rule = rule_for(h)
+    pick = getattr(rule, "record_type", None)
+    return pick(h) if pick is not None else rule.records[0]

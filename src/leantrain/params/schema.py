@@ -81,10 +81,13 @@ class ParameterSchema:
             raise ValueError(f"malformed slot entry ({type(e).__name__}: {e})") from None
 
     def differences(self, here: "ParameterSchema") -> list[str]:
-        """Every way ``here`` (the destination) differs from this (saved) layout."""
+        """Every way ``here`` (the destination) differs from this (saved) layout, each
+        cause once: a shape or dtype that differs at a storage is reported at its first
+        slot, naming the slots that share it."""
         if len(self) != len(here):
             return [f"slot count: checkpoint has {len(self)} slots, destination has {len(here)}"]
-        out = []
+        out: list[str] = []
+        shared: dict[tuple, tuple[int, list[int]]] = {}  # (storage, field, values) -> (message, slots)
         fields = (("name", "names"), ("shape", "shapes"), ("dtype", "dtypes"),
                   ("frozen mask", "requires_grad"))
         for i in range(len(self)):
@@ -95,7 +98,17 @@ class ParameterSchema:
                 b_i = b[i] if b is not None else None
                 if a_i != b_i:
                     a_i, b_i = (list(a_i), list(b_i)) if attr == "shapes" else (a_i, b_i)
+                    key = (here.storages[i] if here.storages else None, what, repr(a_i), repr(b_i))
+                    if attr in ("shapes", "dtypes") and key[0] is not None and key in shared:
+                        shared[key][1].append(i)  # the same storage's difference, seen at its first slot
+                        continue
+                    shared[key] = (len(out), [])
                     out.append(f"{where}: {what}: checkpoint has {a_i!r}, destination has {b_i!r}")
+        for at, also in shared.values():
+            if also:
+                head, _, rest = out[at].partition(": ")
+                out[at] = f"{head} (and slot{'s' if len(also) > 1 else ''} {', '.join(map(str, also))}, " \
+                          f"sharing its storage): {rest}"
         if self.representatives_list() != here.representatives_list() or self.storages != here.storages:
             out.append(
                 f"storage alias map: checkpoint has {self.representatives_list()} (storages "

@@ -1,6 +1,6 @@
-"""Bad input to the command is one line on stderr and exit status 2, never a traceback,
-and leaves the user's files alone (hostile review: TOML shapes, seeds, folders, damaged
-run files, plot inputs and outputs, inspect on folders and on forged names)."""
+"""Bad input to the command: one line on stderr and exit status 2, never a traceback, and
+the user's files left alone: one table, then TOML shapes, seeds, folders, damaged run
+files, plot inputs and outputs, inspect on folders and on forged names."""
 
 import json
 import shutil
@@ -10,6 +10,20 @@ import torch
 
 import leantrain as lt
 from leantrain.cli import main
+from inputs_table import CliError, check_row, cli, ids, truncated
+
+COMMAND = [
+    ("cli bad flag value", lambda c: cli("train", "--batch-size", "x"), CliError, "argument --batch-size: expected a natural number"),
+    ("cli unknown preset", lambda c: cli("train", "--preset", "resnet"), CliError, "--preset: expected one of"),
+    ("cli unknown flag", lambda c: cli("inspect", str(c.ckpt), "--all"), CliError, "unrecognized arguments: --all"),
+    ("cli corrupt file", lambda c: cli("inspect", str(truncated(c))), CliError, "not a readable checkpoint"),
+]
+
+
+@pytest.mark.parametrize("name, call, error, pattern", COMMAND, ids=ids(COMMAND))
+def test_command_rejects_and_changes_nothing(name, call, error, pattern, tmp_path):
+    check_row(call, error, pattern, tmp_path)
+
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -1,15 +1,39 @@
-"""Inputs the hostile review found raising untyped errors (or none): losses that are not
-a floating-point tensor autograd built, samples that can be read only once, one-shot
-loaders, and packs of tensors without data. Each is a LeantrainError raised before
-anything changes: parameters, mirrors, buffers, the iterator itself."""
+"""Bad input to the loops and their configs (``TrainConfig``, ``LoaderTrainConfig``,
+``train_samples``, ``train_loader``, ``step_batch``, ``DataLoader``, ``Runner``): one table,
+then losses autograd did not build, samples read once and one-shot loaders."""
 
 import pytest
 import torch
-import torch.nn as nn
+from torch import nn
 
 import leantrain as lt
-from leantrain import Param, ParamList, optim
+from inputs_table import check_row, ids, sample
 from models import TiedNet, regression_batches
+
+LOOPS = [
+    ("steps < 0", lambda c: lt.TrainConfig(steps=-1), lt.ConfigError, "steps must be an integer >= 0"),
+    ("batch size 0", lambda c: lt.TrainConfig(steps=1, batch_size=0), lt.ConfigError, "batch_size must be an integer >= 1"),
+    ("torch optimizer", lambda c: lt.TrainConfig(steps=1, optimizer=torch.optim.Adam), lt.ConfigError, "optimizer must be built with leantrain.optim"),
+    ("checkpoint_every without path", lambda c: lt.TrainConfig(steps=1, checkpoint_every=5), lt.ConfigError, "needs a checkpoint_path"),
+    ("nonfinite mode", lambda c: lt.TrainConfig(steps=1, nonfinite="ignore"), lt.ConfigError, "nonfinite must be one of"),
+    ("epochs float", lambda c: lt.LoaderTrainConfig(epochs=2.0), lt.ConfigError, "epochs must be an integer >= 0"),
+    ("empty samples", lambda c: lt.train_samples(c.runner, lt.TrainConfig(steps=2), []), lt.DataError, "empty sample list"),
+    ("sample not a pair", lambda c: lt.train_samples(c.runner, lt.TrainConfig(steps=2), [sample(), (torch.zeros(3),)]), lt.ConfigError, r"item 1: expected an \(x, y\) pair"),
+    ("sample wrong shape", lambda c: lt.step_batch(c.runner, c.opt, c.rstate, False, [sample(), sample(d=5)]), lt.DataError, r"rejected the sample \(x \(5, 5\)"),
+    ("sample wrong dtype", lambda c: lt.step_batch(c.runner, c.opt, c.rstate, False, [sample(), sample(dtype=torch.float64)]), lt.DataError, "rejected the sample"),
+    ("empty batch", lambda c: lt.step_batch(c.runner, c.opt, c.rstate, False, []), lt.DataError, "step_batch: empty batch"),
+    ("vectorized with BatchNorm", lambda c: lt.step_batch(c.runner, c.opt, c.rstate, False, [sample(), sample()], accumulation="vectorized"), lt.ConfigError, "couples the items"),
+    ("loader batch 0", lambda c: lt.DataLoader(lt.Dataset([sample()]), batch_size=0), lt.ConfigError, "batch_size must be an integer >= 1"),
+    ("loader seed < 0", lambda c: lt.DataLoader(lt.Dataset([sample()]), batch_size=1, seed=-3), lt.ConfigError, "seed must be an integer >= 0"),
+    ("loader empty", lambda c: lt.train_loader(c.runner, lt.LoaderTrainConfig(epochs=1), lt.DataLoader(lt.Dataset([]), batch_size=1)), lt.DataError, "empty dataset"),
+    ("unknown loss", lambda c: lt.Runner.from_module(nn.Linear(1, 1), "hinge"), lt.ConfigError, "unknown loss 'hinge'"),
+]
+
+
+@pytest.mark.parametrize("name, call, error, pattern", LOOPS, ids=ids(LOOPS))
+def test_loops_rejects_and_changes_nothing(name, call, error, pattern, tmp_path):
+    check_row(call, error, pattern, tmp_path)
+
 
 BAD_LOSSES = {
     "an int tensor": (lambda y, t: ((y - t) ** 2).sum().long(), "floating-point"),
@@ -90,38 +114,3 @@ def test_a_one_shot_loader_trains_once_and_is_refused_for_more_epochs(make, unch
     assert next(it) is batches[0]  # not consumed
     report, _ = lt.train_loader(r, lt.LoaderTrainConfig(epochs=1, log_every=0), make(batches))
     assert report.steps == 2 and report.before is None and report.after is None
-
-
-def native_params():
-    p = Param(torch.tensor([1.0, -2.0, 3.0]), name="w")
-    params = ParamList([p, Param(torch.tensor([0.5, 0.25]), name="b")])
-    params.to_device("cpu")
-    opt = optim.adam(0.1)
-    opt.step_native(opt.init(params, native=True), params, [torch.ones(3), torch.ones(2)])
-    return params
-
-
-@pytest.mark.parametrize("bad", [
-    lambda: torch.empty(2, device="meta"),
-    lambda: torch.zeros(2).to_sparse(),
-    lambda: torch.zeros(1, 2).to_sparse_csr(),
-    lambda: torch.quantize_per_tensor(torch.zeros(2), 0.1, 0, torch.quint8),
-])
-def test_set_values_refuses_tensors_without_dense_data_before_writing(bad, unchanged):
-    params = native_params()  # the trained values live in the mirrors; the hosts are stale
-    trained = [s.mirror.clone() for s in params.storages()]
-    with unchanged(params), pytest.raises(lt.PackError, match="slot 1 \\('b'\\): expected a dense tensor"):
-        params.set_values([torch.zeros(3), bad()])
-    assert all(s.mirror is not None and torch.equal(s.mirror, t) for s, t in zip(params.storages(), trained))
-
-
-def test_meta_and_sparse_gradients_are_refused_by_a_step(unchanged):
-    """Meta tensors hold no data; sparse gradients are for the rules that take them
-    (SGD, Adagrad), not Adam."""
-    params = native_params()
-    opt = optim.adam(0.1)
-    state = opt.init(params, native=True)
-    with unchanged(params, state), pytest.raises(lt.PackError, match=r"got a sparse gradient, which adam does not take"):
-        opt.step_native(state, params, [torch.ones(3), torch.ones(2).to_sparse()])
-    with unchanged(params, state), pytest.raises(lt.PackError, match="meta tensor"):
-        opt.step_native(state, params, [torch.empty(3, device="meta"), torch.ones(2)])

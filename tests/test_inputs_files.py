@@ -1,7 +1,9 @@
-"""Checkpoint files edited by someone who knows the format (the manifest resealed so
-its CRC passes, the header relabelled, strays added) are refused with CheckpointError
-by the loader, by a resume and by ``leantrain inspect`` alike, before anything is
-installed or any tensor is read (hostile review)."""
+"""Bad input to the file operations (``load_checkpoint``, ``read_checkpoint``,
+``save_checkpoint``, a resume, TorchLean's formats, state dicts): one table, then files
+edited by someone who knows the format (the manifest resealed so its CRC passes, the
+header relabelled, strays added), refused by the loader, a resume and ``leantrain
+inspect`` alike before anything is installed or any tensor is read, and resumes that do
+not fit the run."""
 
 import json
 import math
@@ -11,12 +13,30 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import leantrain as lt
-from leantrain import optim
-from leantrain.cli.main import main as cli
+from leantrain import ParamList, optim
+from leantrain.cli.main import main as run_cli
 from leantrain.io import tensorfile
 from leantrain.io.checkfile import checksum, seal
+from leantrain.torchlean_io import read_torchlean_f32
+from leantrain.weights import import_state_dict
 from filetools import edit_header, edit_manifest, manifest_of
+from inputs_table import check_row, g2, ids, truncated, version_bumped
 from models import TiedNet, regression_batches
+
+FILES = [
+    ("checkpoint truncated", lambda c: lt.load_checkpoint(truncated(c), c.params), lt.CheckpointError, "not a readable checkpoint"),
+    ("checkpoint missing", lambda c: lt.load_checkpoint(c.folder / "none.ckpt", c.params), lt.CheckpointError, "no such checkpoint file"),
+    ("checkpoint alias map", lambda c: lt.load_checkpoint(c.ckpt, ParamList([c.params[0], c.params[1], c.params[2], c.params[1]])), lt.CheckpointError, "storage alias map"),
+    ("checkpoint other optimizer", lambda c: lt.load_checkpoint(c.ckpt, c.params, optimizer=optim.adamw(0.1)), lt.CheckpointError, "destination uses adamw"),
+    ("checkpoint state misfit", lambda c: lt.save_checkpoint(c.ckpt, c.params, state=c.rstate), lt.CheckpointError, "does not fit the 4 slots"),
+    ("torchlean version", lambda c: read_torchlean_f32(version_bumped(c), c.params), lt.CheckpointError, "unsupported format version 3; expected 2"),
+    ("state dict shape", lambda c: import_state_dict(c.params, {"w": g2, "b": g2, "f": torch.zeros(())}), lt.CheckpointError, r"slot 0 \('w'\): expected \(3,\) float32, got \(2,\)"),
+]
+
+
+@pytest.mark.parametrize("name, call, error, pattern", FILES, ids=ids(FILES))
+def test_files_rejects_and_changes_nothing(name, call, error, pattern, tmp_path):
+    check_row(call, error, pattern, tmp_path)
 
 
 def trained(tmp_path, kind="loader"):
@@ -103,7 +123,7 @@ def test_resealed_manifests_are_refused_before_installing(tmp_path, unchanged, e
     assert torch.equal(torch.get_rng_state(), rng)
     with pytest.raises(lt.CheckpointError):
         lt.read_checkpoint(bad)
-    assert cli(["inspect", str(bad)]) == 2
+    assert run_cli(["inspect", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: inspect: ") and err.count("\n") == 1 and "Traceback" not in err
 
@@ -182,7 +202,7 @@ def test_a_relabelled_dtype_fails_integrity_in_inspect_too(tmp_path, capsys, lab
     path.write_bytes(edit_header(path.read_bytes(), relabel))
     with pytest.raises(lt.CheckpointError, match="'storage.0' is .* in the file; the manifest says"):
         lt.load_checkpoint(path, lt.Runner.from_module(TiedNet(bn=True), "mse"))
-    assert cli(["inspect", str(path)]) == 2
+    assert run_cli(["inspect", str(path)]) == 2
     out = capsys.readouterr()
     assert "integrity: OK" not in out.out and "storage.0" in out.err
 
@@ -300,7 +320,53 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path, capsys):
     r = lt.Runner.from_module(TiedNet(bn=True), "mse")
     with pytest.raises(lt.CheckpointError, match="not a regular file"):
         lt.load_checkpoint(fifo, r)
-    assert cli(["inspect", str(fifo)]) == 2
+    assert run_cli(["inspect", str(fifo)]) == 2
     assert "not a regular file" in capsys.readouterr().err
     with pytest.raises(lt.CheckpointError, match="not a regular file"):
         lt.torchlean_io.load(fifo, r)
+
+
+def saved(tmp_path, kind):
+    torch.manual_seed(0)
+    r = lt.Runner.from_module(TiedNet(bn=True), "mse")
+    path = tmp_path / f"{kind}.ckpt"
+    data = regression_batches(6, 3)
+    if kind == "samples":
+        lt.train_samples(r, lt.TrainConfig(steps=3, batch_size=2, log_every=0, checkpoint_path=path), data)
+    else:
+        loader = lt.DataLoader(lt.Dataset(data), batch_size=2, shuffle=True, seed=1)
+        lt.train_loader(r, lt.LoaderTrainConfig(epochs=1, log_every=0, checkpoint_path=path), loader)
+    return path, data
+
+
+@pytest.mark.parametrize("case, match", [
+    ("another batch_size", "batch_size: checkpoint has 2, this run has 3"),
+    ("a loader checkpoint into train_samples", "not a samples training checkpoint"),
+    ("another loader batch size", "loader batch_size: checkpoint has 2, this loader has 3"),
+    ("a samples checkpoint into train_loader", "not a loader training checkpoint"),
+])
+def test_an_incompatible_resume_changes_nothing(tmp_path, unchanged, case, match):
+    source = "loader" if "loader batch size" in case or "loader checkpoint" in case else "samples"
+    path, data = saved(tmp_path, source)
+    torch.manual_seed(1)
+    r = lt.Runner.from_module(TiedNet(bn=True), "mse")
+    rng = torch.get_rng_state()
+    with unchanged(r.params), pytest.raises(lt.CheckpointError, match=match):
+        if case == "another batch_size":
+            lt.train_samples(r, lt.TrainConfig(steps=5, batch_size=3, resume_from=path), data)
+        elif case == "a loader checkpoint into train_samples":
+            lt.train_samples(r, lt.TrainConfig(steps=5, batch_size=2, resume_from=path), data)
+        elif case == "another loader batch size":
+            loader = lt.DataLoader(lt.Dataset(data), batch_size=3, shuffle=True, seed=1)
+            lt.train_loader(r, lt.LoaderTrainConfig(epochs=2, resume_from=path), loader)
+        else:
+            loader = lt.DataLoader(lt.Dataset(data), batch_size=2, shuffle=True, seed=1)
+            lt.train_loader(r, lt.LoaderTrainConfig(epochs=2, resume_from=path), loader)
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_a_fitting_resume_still_installs(tmp_path):
+    path, data = saved(tmp_path, "samples")
+    r = lt.Runner.from_module(TiedNet(bn=True), "mse")
+    report = lt.train_samples(r, lt.TrainConfig(steps=5, batch_size=2, log_every=0, resume_from=path), data)
+    assert report.steps == 5
