@@ -17,7 +17,7 @@ without patching private functions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
@@ -34,8 +34,7 @@ class Steady:
     buckets: Any = None  # data parallel's bucket plan (overlap.BucketPlan)
 
     def clear(self) -> None:
-        for f in fields(self):
-            setattr(self, f.name, None)
+        self.checked = self.slot_map = self.binding = self.layout = self.buckets = None
 
 
 @dataclass

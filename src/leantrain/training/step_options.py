@@ -7,7 +7,7 @@ The loops build it from their config when their optimizer history is known
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -36,6 +36,10 @@ class StepOptions:
     clip_grad_value: Optional[float] = None
     skipped: Optional[torch.Tensor] = None
     scaler: Optional[LossScaler] = None
+    # derived in __post_init__: the path's name, whether clipping, whether skipping
+    path: str = field(init=False, default=GENERIC)
+    clipping: bool = field(init=False, default=False)
+    skips: bool = field(init=False, default=False)
 
     @classmethod
     def checked(cls, op: str, **kw) -> "StepOptions":
@@ -53,15 +57,9 @@ class StepOptions:
         return cls(native, cfg.accumulation, cfg.nonfinite, cfg.exact_reduction, cfg.clip_grad_norm,
                    cfg.clip_grad_value, skipped, scaler)
 
-    @property
-    def path(self) -> str:
-        return NATIVE if self.native else GENERIC
-
-    @property
-    def clipping(self) -> bool:
-        return self.clip_grad_norm is not None or self.clip_grad_value is not None
-
-    @property
-    def skips(self) -> bool:
-        """Whether a non-finite step is skipped on the device (float16 scaling always skips)."""
-        return self.nonfinite == "skip" or self.scaler is not None
+    def __post_init__(self) -> None:
+        # Read by every update: plain fields, computed once (not properties).
+        object.__setattr__(self, "path", NATIVE if self.native else GENERIC)
+        object.__setattr__(self, "clipping", self.clip_grad_norm is not None or self.clip_grad_value is not None)
+        # a non-finite step is skipped on the device (float16 scaling always skips)
+        object.__setattr__(self, "skips", self.nonfinite == "skip" or self.scaler is not None)
