@@ -16,6 +16,7 @@ import torch
 from .binding import set_rng_state
 from .mean import Pack
 from .runner import Runner, Sample
+from .samples import add_losses
 
 
 def plus(g: Optional[torch.Tensor], h: Optional[torch.Tensor], out: Optional[torch.Tensor] = None):
@@ -46,11 +47,11 @@ def fold(items: Iterable[tuple[torch.Tensor, Pack]], out: Optional[list] = None)
     second = next(it, None)
     if second is None:
         return loss, grads
-    loss = loss + second[0]
+    loss = add_losses(loss, second[0])
     outs = out if out is not None else [None] * len(grads)
     grads = [plus(g, h, o) for g, h, o in zip(grads, second[1], outs)]  # owned from here
     for loss_k, grads_k in it:
-        loss = loss + loss_k
+        loss = add_losses(loss, loss_k)
         add_into(grads, grads_k)
     return loss, grads
 

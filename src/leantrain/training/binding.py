@@ -41,6 +41,7 @@ from .backward import all_plain
 from ..errors import ConfigError, DataError, slot_label
 from ..params.dense import kernel_strides
 from ..params.module_slots import bind
+from .samples import call_model, describe
 
 MODEL_ERRORS = (RuntimeError, ValueError, TypeError, IndexError)
 
@@ -209,17 +210,15 @@ class Binding:
         try:
             with torch.no_grad():
                 for sample in batch:
-                    x, _ = runner.inputs(sample)
+                    s = runner.inputs(sample)
                     if states is not None:
                         states.append(rng_state(runner.device))
                     try:
                         with runner.autocast():
-                            runner.module(x)
+                            call_model(runner.module, s)
                     except MODEL_ERRORS as e:
-                        raise DataError(
-                            f"{op}: the model rejected the sample (x {tuple(x.shape)} "
-                            f"{x.dtype}): {str(e).splitlines()[0]}"
-                        ) from e
+                        raise DataError(f"{op}: the model rejected the sample ({describe(s)}): "
+                                        f"{str(e).splitlines()[0]}") from e
                     reassigned |= self._adopt_reassigned(op, bufs, tensors)
         except BaseException:
             snapshot.restore()
@@ -250,12 +249,12 @@ class Binding:
         try:
             with torch.no_grad(), self.scratch_buffers():
                 for sample in batch:
-                    x, _ = runner.inputs(sample)
+                    s = runner.inputs(sample)
                     try:
                         with runner.autocast():
-                            runner.module(x)
+                            call_model(runner.module, s)
                     except MODEL_ERRORS as e:
-                        raise DataError(f"{op}: the model rejected the sample (x {tuple(x.shape)} {x.dtype}): "
+                        raise DataError(f"{op}: the model rejected the sample ({describe(s)}): "
                                         f"{str(e).splitlines()[0]}") from e
                     states.append(rng_state(runner.device))
         finally:

@@ -27,10 +27,12 @@ from ..errors import ConfigError
 
 
 def make_compiled(module: torch.nn.Module, loss_fn: Callable) -> Callable:
-    """``torch.compile`` of ``(x, y) -> loss_fn(module(x), y)`` (compiled at its first call)."""
+    """``torch.compile`` of ``sample -> loss_fn(model(sample), target)`` (``samples.py``'s
+    rule for reading a sample), compiled at its first call."""
+    from .samples import call_model, loss_target
 
-    def forward_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return loss_fn(module(x), y)
+    def forward_loss(sample):
+        return loss_fn(call_model(module, sample), loss_target(sample))
 
     return torch.compile(forward_loss)
 

@@ -18,6 +18,7 @@ from ..errors import ConfigError
 from .batches import loader_generators, loader_samples
 from .binding import rng_preserved
 from .runner import Runner, Sample, check_sample
+from .samples import LossSum, add_losses, call_model, checked_loss, loss_target
 
 Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 EvalData = Union[list, Dataset, DataLoader, Iterable]
@@ -63,21 +64,24 @@ def evaluate(
                 bound.scratch_buffers():
             for sample in items:
                 n += 1
-                x, y = runner.inputs(sample)
+                s = runner.inputs(sample)
                 with runner.autocast():
-                    out = runner.module(x)
-                    loss = runner.loss_fn(out, y)
-                total = loss if total is None else total + loss
+                    out = call_model(runner.module, s)
+                    loss = checked_loss(op, runner.loss_fn(out, loss_target(s)))
+                total = loss if total is None else add_losses(total, loss)
                 for name, fn in metrics.items():
-                    value = fn(out, y)
+                    value = fn(out, loss_target(s))
                     if not isinstance(value, torch.Tensor):
                         raise ConfigError(f"{op}: metric {name!r} returned {type(value).__name__}, expected a tensor")
                     sums[name][0] += value.to(torch.float64).sum()
-                    sums[name][1] += max(1, value.numel())
+                    sums[name][1] += value.numel()  # a 0-dim value per item counts 1; per example, each
     if n == 0:
         return {"loss": 0.0, **{name: 0.0 for name in metrics}, "items": 0.0}  # upstream's rule
-    results = {"loss": float((total * (1.0 / n)).item())}  # intentional sync: asked for
+    if isinstance(total, LossSum):  # the sum of totals over the sum of counts
+        results = {"loss": float((total.total / total.count).item())}  # intentional sync: asked for
+    else:
+        results = {"loss": float((total * (1.0 / n)).item())}  # intentional sync: asked for
     for name, (s, k) in sums.items():
-        results[name] = float(s.item()) / k  # intentional sync
+        results[name] = float(s.item()) / k if k else 0.0  # intentional sync
     results["items"] = float(n)
     return results

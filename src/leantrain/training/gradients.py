@@ -21,18 +21,22 @@ from .accumulate import sum_items
 from .binding import BufferSnapshot, rng_state, set_rng_state
 from .mean import Mean, Pack
 from .runner import Runner, Sample, check_sample
+from .samples import check_alike
 from .step_options import StepOptions
 from .vectorized import check_stackable, stacked_loss_and_gradients
 from ..errors import DataError
 
 
 def check_batch(op: str, batch: Sequence[Sample]) -> list[Sample]:
-    """A batch is a nonempty list of ``(x, y)`` samples."""
+    """A batch is a nonempty list of samples of one structure (``samples.py``)."""
     if not isinstance(batch, (list, tuple)):
         raise DataError(f"{op}: a batch is a list of (x, y) samples, got {type(batch).__name__}")
     if len(batch) == 0:
         raise DataError(f"{op}: empty batch")
-    return [check_sample(op, s, i) for i, s in enumerate(batch)]
+    checked = [check_sample(op, s, i) for i, s in enumerate(batch)]
+    if len(checked) > 1:
+        check_alike(op, checked)
+    return checked
 
 
 def batch_mean(op: str, runner: Runner, batch: list[Sample], o: StepOptions, want_loss: bool = False

@@ -15,6 +15,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from .samples import LossSum
+
 Pack = list[Optional[torch.Tensor]]
 
 _FLAGS: dict = {}  # per device: (a reusable flag, a unit scale)
@@ -32,10 +34,25 @@ class Mean:
         self._pending = pending  # 1/n not yet multiplied into the float32 gradients
 
     @classmethod
-    def of_sums(cls, loss: torch.Tensor, grads: Pack, n: int, defer: bool = False) -> "Mean":
+    def of_sums(cls, loss, grads: Pack, n: int, defer: bool = False) -> "Mean":
         """The mean of ``n`` items from their sums (owned tensors: scaled in place). One
         item is its own mean (``g * (1/1)`` is ``g``: no pass). ``defer``: leave the
-        multiply of float32 dense gradients to ``check``."""
+        multiply of float32 dense gradients to ``check``. A ``LossSum`` (the items'
+        totals and counts added) divides by its count instead: the gradient of (sum of
+        totals) / (sum of counts). A count on an accelerator is never read back: its
+        reciprocal is taken there (in binary64, then rounded to float32, as ``1.0/n``)."""
+        if isinstance(loss, LossSum):
+            count = loss.count
+            if isinstance(count, torch.Tensor) and count.device.type != "cpu":
+                factor = count.double().reciprocal().float().reshape(1)
+                value = loss.total * factor[0]
+                if defer and all(g is None or (g.dtype == torch.float32 and g.layout == torch.strided) for g in grads):
+                    return cls(value, grads, factor)
+                for g in grads:
+                    if g is not None:
+                        g.mul_(factor)
+                return cls(value, grads)
+            loss, n = loss.total, int(count)  # an int, or a CPU scalar: no device read
         if n == 1:
             return cls(loss, grads)
         inv = 1.0 / n
@@ -84,12 +101,12 @@ class Mean:
         grads = [g if g.layout == torch.strided else g._values() for g in self._grads if g is not None]
         if self._pending is not None:
             assert inv_scale is None, "a deferred 1/n is never combined with a loss scale (of_sums: defer=False)"
-            key = (device, self._pending)
-            factor = _FACTORS.get(key)
+            factor = self._pending if isinstance(self._pending, torch.Tensor) else _FACTORS.get((device, self._pending))
             if factor is None:
                 if len(_FACTORS) > 64:
                     _FACTORS.clear()
-                factor = _FACTORS[key] = torch.full((1,), self._pending, dtype=torch.float32, device=device)
+                factor = _FACTORS[(device, self._pending)] = torch.full((1,), self._pending, dtype=torch.float32,
+                                                                        device=device)
             inv_scale = factor  # float32(1/n): the factor ``g.mul_(1/n)`` multiplies float32 by
             self._pending = None
         if inv_scale is None:

@@ -23,7 +23,11 @@ from .backward import differentiate
 from .compiled import compiler_error, is_compiler_error, make_compiled
 from .binding import MODEL_ERRORS, Binding, rng_preserved, same_rng
 from .loop_state import LoopState, RunnerStats, Steady
-from .samples import LOSSES, LossFn, Sample, check_sample  # noqa: F401  (re-exported)
+from .distributed import active as distributed_active
+from .samples import (  # noqa: F401  (re-exported: LOSSES, LossFn)
+    LOSSES, LossFn, LossSum, Sample, add_losses, call_model, check_sample, checked_loss, describe, loss_target,
+    to_device,
+)
 from ..errors import ConfigError, DataError, slot_label
 from ..params.module_slots import module_entries
 from ..params.paramlist import ParamList
@@ -309,37 +313,31 @@ class Runner:
                 s.host_current = False  # the forward pass advanced the mirror in place
 
     def inputs(self, sample: Sample) -> Sample:
-        """``sample`` on the runner's device (a host-to-device copy when needed)."""
-        x, y = sample
-        if x.device != self.device:
-            x = x.to(self.device)
-        if y.device != self.device:
-            y = y.to(self.device)
-        return x, y
+        """``sample`` with its tensors on the runner's device (copies only where needed)."""
+        return to_device(sample, self.device)
 
     # ------------------------------------------------------------ evaluation
-    def loss(self, sample: Sample) -> torch.Tensor:
-        """The scalar loss of one item at the current parameters (buffers may advance)."""
-        x, y = self.inputs(sample)
+    def loss(self, sample: Sample):
+        """The loss of one item at the current parameters (buffers may advance): a
+        floating-point scalar tensor, or a ``LossSum``."""
+        s = self.inputs(sample)
         with self.binding("Runner.loss"):
             try:
                 with self.autocast():
                     compiled = self.loop.compiled
                     if compiled is not None and torch.is_grad_enabled():
-                        loss = compiled(x, y)  # compile=True (compiled.py)
+                        loss = compiled(s)  # compile=True (compiled.py)
                     else:
-                        loss = self.loss_fn(self.module(x), y)
+                        loss = self.loss_fn(call_model(self.module, s), loss_target(s))
             except MODEL_ERRORS as e:
                 if is_compiler_error(e):
                     raise compiler_error(e) from e
-                raise DataError(
-                    f"Runner.loss: the model or loss rejected the sample (x {tuple(x.shape)} "
-                    f"{x.dtype}, y {tuple(y.shape)} {y.dtype}): {str(e).splitlines()[0]}"
-                ) from e
-        if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
-            got = (type(loss).__name__ if not isinstance(loss, torch.Tensor) else
-                   f"shape {tuple(loss.shape)}" if loss.dim() != 0 else f"dtype {loss.dtype}")
-            raise ConfigError(f"Runner.loss: the loss must be a floating-point scalar tensor, got {got}")
+                raise DataError(f"Runner.loss: the model or loss rejected the sample ({describe(s)}): "
+                                f"{str(e).splitlines()[0]}") from e
+        loss = checked_loss("Runner.loss", loss)
+        if isinstance(loss, LossSum) and distributed_active():
+            raise ConfigError("Runner.loss: LossSum under torch.distributed is not supported yet (its counts would "
+                              "need their own all-reduce); return the mean loss per item there")
         return loss
 
     def update_buffers(self, sample: Sample) -> None:
@@ -353,11 +351,12 @@ class Runner:
         """The model's output at the current parameters (no gradients, buffers unchanged)."""
         with self.binding("Runner.predict") as bound, bound.scratch_buffers():
             with self.autocast():
-                return self.module(x.to(self.device))
+                return self.module(to_device(x, self.device))
 
     def mean_loss(self, samples: Iterable[Sample]) -> float:
-        """``(l1 + ... + ln) / n`` under the current parameters and mode, reading
-        ``samples`` (a list, or any iterable: one item at a time, nothing kept).
+        """``(l1 + ... + ln) / n`` under the current parameters and mode (``LossSum``
+        items: the sum of totals over the sum of counts), reading ``samples`` (a list, or
+        any iterable: one item at a time, nothing kept).
 
         Buffers and the random number generators are left as found (a measuring pass
         does not change what training draws next). No items give 0.0, upstream's
@@ -368,18 +367,25 @@ class Runner:
             with self.binding("Runner.mean_loss") as bound, bound.scratch_buffers():
                 for s in samples:
                     loss = self.loss(check_sample("Runner.mean_loss", s, n))
-                    total = loss if total is None else total + loss
+                    total = loss if total is None else add_losses(total, loss)
                     n += 1
         if n == 0:
             return 0.0
+        if isinstance(total, LossSum):
+            return float((total.total / total.count).item())  # intentional sync: the caller asked
         return float((total / n).item())  # intentional sync: the caller asked
 
     def loss_and_gradients(
         self, sample: Sample, leaves: Sequence[Optional[torch.Tensor]]
     ) -> tuple[torch.Tensor, list[Optional[torch.Tensor]]]:
         """Loss and per-slot gradients of one item (``None`` at frozen slots); call it
-        inside ``binding()`` with that binding's ``leaves``."""
-        return self.loss_gradients(self.loss(sample), leaves)
+        inside ``binding()`` with that binding's ``leaves``. A ``LossSum``'s total is
+        differentiated; it comes back with its total detached."""
+        loss = self.loss(sample)
+        if isinstance(loss, LossSum):
+            total, grads = self.loss_gradients(loss.total, leaves)
+            return LossSum(total, loss.count), grads
+        return self.loss_gradients(loss, leaves)
 
     def loss_gradients(self, loss: torch.Tensor, leaves) -> tuple[torch.Tensor, list[Optional[torch.Tensor]]]:
         """(the detached loss, per-slot gradients of ``loss`` with respect to ``leaves``, a

@@ -28,6 +28,10 @@ def check_stackable(runner: Runner, batch: Sequence[Sample]) -> None:
                     f"{op}: module {name!r} ({type(m).__name__}) couples the items of a "
                     f"stacked batch in train mode; use accumulation='exact' or runner.eval()"
                 )
+    for i, s in enumerate(batch):
+        if isinstance(s, dict) or not all(isinstance(t, torch.Tensor) for t in s):
+            raise ConfigError(f"{op}: item {i}: stacks (x, y) pairs of tensors only, this sample is "
+                              f"{'a dict' if isinstance(s, dict) else 'a nested pair'}; use accumulation='exact'")
     x0, y0 = batch[0]
     for i, (x, y) in enumerate(batch):
         if x.shape != x0.shape or y.shape != y0.shape:
@@ -47,5 +51,8 @@ def stacked_loss_and_gradients(
     with runner.binding("vectorized accumulation"):
         with runner.autocast():
             per_item = torch.vmap(runner.loss_fn)(runner.module(xs), ys)
+    if not isinstance(per_item, torch.Tensor):
+        raise ConfigError("vectorized accumulation: the loss returned a LossSum (or another record); stacked "
+                          "items take a scalar loss per item: use accumulation='exact'")
     total = per_item.sum()
     return runner.loss_gradients(total * (1.0 / len(batch) if scale is None else scale), leaves)
