@@ -4,6 +4,13 @@ Export gives every slot name (so ``module.load_state_dict`` works, ties included
 the safetensors file stores each storage once under its first name and records the
 other names in its metadata (``aliases``), the way safetensors treats shared tensors.
 Import matches by name, checks everything first and reports every mismatch at once.
+
+Hugging Face folders both ways: ``save_weights(folder, runner, pretrained=True)`` writes
+``model.safetensors`` (ties stored once, as ``save_pretrained`` does) and the model's
+``config.json`` when it has one, a folder ``from_pretrained`` loads; ``load_weights``
+reads such a folder, a sharded one (``model.safetensors.index.json`` and its shards) or
+a single file, and takes a tied name that is absent as given by its representative's
+(what ``save_pretrained`` leaves out), strict otherwise.
 """
 
 from __future__ import annotations
@@ -44,9 +51,23 @@ def export_state_dict(target, *, ema: bool = False) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_weights(path: PathLike, target, *, ema: bool = False) -> Path:
+def save_weights(path: PathLike, target, *, ema: bool = False, pretrained: bool = False) -> Path:
     """Write a safetensors weights file: each storage once, aliases in the metadata
-    (``ema=True``: the Runner's moving average of the weights)."""
+    (``ema=True``: the Runner's moving average of the weights). ``pretrained=True``:
+    ``path`` is a folder; it gets ``model.safetensors`` and, when the Runner's module has
+    a Hugging Face ``config`` (``save_pretrained``), its ``config.json``: a folder
+    ``from_pretrained`` loads, ties kept. Returns the weights file written."""
+    if pretrained:
+        folder = Path(path)
+        if folder.exists() and not folder.is_dir():
+            raise CheckpointError(f"save_weights: {folder}: is a file; pretrained=True writes a folder")
+        params_of("save_weights", target)  # checked before the folder is made
+        folder.mkdir(parents=True, exist_ok=True)
+        written = save_weights(folder / "model.safetensors", target, ema=ema)
+        config = getattr(getattr(target, "module", None), "config", None)
+        if config is not None and callable(getattr(config, "save_pretrained", None)):
+            config.save_pretrained(str(folder))
+        return written
     params = params_of("save_weights", target)
     first: dict[int, str] = {}
     tensors, aliases = {}, {}
@@ -62,22 +83,54 @@ def save_weights(path: PathLike, target, *, ema: bool = False) -> Path:
 
 
 def load_weights(path: PathLike, target, *, strict: bool = True) -> list[str]:
-    """Import a weights file written by ``save_weights`` (or any safetensors file) by name."""
+    """Import weights by name: a file written by ``save_weights`` (or any safetensors
+    file), a folder holding ``model.safetensors``, or a sharded Hugging Face checkpoint
+    (a folder with ``model.safetensors.index.json``, or that index file)."""
     path = Path(path)
     op = "load_weights"
-    with TensorFile(path, op) as f:
-        weights = {k: f.read(k) for k in f.entries}
-        meta = f.metadata
-    try:
-        aliases = json.loads(meta.get("aliases", "{}"))
-    except (ValueError, RecursionError):
-        aliases = None
-    if not (isinstance(aliases, dict) and all(isinstance(v, str) for v in aliases.values())):
-        raise CheckpointError(f"{op}: {path}: the alias map in the metadata is not a map of names")
+    weights, aliases = {}, {}
+    for file in _weight_files(op, path):
+        with TensorFile(file, op) as f:
+            for k in f.entries:
+                if k in weights:
+                    raise CheckpointError(f"{op}: {file}: tensor {k!r} is in two shards")
+                weights[k] = f.read(k)
+            meta = f.metadata
+        try:
+            found = json.loads(meta.get("aliases", "{}"))
+        except (ValueError, RecursionError):
+            found = None
+        if not (isinstance(found, dict) and all(isinstance(v, str) for v in found.values())):
+            raise CheckpointError(f"{op}: {file}: the alias map in the metadata is not a map of names")
+        aliases.update(found)
     for alias, name in aliases.items():
         if name in weights:
             weights[alias] = weights[name]
     return import_state_dict(target, weights, strict=strict, op=f"load_weights: {path}")
+
+
+def _weight_files(op: str, path: Path) -> list[Path]:
+    """The safetensors files ``path`` names: itself, a folder's ``model.safetensors``, or
+    the shards a ``model.safetensors.index.json`` lists (each once, in order)."""
+    index = path / "model.safetensors.index.json" if path.is_dir() else path
+    if path.is_dir() and not index.is_file():
+        single = path / "model.safetensors"
+        if not single.is_file():
+            raise CheckpointError(f"{op}: {path}: a folder without model.safetensors or model.safetensors.index.json")
+        return [single]
+    if index.name.endswith(".index.json"):
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map")
+        except (OSError, ValueError, RecursionError, AttributeError) as e:
+            raise CheckpointError(f"{op}: {index}: not a safetensors index ({type(e).__name__})") from None
+        if not (isinstance(weight_map, dict) and all(isinstance(v, str) for v in weight_map.values())):
+            raise CheckpointError(f"{op}: {index}: its weight_map is not a map of names to shard files")
+        shards = list(dict.fromkeys(weight_map.values()))
+        bad = [s for s in shards if Path(s).name != s]
+        if bad:
+            raise CheckpointError(f"{op}: {index}: shard names must be files beside the index, got {bad[:3]}")
+        return [index.parent / s for s in shards]
+    return [path]
 
 
 def import_state_dict(
@@ -85,17 +138,18 @@ def import_state_dict(
 ) -> list[str]:
     """Write ``state_dict[name]`` into every slot with that name; returns the names
     not found (empty under ``strict``, where missing or extra names are errors).
-    Aliased slots must receive equal values (they are one storage)."""
+    Aliased slots must receive equal values (they are one storage); an alias that is
+    absent takes its storage's value from the names present."""
     params = params_of("import_state_dict", target)
     problems, plan = [], {}
     schema = params.schema()  # the names, shapes and dtypes the weights must match
     names = set(schema.names)
+    missing = []
     for i, (v, name, shape, dtype) in enumerate(zip(params, schema.names, schema.shapes, schema.dtypes)):
         t = state_dict.get(name)
         where = slot_label(i, name)
         if t is None:
-            if strict:
-                problems.append(f"{where}: missing from the weights")
+            missing.append((i, v, name))
             continue
         if not isinstance(t, torch.Tensor):
             problems.append(f"{where}: expected a tensor, got {type(t).__name__}")
@@ -108,6 +162,11 @@ def import_state_dict(
             problems.append(f"{where}: is tied to {plan[id(v.storage)][0]} but the weights differ")
         else:
             plan.setdefault(id(v.storage), (where, t, v.storage))
+    # A name that is absent is given by its storage's other names (a tie saved once, as
+    # save_pretrained leaves lm_head.weight out); a storage no name gives is missing.
+    absent = [(i, name) for i, v, name in missing if id(v.storage) not in plan]
+    if strict:
+        problems += [f"{slot_label(i, name)}: missing from the weights" for i, name in absent]
     extra = sorted(set(state_dict) - names)
     if strict:
         problems += [f"unexpected entry {n!r} (no slot has that name)" for n in extra]
@@ -116,4 +175,4 @@ def import_state_dict(
         raise CheckpointError(f"{op}: {len(problems)} problem(s), nothing was loaded:\n{lines}")
     for _, t, storage in plan.values():
         storage.write_host(t)
-    return sorted(n for n in names if n not in state_dict) + extra
+    return sorted(name for _, name in absent) + extra

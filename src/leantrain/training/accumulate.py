@@ -14,6 +14,7 @@ from typing import Iterable, Iterator, Optional, Sequence
 import torch
 
 from .binding import set_rng_state
+from ..errors import ConfigError, DataError
 from .mean import Pack
 from .runner import Runner, Sample
 from .samples import add_losses
@@ -65,7 +66,11 @@ def item_gradients(runner: Runner, batch: Sequence[Sample], leaves, scratch,
         if j:
             scratch.reset()
         draws(runner, states, j)
-        yield runner.loss_and_gradients(sample, leaves)
+        try:
+            pair = runner.loss_and_gradients(sample, leaves)
+        except (DataError, ConfigError) as e:
+            raise type(e)(f"item {j}: {e}") from e  # which item of the batch
+        yield pair
 
 
 def sum_items(runner: Runner, batch: Sequence[Sample], leaves, scratch, out: Optional[list] = None,
