@@ -183,7 +183,7 @@ class Checkpoint:
     ema: Optional[dict] = None  # {"decay", "count", "values": {storage index: CPU tensor}}
 
 
-def _fit_problems(manifest: dict, tensors: dict, checked, params: ParamList, optimizer
+def _fit_problems(manifest: dict, tensors: dict, checked, params: ParamList, optimizer, follow: bool = False
                   ) -> tuple[list[str], Optional[Optimizer]]:
     """Why a sound file (``read_checked`` checked it whole: every tensor of the dtype and
     shape its manifest implies) cannot be loaded into ``params`` and ``optimizer``, each
@@ -191,7 +191,10 @@ def _fit_problems(manifest: dict, tensors: dict, checked, params: ParamList, opt
     tensor or record is reported besides), the optimizer's configuration and per-slot
     settings, and, when the schema fits, a record of the rule's type for every history
     the destination has."""
-    problems = checked.schema.differences(params.schema())
+    here = params.schema()
+    if follow and checked.schema.requires_grad != here.requires_grad:
+        here = here.with_requires_grad(checked.schema.requires_grad)  # the run's trainable set, as saved
+    problems = checked.schema.differences(here)
     fits = not problems
     if fits and torch.cuda.is_available():  # the generators' states are restored only after everything else
         for d in range(min(manifest["rng"]["cuda"], torch.cuda.device_count())):
@@ -231,22 +234,29 @@ def _fit_problems(manifest: dict, tensors: dict, checked, params: ParamList, opt
 
 def load_checkpoint(
     path: PathLike, target, *, optimizer=None, restore_rng: bool = True,
-    accept: Optional[Callable[[dict, dict], list[str]]] = None,
+    accept: Optional[Callable[[dict, dict], list[str]]] = None, follow_trainable: bool = False,
 ) -> Checkpoint:
     """Validate everything, then install parameters (and return optimizer state,
     progress and loader state). A rejected load leaves parameters, mirrors, any
     optimizer state and the random generators untouched. ``accept(manifest, tensors)``
     returns the caller's own problems with the file (a resume that does not fit the run),
-    checked with the rest, before anything is installed."""
+    checked with the rest, before anything is installed. ``follow_trainable`` (a Runner
+    target; what a resume asks for): the file's trainable set is taken where it differs
+    (a run that unfroze slots mid-way continues with them trainable: the slots and the
+    module's ``requires_grad`` are set as saved); otherwise a different frozen mask is an
+    error."""
     op = "load_checkpoint"
     path = Path(path)
     params = params_of(op, target)
     manifest, tensors, checked = read_checked(path, op)  # the file, whole: format, manifest, tensors, checksums
-    problems, saved_opt = _fit_problems(manifest, tensors, checked, params, optimizer)  # the destination, once
+    follow = follow_trainable and callable(getattr(target, "follow_requires_grad", None))
+    problems, saved_opt = _fit_problems(manifest, tensors, checked, params, optimizer, follow)  # the destination, once
     if accept is not None and not problems:
         problems = list(accept(manifest, tensors))
     raise_all(op, path, problems)
     # ---- everything checked; install
+    if follow and list(checked.schema.requires_grad) != params.requires_grad_array():
+        target.follow_requires_grad(checked.schema.requires_grad)
     for k, s in enumerate(params.storages()):
         device = s.mirror.device if s.mirror is not None else None
         s.write_host(tensors[f"storage.{k}"])

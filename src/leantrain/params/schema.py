@@ -9,7 +9,7 @@ way two layouts disagree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 Shape = tuple[int, ...]
@@ -79,6 +79,14 @@ class ParameterSchema:
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed slot entry ({type(e).__name__}: {e})") from None
+
+    def with_requires_grad(self, mask) -> "ParameterSchema":
+        """This layout with another trainable set (its alias map recomputed as
+        ``canonical_slot_indices`` would: the first trainable slot of each storage)."""
+        first: dict = {}
+        reps = tuple(first.setdefault(k, i) if flag else None for i, (flag, k) in enumerate(zip(mask, self.storages)))
+        schema = replace(self, requires_grad=tuple(bool(f) for f in mask), representatives=reps)
+        return schema if schema.has_aliases() else replace(schema, representatives=None)
 
     def differences(self, here: "ParameterSchema") -> list[str]:
         """Every way ``here`` (the destination) differs from this (saved) layout, each

@@ -1,14 +1,12 @@
 """The runner: a model, a loss and the parameter list it trains (spec §6).
 
-The module stays the user's: its Parameter objects, ties, buffers and
-``state_dict()`` keys are the same after every call; only the trained values and the
-buffers the contract advances change. Each call binds the module for its own length
-(see ``binding.py``): without ties or device mirrors the module's own tensors are
-differentiated directly; a tied Parameter's later occurrences get their own leaves
-over the same memory, so each occurrence has its own gradient and
-``canonical_gradients`` sums them in slot order. A parameter or buffer replaced on
-the module after the runner was built is refused at the next call (``ConfigError``
-naming the slot), never silently left untrained.
+The module stays the user's: its Parameter objects, ties, buffers and ``state_dict()``
+keys are the same after every call; only the trained values, the buffers the contract
+advances and (gradual unfreezing) the trainable set the user changes move. Each call
+binds the module for its own length (``binding.py``): a tied Parameter's later
+occurrences get their own leaves over the same memory, summed in slot order. A
+parameter or buffer replaced on the module is refused at the next call (``ConfigError``
+naming the slot); a ``requires_grad`` turned on or off there is followed.
 """
 
 from __future__ import annotations
@@ -21,12 +19,12 @@ import torch
 from .ema import EMA
 from .backward import differentiate
 from .compiled import compiler_error, is_compiler_error, make_compiled
-from .binding import MODEL_ERRORS, Binding, rng_preserved, same_rng
+from .binding import MODEL_ERRORS, Binding, same_rng
 from .loop_state import LoopState, RunnerStats, Steady
+from .measure import mean_loss
 from .distributed import active as distributed_active
 from .samples import (  # noqa: F401  (re-exported: LOSSES, LossFn)
-    LOSSES, LossFn, LossSum, Sample, add_losses, call_model, check_sample, checked_loss, describe, loss_target,
-    to_device,
+    LOSSES, LossFn, LossSum, Sample, call_model, check_sample, checked_loss, describe, loss_target, to_device,
 )
 from ..errors import ConfigError, DataError, slot_label
 from ..params.module_slots import module_entries
@@ -96,10 +94,9 @@ class Runner:
 
     @contextlib.contextmanager
     def in_mode(self, mode: str):
-        """The enclosed block in ``mode`` (``"train"`` or ``"eval"``), the mode put back
-        afterwards. Unlike ``train()``/``eval()`` it keeps what a loop checked: the mode
-        changes no slot, binding or layout (only whether buffers advance, which every
-        call reads afresh). For a loop's own evaluations."""
+        """The block in ``mode`` (``"train"``/``"eval"``), then the mode put back; unlike
+        ``train()``/``eval()`` it keeps what a loop checked (a mode changes no slot,
+        binding or layout). For a loop's own evaluations."""
         saved = self.mode
         self.mode = mode
         self.module.train(mode == "train")
@@ -126,17 +123,14 @@ class Runner:
     def autocast(self):
         """``torch.autocast`` on the runner's device when a loop asked for it, else nothing."""
         amp = self.loop.amp
-        if amp is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=amp)
+        return contextlib.nullcontext() if amp is None else torch.autocast(self.device.type, dtype=amp)
 
     def keep_ema(self, ema: Optional[EMA]) -> None:
-        """The moving average a loop with ``ema_decay`` keeps (it outlives the loop:
-        ``ema_values``, ``evaluate(ema=True)``, checkpoints)."""
+        """The moving average a loop with ``ema_decay`` keeps (it outlives the loop)."""
         self.ema = ema
 
     def compiled_loss(self) -> Callable:
-        """The compiled ``(x, y) -> loss_fn(module(x), y)``, made on first use and kept."""
+        """The compiled loss of a sample (``compiled.py``), made on first use and kept."""
         if self._compiled_loss is None:
             self._compiled_loss = make_compiled(self.module, self.loss_fn)
         return self._compiled_loss
@@ -151,8 +145,8 @@ class Runner:
             self.buffer_writes = False
 
     def learned_draws(self, states: list) -> bool:
-        """A binding recorded the generator states around one forward per item: the model
-        draws random numbers if the first and last differ. Returns that."""
+        """Generator states around one forward per item: the model draws random numbers
+        if the first and last differ (returned)."""
         self.draws = not same_rng(states[0], states[-1])
         return self.draws
 
@@ -235,6 +229,7 @@ class Runner:
 
     def _bind(self, op: str) -> Binding:
         self.stats.bindings += 1
+        self._follow_requires_grad()
         views, dev = self.params, self.device
         slots_map = self.slot_map()
         leaves: list[Optional[torch.Tensor]] = [None] * len(views)
@@ -242,7 +237,7 @@ class Runner:
         swaps: list = []
         leaf_ids: set[int] = set()
         for i, (table, attr, orig, trainable, on_device) in enumerate(self._slot_info):
-            if table.get(attr) is not orig or (trainable is not None and orig.requires_grad is not trainable):
+            if table.get(attr) is not orig:
                 raise self._changed(op, i)
             s = views[i].storage
             m = s.mirror
@@ -277,6 +272,33 @@ class Runner:
                 swaps.append((loc, copy, cur))
         return Binding(self, leaves, working, swaps)
 
+    def _follow_requires_grad(self) -> None:
+        """Slots follow a ``requires_grad`` changed on the module: one turned on trains with
+        a fresh optimizer history (as torch.optim); one turned off gets no update."""
+        changed = [i for i, (table, attr, orig, trainable, _) in enumerate(self._slot_info)
+                   if trainable is not None and table.get(attr) is orig and orig.requires_grad is not trainable]
+        if not changed:
+            return
+        for i in changed:
+            self.params[i].requires_grad = bool(self._originals[i].requires_grad)
+        self._index_slots()
+        if self.loop.steady is not None:
+            self.loop.steady.clear()  # the trainable set changed: its map and layout too
+
+    def follow_requires_grad(self, mask) -> None:
+        """Each slot's flag from ``mask``, each module Parameter's ``requires_grad`` to
+        whether any of its slots trains (``load_checkpoint(follow_trainable=True)``)."""
+        wants: dict[int, bool] = {}
+        for i, flag in enumerate(mask):
+            self.params[i].requires_grad = bool(flag)
+            if self.locations[i].is_parameter:
+                wants[id(self._originals[i])] = wants.get(id(self._originals[i]), False) or bool(flag)
+        for i, orig in enumerate(self._originals):
+            if self.locations[i].is_parameter and orig.requires_grad != wants[id(orig)]:
+                orig.requires_grad_(wants[id(orig)])
+        self._index_slots()
+        self.recheck()
+
     def _index_slots(self) -> None:
         """Per slot, what ``binding`` reads each call: the module's table and name, the
         original object, its requires_grad at build (parameters), and whether it lives
@@ -294,12 +316,8 @@ class Runner:
 
     def _changed(self, op: str, i: int) -> ConfigError:
         where = slot_label(i, self.params[i].name)
-        cur = self.locations[i].current()
-        if cur is self._originals[i]:
-            what = f"its requires_grad was changed to {cur.requires_grad}"  # on the module
-        else:
-            kind = "parameter" if self.locations[i].is_parameter else "buffer"
-            what = f"the module's {kind} was replaced (or removed)"
+        kind = "parameter" if self.locations[i].is_parameter else "buffer"
+        what = f"the module's {kind} was replaced (or removed)"
         return ConfigError(
             f"{op}: {where}: {what} after the Runner was built, so the Runner would train "
             f"something else than the module holds; build a new Runner (and optimizer state) "
@@ -355,25 +373,9 @@ class Runner:
 
     def mean_loss(self, samples: Iterable[Sample]) -> float:
         """``(l1 + ... + ln) / n`` under the current parameters and mode (``LossSum``
-        items: the sum of totals over the sum of counts), reading ``samples`` (a list, or
-        any iterable: one item at a time, nothing kept).
-
-        Buffers and the random number generators are left as found (a measuring pass
-        does not change what training draws next). No items give 0.0, upstream's
-        rule. Reads one scalar back to the host (a device sync on CUDA), as asked.
-        """
-        total, n = None, 0
-        with rng_preserved(self.device), torch.no_grad():
-            with self.binding("Runner.mean_loss") as bound, bound.scratch_buffers():
-                for s in samples:
-                    loss = self.loss(check_sample("Runner.mean_loss", s, n))
-                    total = loss if total is None else add_losses(total, loss)
-                    n += 1
-        if n == 0:
-            return 0.0
-        if isinstance(total, LossSum):
-            return float((total.total / total.count).item())  # intentional sync: the caller asked
-        return float((total / n).item())  # intentional sync: the caller asked
+        items: the sum of totals over the sum of counts), reading ``samples`` one at a
+        time; buffers and generators left as found (see ``measure.mean_loss``)."""
+        return mean_loss(self, samples)
 
     def loss_and_gradients(
         self, sample: Sample, leaves: Sequence[Optional[torch.Tensor]]

@@ -196,7 +196,7 @@ class Session:
                 problems += loader_check(manifest, tensors)
             return problems
 
-        return load_checkpoint(path, self.runner, optimizer=self.opt, accept=fits)
+        return load_checkpoint(path, self.runner, optimizer=self.opt, accept=fits, follow_trainable=True)
 
     # ----------------------------------------------------------------- steps
     def update(self, state: OptState, batch: list[Sample], step: int) -> tuple[OptState, Optional[float]]:
