@@ -74,7 +74,7 @@ def test_toml_config_and_flag_override(tmp_path, capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["train", "--preset", "nope"], "--preset: expected one of digits-mlp, digits-cnn, got 'nope'"),
+        (["train", "--preset", "nope"], "--preset: expected one of digits-mlp, digits-cnn, text-gpt, got 'nope'"),
         (["train", "--epochs", "two"], "argument --epochs: expected a natural number, got 'two'"),
         (["train", "--epochs", "0"], "argument --epochs: expected a number > 0, got 0"),
         (["train", "--optimizer", "lamb"], "--optimizer: expected one of"),

@@ -17,7 +17,7 @@ def test_top_level_names():
         # deliberately added: evaluation, callbacks, and the file modules as attributes
         "evaluate", "metrics", "Callback", "EarlyStopping", "ProgressBar", "JSONLLogger", "CSVLogger",
         "TensorBoardLogger", "weights", "torchlean_io", "check", "CheckReport",
-        "LossSum",  # token-weighted losses
+        "LossSum", "collate",  # token-weighted losses, ready collate functions
     }
     assert set(lt.__all__) == expected
     for name in expected:

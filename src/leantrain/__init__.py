@@ -7,7 +7,7 @@ contract.
 
 import sys as _sys
 
-from . import metrics, optim
+from . import collate, metrics, optim
 from .check import CheckReport, check
 from .data import DataLoader, Dataset
 from .errors import (
@@ -63,6 +63,6 @@ __all__ = [
     "LeantrainError", "PackError", "PackTypeError", "AliasError", "ConfigError",
     "OptimizerStateError", "DataError", "CheckpointError", "NonFiniteError",
     "evaluate", "metrics", "Callback", "EarlyStopping", "ProgressBar", "JSONLLogger", "CSVLogger",
-    "TensorBoardLogger", "weights", "torchlean_io", "check", "CheckReport",
+    "TensorBoardLogger", "weights", "torchlean_io", "check", "CheckReport", "collate",
     "__version__",
 ]

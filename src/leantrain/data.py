@@ -8,8 +8,11 @@ advanced seed. Batch order is therefore identical across runs and resumes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Callable, Generic, Iterable, Iterator, Optional, TypeVar
+
+import torch
 
 from .errors import ConfigError, DataError
 from .validate import check_bool, check_count
@@ -33,6 +36,15 @@ def lcg_permutation(seed: int, n: int) -> tuple[int, list[int]]:
         keyed.append((s, i))
     keyed.sort()
     return s, [i for _, i in keyed]
+
+
+def _items(collated) -> list:
+    """A collate's result as a list batch: a list as it is; one dict or one ``(x, y)``
+    tuple as a list of that one item."""
+    if isinstance(collated, Mapping) or (isinstance(collated, tuple) and len(collated) == 2
+                                         and isinstance(collated[0], torch.Tensor)):
+        return [collated]
+    return list(collated)
 
 
 class Dataset(Generic[T]):
@@ -104,7 +116,9 @@ class DataLoader(Generic[T]):
     returns the loader to use next time (carrying the new order and seed).
 
     ``collate`` (optional) maps each batch of dataset items to the list batch the loop
-    trains on, e.g. ``B*K`` single samples to ``K`` stacked minibatches of ``B``."""
+    trains on, e.g. ``B*K`` single samples to ``K`` stacked minibatches of ``B``, or to
+    one item (a dict such as ``leantrain.collate.pad_tokens`` makes, or an ``(x, y)``
+    pair of tensors): a list batch of that one item."""
 
     dataset: Dataset
     batch_size: int
@@ -144,14 +158,14 @@ class DataLoader(Generic[T]):
         if self.drop_last:
             batches = [b for b in batches if len(b) == self.batch_size]
         if self.collate is not None:
-            batches = [self.collate(b) for b in batches]
+            batches = [_items(self.collate(b)) for b in batches]
         return nxt, batches
 
     def items(self, tag: str = "DataLoader.items") -> list:
         """Every item one pass would train on, in stored order (collated when set)."""
         if self.collate is None:
             return self.dataset.to_list()
-        return [item for b in self.dataset.batches(tag, self.batch_size) for item in self.collate(b)]
+        return [item for b in self.dataset.batches(tag, self.batch_size) for item in _items(self.collate(b))]
 
     def current_order(self) -> tuple[int, ...]:
         return self.order if self.order is not None else tuple(range(len(self.dataset)))

@@ -10,9 +10,8 @@ import torch
 from ..check import check
 from ..training.config import TrainConfig
 from ..training.runner import Runner
-from .digits import stack_minibatches
 from .runconfig import RunConfig, flag_values
-from .usermodel import build_task
+from .usermodel import build_task, collate_for
 
 
 
@@ -31,7 +30,7 @@ class RunnerFactory:
 def cmd_check(args) -> int:
     cfg = RunConfig.build(args.config, flag_values(args, "check"))
     factory, loss, train, _ = build_task(cfg)  # user errors surface here, before any check
-    items = stack_minibatches(cfg.batch_size)(train[: cfg.batch_size * 8])  # 8 minibatches
+    items = collate_for(cfg, train)(cfg.batch_size)(train[: cfg.batch_size * 8])  # 8 minibatches
     tcfg = TrainConfig(steps=4, batch_size=2, optimizer=cfg.make_optimizer(), log_every=0)
     torch.manual_seed(cfg.seed)
     report = check(RunnerFactory(cfg), items, tcfg, seed=cfg.seed, max_ratio=args.max_ratio)

@@ -72,7 +72,13 @@ class SmallCNN(nn.Module):
         return self.head(h.flatten(1))
 
 
-PRESETS: dict[str, Callable[[], nn.Module]] = {"digits-mlp": SharedMLP, "digits-cnn": SmallCNN}
+def _text_gpt() -> nn.Module:
+    from .text import TextGPT
+
+    return TextGPT()
+
+
+PRESETS: dict[str, Callable[[], nn.Module]] = {"digits-mlp": SharedMLP, "digits-cnn": SmallCNN, "text-gpt": _text_gpt}
 
 
 def stack_minibatches(batch_size: int) -> Callable[[list[Sample]], list[Sample]]:

@@ -75,7 +75,8 @@ def output_path(out: str | Path) -> Path:
 
 
 def plot_metrics(metrics: str | Path, out: str | Path) -> Path:
-    """Write a PNG with the loss curve (left) and test accuracy per epoch (right)."""
+    """Write a PNG with the loss curve (left) and test accuracy per epoch (right; the test
+    loss for a run without accuracy, a regression or a language model)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -85,6 +86,10 @@ def plot_metrics(metrics: str | Path, out: str | Path) -> Path:
     records = read_metrics(metrics)
     steps = _points(metrics, records, "step", "step", "loss")
     epochs = [(e + 1, a) for e, a in _points(metrics, records, "epoch", "epoch", "test_accuracy")]
+    shown = "test accuracy"
+    if not epochs:
+        epochs = [(e + 1, v) for e, v in _points(metrics, records, "epoch", "epoch", "test_loss")]
+        shown = "test loss"
     if not steps and not epochs:
         raise ConfigError(f"{metrics}: no step or epoch records to plot")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -97,7 +102,7 @@ def plot_metrics(metrics: str | Path, out: str | Path) -> Path:
     if epochs:
         ax2.plot(*zip(*epochs), marker="o", color="tab:green")
     ax2.set_xlabel("epoch")
-    ax2.set_ylabel("test accuracy")
+    ax2.set_ylabel(shown)
     ax2.grid(alpha=0.3)
     fig.suptitle("leantrain run")
     fig.tight_layout()

@@ -69,8 +69,8 @@ def _reference(v) -> Optional[str]:
 
 
 def _loss(v) -> Optional[str]:
-    ok = isinstance(v, str) and (one_of(v, ("mse", "cross_entropy")) or ":" in v)
-    return None if ok else "expected mse, cross_entropy or 'package.module:function'"
+    ok = v is None or (isinstance(v, str) and (one_of(v, ("mse", "cross_entropy", "model")) or ":" in v))
+    return None if ok else "expected mse, cross_entropy, model or 'package.module:function'"
 
 
 def _folder(v) -> Optional[str]:
@@ -98,8 +98,8 @@ class Field:
 
 BOTH = ("train", "check")
 FIELDS = (
-    Field("preset", "digits-mlp", "digits-mlp (tied weights) or digits-cnn (BatchNorm)", _choice(PRESETS),
-          commands=BOTH),
+    Field("preset", "digits-mlp", "digits-mlp (tied weights), digits-cnn (BatchNorm) or text-gpt (a character "
+          "GPT with a tied head on the bundled Python docs)", _choice(PRESETS), commands=BOTH),
     Field("epochs", 20, "passes over the training split", _integer(1), positive),
     Field("batch_size", 32, "items stacked into one forward pass", _integer(1), positive, BOTH),
     Field("accumulate", 1, "minibatches averaged into one update", _integer(1), positive),
@@ -116,7 +116,11 @@ FIELDS = (
     Field("model", None, "your own model: package.module:factory (instead of a preset)", _reference, commands=BOTH),
     Field("data", None, "your own data: package.module:function returning (train, test)", _reference,
           commands=BOTH),
-    Field("loss", "cross_entropy", "mse, cross_entropy or package.module:function", _loss, commands=BOTH),
+    Field("loss", None, "mse, cross_entropy, model (the output's own loss) or package.module:function "
+          "(default: the preset's, cross_entropy for digits, model for text-gpt and dict samples)", _loss,
+          commands=BOTH),
+    Field("collate", None, "package.module:function making a loader item from a list of samples (default: stack "
+          "(x, y) pairs; pad token dicts with leantrain.collate:pad_tokens)", _reference, commands=BOTH),
     Field("weight_decay", None, f"weight decay ({' or '.join(DECAYING)})",
           _finite("expected a finite number >= 0", lambda v: v >= 0, optional=True), float, BOTH,
           needs=lambda c: None if c.weight_decay is None or c.optimizer in DECAYING

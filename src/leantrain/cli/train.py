@@ -32,11 +32,11 @@ from ..training.evaluation import evaluate
 from ..training.events import StepEvent
 from ..training.loader_loop import train_loader
 from ..training.runner import Runner
-from .digits import stack_minibatches
 from .plotting import plot_metrics
 from .runconfig import PRECISIONS, RunConfig, flag_values
 from .usage import EXIT_INTERRUPTED, UserError
-from .usermodel import build_task
+from .text import perplexity, samples_through, tokens_of
+from .usermodel import build_task, collate_for
 
 RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.ckpt", "report.json", "loss.png")
 
@@ -186,6 +186,8 @@ class Job:
     n_train: int
     n_test: int
     steps_per_epoch: int
+    loss: object = None  # the loss setting as resolved ("model", "cross_entropy", a function)
+    tokens_per_sample: Optional[float] = None  # dict samples of tokens: their mean length
 
     @property
     def metrics(self) -> Optional[dict]:
@@ -205,10 +207,10 @@ def build_job(plan: Plan) -> Job:
     if cfg.device == "cuda":
         runner.to(f"cuda:{torch.cuda.current_device()}")
     classify = loss == "cross_entropy"
-    test_batches = stack_minibatches(512)(test)
+    collate = collate_for(cfg, train)
+    test_batches = collate(512)(test)
     piece = -(-cfg.batch_size // plan.world)
-    loader = DataLoader(Dataset(train), batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed,
-                        collate=stack_minibatches(piece))
+    loader = DataLoader(Dataset(train), batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed, collate=collate(piece))
     steps_per_epoch = -(-len(loader) // cfg.accumulate)  # --accumulate loader batches per update
     tcfg = LoaderTrainConfig(
         epochs=cfg.epochs, optimizer=cfg.make_optimizer(), scheduler=cfg.make_schedule(steps_per_epoch),
@@ -220,7 +222,8 @@ def build_job(plan: Plan) -> Job:
         max_steps=cfg.max_steps, eval_data=test_batches, eval_every=1,
         eval_metrics={"accuracy": accuracy} if classify else None,
     )
-    return Job(runner, loader, tcfg, classify, test_batches, len(train), len(test), steps_per_epoch)
+    tokens = tokens_of(train) / len(train) if isinstance(train[0], dict) and "input_ids" in train[0] else None
+    return Job(runner, loader, tcfg, classify, test_batches, len(train), len(test), steps_per_epoch, loss, tokens)
 
 
 def prepare_folder(plan: Plan, overwrite: bool) -> None:
@@ -341,6 +344,11 @@ def report_run(plan: Plan, job: Job, report: TrainReport) -> int:
     if res_ema is not None:
         result["test_loss_ema"] = res_ema["loss"]
         result["test_accuracy_ema"] = res_ema["accuracy"] if job.classify else None
+    if job.tokens_per_sample is not None:  # token samples: a language model's figures
+        seen = samples_through(report.steps, job.n_train, cfg.batch_size, cfg.accumulate) - \
+            samples_through(plan.start_step, job.n_train, cfg.batch_size, cfg.accumulate)
+        result["tokens_per_second"] = round(seen * job.tokens_per_sample / max(report.wall_time, 1e-9), 1)
+        result["test_perplexity"] = perplexity(res["loss"]) if job.loss == "model" else None
     atomic_write_bytes(out / "report.json", (json.dumps(result, indent=2) + "\n").encode(), "--out")
     plot_metrics(plan.metrics, out / "loss.png")
     print(f"mean training loss: {report.before:.4f} -> {report.after:.4f}")
@@ -351,7 +359,10 @@ def report_run(plan: Plan, job: Job, report: TrainReport) -> int:
     if res_ema is not None:
         shown = f"accuracy {res_ema['accuracy']:.4f}" if job.classify else f"loss {res_ema['loss']:.6f}"
         print(f"test {shown} with the moving average (decay {cfg.ema})")
-    print(f"steps: {report.steps}, images: {cfg.epochs * job.n_train}, wall time: {report.wall_time:.1f} s"
+    if "tokens_per_second" in result:
+        shown = f", perplexity {result['test_perplexity']:.2f}" if result["test_perplexity"] is not None else ""
+        print(f"tokens per second: {result['tokens_per_second']:,.0f}{shown}")
+    print(f"steps: {report.steps}, samples: {cfg.epochs * job.n_train}, wall time: {report.wall_time:.1f} s"
           + (" (this session)" if plan.resuming else ""))
     print(f"wrote {plan.checkpoint}, {plan.metrics}, {out / 'loss.png'}, {out / 'report.json'}")
     return 0

@@ -18,7 +18,9 @@ import torch
 
 from ..data import Dataset
 from ..training.runner import LOSSES
-from .digits import PRESETS, digits_split
+from ..collate import pad_tokens
+from .digits import PRESETS, digits_split, stack_minibatches
+from .text import text_split
 from .usage import UserError
 
 
@@ -53,21 +55,47 @@ def _call(fn: Callable, ref: str, what: str):
         raise UserError(f"--{what} {ref}: calling it raised {type(e).__name__}: {e}") from None
 
 
-def _samples(value: object, ref: str, which: str) -> list:
+def _samples(value: object, ref: str, which: str, stacked: bool) -> list:
+    """A ``data`` part: a non-empty list (or Dataset) of ``(x, y)`` tensor pairs or of dicts
+    of tensors (token sequences). Pairs the command stacks (no ``collate``) need one shape."""
     if isinstance(value, Dataset):
         value = value.to_list()
-    if not isinstance(value, (list, tuple)) or not value or not all(
-        isinstance(s, (list, tuple)) and len(s) == 2 and all(isinstance(t, torch.Tensor) for t in s)
-        for s in value
-    ):
-        raise UserError(f"--data {ref}: the {which} part must be a non-empty list of (x, y) tensor pairs or a Dataset")
+    pairs = isinstance(value, (list, tuple)) and value and all(
+        isinstance(s, (list, tuple)) and len(s) == 2 and all(isinstance(t, torch.Tensor) for t in s) for s in value)
+    dicts = isinstance(value, (list, tuple)) and value and all(
+        isinstance(s, dict) and s and all(isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in s.items())
+        for s in value)
+    if not (pairs or dicts):
+        raise UserError(f"--data {ref}: the {which} part must be a non-empty list of (x, y) tensor pairs or of dicts "
+                        f"of tensors (token ids...), or a Dataset of them")
+    if dicts:
+        return [dict(s) for s in value]
     x0, y0 = value[0]
-    for i, (x, y) in enumerate(value):  # the command stacks samples into minibatches
+    for i, (x, y) in enumerate(value if stacked else ()):  # the command stacks samples into minibatches
         if x.shape != x0.shape or y.shape != y0.shape:
             raise UserError(f"--data {ref}: {which} sample {i} has x {tuple(x.shape)}, y {tuple(y.shape)}, but sample 0 "
                             f"has x {tuple(x0.shape)}, y {tuple(y0.shape)}; the command stacks samples into "
-                            f"minibatches, so they need one shape (pad them, or train with the library)")
+                            f"minibatches, so they need one shape (pad them, pass --collate, or train with the library)")
     return [(s[0], s[1]) for s in value]
+
+
+def collate_for(cfg, train: list) -> Callable[[int], Callable[[list], list]]:
+    """``piece -> collate``: the loader's collate cutting a batch into minibatches of
+    ``piece`` samples (one per rank under torchrun), each made by the ``collate`` setting,
+    by ``leantrain.collate.pad_tokens`` for dict samples, else by stacking (x, y) pairs."""
+    if cfg.collate is None and not isinstance(train[0], dict):
+        return stack_minibatches
+    make = resolve(cfg.collate, "collate") if cfg.collate is not None else pad_tokens
+
+    def pieces(piece: int) -> Callable[[list], list]:
+        def collate(samples: list) -> list:
+            out = []
+            for i in range(0, len(samples), piece):
+                item = _call(lambda: make(samples[i: i + piece]), cfg.collate or "pad_tokens", "collate")
+                out.append(item)
+            return out
+        return collate
+    return pieces
 
 
 def build_task(cfg) -> tuple[Callable[[], torch.nn.Module], object, list, list]:
@@ -83,11 +111,21 @@ def build_task(cfg) -> tuple[Callable[[], torch.nn.Module], object, list, list]:
                 raise UserError(f"--model {cfg.model}: returned a {type(model).__name__}, expected a torch.nn.Module")
             return model
     if cfg.data is None:
-        train, test = digits_split()
+        train, test = text_split() if cfg.preset == "text-gpt" and cfg.model is None else digits_split()
     else:
         parts = _call(resolve(cfg.data, "data"), cfg.data, "data")
         if not isinstance(parts, (list, tuple)) or len(parts) != 2:
             raise UserError(f"--data {cfg.data}: must return (train, test), got {type(parts).__name__}")
-        train, test = _samples(parts[0], cfg.data, "train"), _samples(parts[1], cfg.data, "test")
-    loss = cfg.loss if cfg.loss in LOSSES else resolve(cfg.loss, "loss")
+        stacked = cfg.collate is None
+        train, test = _samples(parts[0], cfg.data, "train", stacked), _samples(parts[1], cfg.data, "test", stacked)
+    loss = cfg.loss if cfg.loss is not None else default_loss(cfg, train)
+    loss = loss if loss in LOSSES else resolve(loss, "loss")
     return factory, loss, train, test
+
+
+def default_loss(cfg, train: list) -> str:
+    """Without a ``loss`` setting: the model's own for the text preset and for dict samples
+    (a Hugging Face model given its labels), else ``cross_entropy``."""
+    if (cfg.model is None and cfg.preset == "text-gpt") or isinstance(train[0], dict):
+        return "model"
+    return "cross_entropy"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Iterable, Iterator, Optional, Union
 
 import torch
@@ -14,16 +15,19 @@ Loader = Union[DataLoader, Iterable]
 
 
 def as_list_batch(op: str, batch: object) -> list[Sample]:
-    """A loader batch: a list of samples, or one collated ``(x, y)`` pair (a list of one)."""
+    """A loader batch: a list of samples, one collated ``(x, y)`` pair of tensors, or one
+    collated dict (a Hugging Face collator's ``BatchEncoding`` too): a list of one."""
+    if isinstance(batch, Mapping):
+        return [dict(batch)]
     if isinstance(batch, (tuple, list)) and len(batch) == 2 and all(
         isinstance(t, torch.Tensor) for t in batch
     ):
         return [(batch[0], batch[1])]
     if isinstance(batch, (tuple, list)):
-        return list(batch)
+        return [dict(s) if isinstance(s, Mapping) else s for s in batch]
     raise DataError(
-        f"{op}: a loader batch must be a list of (x, y) samples or one (x, y) pair of "
-        f"tensors, got {type(batch).__name__}"
+        f"{op}: a loader batch must be a list of samples, one (x, y) pair of tensors or one dict of "
+        f"the model's inputs, got {type(batch).__name__}"
     )
 
 

@@ -50,7 +50,7 @@ def batch_mean(op: str, runner: Runner, batch: list[Sample], o: StepOptions, wan
     with runner.binding(op) as bound:
         if len(batch) == 1 and o.accumulation == "exact" and runner.has_buffer_updates and distributed.active() is None:
             loss, grads, snapshot = bound.one_item(op, batch[0])  # one forward, as plain PyTorch
-            return Mean(loss, grads), snapshot
+            return Mean.of_sums(loss, grads, 1, o.scaler is None), snapshot
         rng = rng_state(runner.device) if runner.has_buffer_updates else None
         # Data parallel: where each item's random draws start in one process (dropout).
         states = [] if distributed.active() is not None and runner.mode == "train" and runner.draws is not False \

@@ -22,6 +22,7 @@ units (tokens), so that a list batch's update is the gradient of (sum of totals)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Union
 
@@ -133,7 +134,10 @@ def detached(loss):
 
 
 def check_sample(op: str, sample: object, index: int = 0) -> Sample:
-    """A sample is an ``(x, y)`` pair or a dict with string keys, holding a tensor somewhere."""
+    """A sample is an ``(x, y)`` pair or a dict with string keys, holding a tensor somewhere
+    (a mapping, such as a ``BatchEncoding``, is read as a dict)."""
+    if isinstance(sample, Mapping) and not isinstance(sample, dict):
+        sample = dict(sample)
     if isinstance(sample, dict):
         if not sample or not all(isinstance(k, str) for k in sample):
             raise ConfigError(f"{op}: item {index}: a dict sample needs string keys (the model's keyword "
