@@ -222,3 +222,14 @@ def test_bad_structures_are_one_error_naming_the_item(bad, error, match, unchang
     state = opt.init(r.params)
     with unchanged(r.params, state), pytest.raises(error, match=match):
         lt.step_batch(r, opt, state, False, batch)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert"])
+def test_leantrain_check_passes_on_hugging_face_models(name):
+    """The eight guarantees on dict samples and the model's own loss (the speed limit out
+    of reach of noise: no test asserts a time)."""
+    entry = BY_NAME[name]
+    cfg = lt.TrainConfig(steps=4, batch_size=2, optimizer=lt.optim.adamw(1e-3))
+    report = lt.check(lambda: lt.Runner.from_module(entry.model(), "model"), entry.samples(8), cfg, max_ratio=100)
+    assert report.passed, "\n".join(report.lines())
+    assert report["host syncs"].figure.startswith("0 device-to-host reads per step")

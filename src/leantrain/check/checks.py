@@ -23,6 +23,7 @@ from ..training.runner import Runner
 from ..training.sample_loop import train_samples
 from ..training.step import mean_gradients, step_batch
 from .reference import fingerprint, reference_gradients, relative, torch_optimizer
+from ..training.samples import LossSum, add_losses, call_model, loss_target, to_device
 
 GRADIENT_TOLERANCE = 1e-5  # float32 sums in another order: ~1e-7 seen on the zoo
 HOST_READS = ("item", "tolist", "__float__", "__int__", "__bool__", "numpy", "cpu")
@@ -207,39 +208,69 @@ def module_intact(p: Probe) -> tuple[bool, str]:
     return True, "same Parameter objects, ties and state_dict keys after training"
 
 
+class _ReadCounter:
+    """Counts host reads (``HOST_READS`` on any tensor; on CUDA also the sync debug mode's
+    warnings) made inside the block; the counters are removed afterwards."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda, self.reads, self.on = cuda, 0, True
+
+    def __enter__(self) -> "_ReadCounter":
+        self.originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+        def counting(orig):
+            def read(tensor, *a, **k):
+                self.reads += self.on
+                return orig(tensor, *a, **k)
+            return read
+
+        for name, orig in self.originals.items():
+            setattr(torch.Tensor, name, counting(orig))
+        self.caught = warnings.catch_warnings(record=True)
+        self.seen = self.caught.__enter__()
+        warnings.simplefilter("always")
+        if self.cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            torch.cuda.set_sync_debug_mode("default")
+        self.caught.__exit__(*exc)
+        for name, orig in self.originals.items():
+            setattr(torch.Tensor, name, orig)
+        if self.cuda:
+            self.reads += sum("synchroniz" in str(w.message) for w in self.seen)
+
+
 def host_syncs(p: Probe) -> tuple[bool, str]:
+    """Reads in steps that ask for no loss: none but the model's own. The model's forward
+    may read (a Hugging Face model checking its attention mask): those are counted on a
+    plain forward and backward of each item and reported beside; the loss function's
+    and leantrain's reads are charged."""
     r = p.runner()
     opt = p.cfg.optimizer
     state = opt.init(r.params)
     batches = p.batches(p.steps + 1)
     state = step_batch(r, opt, state, False, batches[0], nonfinite="skip")  # warm-up
-    counts = [0]
-    originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
-
-    def counting(orig):
-        def read(self, *a, **k):
-            counts[0] += 1
-            return orig(self, *a, **k)
-        return read
-
     cuda = r.device.type == "cuda"
-    try:  # the counters are installed for these steps only and removed after
-        for name, orig in originals.items():
-            setattr(torch.Tensor, name, counting(orig))
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            if cuda:
-                torch.cuda.set_sync_debug_mode("warn")
-            for b in batches[1:]:
-                state = step_batch(r, opt, state, False, b, nonfinite="skip")
-            if cuda:
-                torch.cuda.set_sync_debug_mode("default")
-    finally:
-        for name, orig in originals.items():
-            setattr(torch.Tensor, name, orig)
-    reads = counts[0] + (sum("synchroniz" in str(w.message) for w in caught) if cuda else 0)
-    per_step = reads / p.steps
-    return reads == 0, f"{per_step:g} device-to-host reads per step with logging off ({reads} in {p.steps} steps)"
+    with _ReadCounter(cuda) as ours:
+        for b in batches[1:]:
+            state = step_batch(r, opt, state, False, b, nonfinite="skip")
+    hand = copy.deepcopy(r.module)
+    with _ReadCounter(cuda) as model:  # the model's own: one forward and backward per item
+        for b in batches[1:]:
+            for sample in b:
+                sample = to_device(sample, r.device)
+                out = call_model(hand, sample)
+                model.on = False  # the loss function's reads are not the model's
+                loss = r.loss_fn(out, loss_target(sample))
+                model.on = True
+                (loss.total if isinstance(loss, LossSum) else loss).backward()
+    extra = max(0, ours.reads - model.reads)
+    own = f" (the model's own code: {model.reads / p.steps:g} per step)" if model.reads else ""
+    return extra == 0, (f"{extra / p.steps:g} device-to-host reads per step with logging off ({extra} in "
+                        f"{p.steps} steps){own}")
 
 
 def speed(p: Probe) -> tuple[bool, str]:
@@ -260,10 +291,14 @@ def speed(p: Probe) -> tuple[bool, str]:
         for b in batches:
             topt.zero_grad(set_to_none=True)
             total = None
-            for x, y in b:
-                loss = r.loss_fn(hand(x.to(r.device)), y.to(r.device))
-                total = loss if total is None else total + loss
-            (total * (1.0 / len(b))).backward()
+            for sample in b:
+                sample = to_device(sample, r.device)
+                loss = r.loss_fn(call_model(hand, sample), loss_target(sample))
+                total = loss if total is None else add_losses(total, loss)
+            if isinstance(total, LossSum):
+                (total.total * (1.0 / int(total.count))).backward()
+            else:
+                (total * (1.0 / len(b))).backward()
             topt.step()
 
     ours(), theirs()  # warm-up

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..optim.rules import rule_for
+from ..training.samples import LossSum, add_losses, call_model, loss_target
 
 
 def torch_settings(h) -> Optional[tuple[type, dict]]:
@@ -52,19 +53,22 @@ def reference_gradients(model: nn.Module, loss_fn, batch) -> None:
     advanced buffers."""
     rng = torch.get_rng_state()
     with torch.no_grad():
-        for x, _ in batch:
-            model(x)
+        for sample in batch:
+            call_model(model, sample)
     torch.set_rng_state(rng)
     own = dict(model.named_buffers())
     advanced = {k: b.clone() for k, b in own.items()}
     model.zero_grad(set_to_none=True)
     total = None
-    for x, y in batch:
+    for sample in batch:
         for k, b in advanced.items():
             _set_buffer(model, k, b.clone())
-        loss = loss_fn(model(x), y)
-        total = loss if total is None else total + loss
-    (total * (1.0 / len(batch))).backward()
+        loss = loss_fn(call_model(model, sample), loss_target(sample))
+        total = loss if total is None else add_losses(total, loss)
+    if isinstance(total, LossSum):  # token-weighted: the sum of totals over the sum of counts
+        (total.total * (1.0 / int(total.count))).backward()
+    else:
+        (total * (1.0 / len(batch))).backward()
     with torch.no_grad():
         for k, b in own.items():
             b.copy_(advanced[k])

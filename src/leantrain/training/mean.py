@@ -39,12 +39,12 @@ class Mean:
         item is its own mean (``g * (1/1)`` is ``g``: no pass). ``defer``: leave the
         multiply of float32 dense gradients to ``check``. A ``LossSum`` (the items'
         totals and counts added) divides by its count instead: the gradient of (sum of
-        totals) / (sum of counts). A count on an accelerator is never read back: its
-        reciprocal is taken there (in binary64, then rounded to float32, as ``1.0/n``)."""
+        totals) / (sum of counts). A tensor count is never read back: its reciprocal is
+        taken on its device (in binary64, then rounded to float32, as ``1.0/n``)."""
         if isinstance(loss, LossSum):
             count = loss.count
-            if isinstance(count, torch.Tensor) and count.device.type != "cpu":
-                factor = count.double().reciprocal().float().reshape(1)
+            if isinstance(count, torch.Tensor):  # a tensor count is never read back (on any device)
+                factor = count.to(loss.total.device, torch.float64).reciprocal().float().reshape(1)
                 value = loss.total * factor[0]
                 if defer and all(g is None or (g.dtype == torch.float32 and g.layout == torch.strided) for g in grads):
                     return cls(value, grads, factor)
@@ -52,7 +52,7 @@ class Mean:
                     if g is not None:
                         g.mul_(factor)
                 return cls(value, grads)
-            loss, n = loss.total, int(count)  # an int, or a CPU scalar: no device read
+            loss, n = loss.total, count
         if n == 1:
             return cls(loss, grads)
         inv = 1.0 / n

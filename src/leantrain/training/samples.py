@@ -97,8 +97,9 @@ mse.__name__, cross_entropy.__name__ = "mse", "cross_entropy"
 
 def checked_loss(op: str, value: object) -> Union[torch.Tensor, LossSum]:
     """What a loss returned, checked: a floating-point scalar tensor, or a ``LossSum``
-    whose total is one and whose count is an integer >= 1 (checked here when it is an
-    ``int`` or a CPU tensor; a count on an accelerator is not read back)."""
+    whose total is one and whose count is an ``int`` >= 1 or an integer scalar tensor
+    (never read back: a tensor count of 0 makes the update non-finite, which the step's
+    non-finite check refuses or skips)."""
     if isinstance(value, LossSum):
         t, c = value.total, value.count
         if not (isinstance(t, torch.Tensor) and t.dim() == 0 and t.is_floating_point()):
@@ -108,8 +109,6 @@ def checked_loss(op: str, value: object) -> Union[torch.Tensor, LossSum]:
             if c.dim() != 0 or c.is_floating_point() or c.is_complex() or c.dtype == torch.bool:
                 raise DataError(f"{op}: LossSum.count must be an integer (units summed), got a tensor "
                                 f"{tuple(c.shape)} {c.dtype}")
-            if c.device.type == "cpu" and int(c) < 1:  # a CPU scalar: no device read
-                raise DataError(f"{op}: LossSum.count must be >= 1 (the units the total sums), got {int(c)}")
         elif not (isinstance(c, int) and not isinstance(c, bool)) or c < 1:
             raise DataError(f"{op}: LossSum.count must be an integer >= 1 (the units the total sums), got {c!r}")
         return value
