@@ -92,7 +92,6 @@ def model_loss(output: Any, sample: Any) -> torch.Tensor:
 
 
 LOSSES: dict[str, LossFn] = {"mse": mse, "cross_entropy": cross_entropy, "model": model_loss}
-mse.__name__, cross_entropy.__name__ = "mse", "cross_entropy"
 
 
 def checked_loss(op: str, value: object) -> Union[torch.Tensor, LossSum]:
