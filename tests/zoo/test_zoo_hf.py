@@ -233,3 +233,27 @@ def test_leantrain_check_passes_on_hugging_face_models(name):
     report = lt.check(lambda: lt.Runner.from_module(entry.model(), "model"), entry.samples(8), cfg, max_ratio=100)
     assert report.passed, "\n".join(report.lines())
     assert report["host syncs"].figure.startswith("0 device-to-host reads per step")
+
+
+def test_a_tensor_count_trains_as_the_same_int_count():
+    """A count left on its device (a tensor, never read back: its reciprocal taken there)
+    gives the bits of the same count as an int, gradients, steps and logged losses."""
+    entry = BY_NAME["llama"]
+
+    def as_int(out, s):
+        t = _token_sum(out, s)
+        return lt.LossSum(t.total, int(t.count))
+
+    def as_tensor(out, s):
+        t = _token_sum(out, s)
+        return lt.LossSum(t.total, torch.tensor(t.count))
+
+    batch = _items_of([15, 3, 9, 6])
+    runs = []
+    for loss in (as_int, as_tensor):
+        r = lt.Runner.from_module(entry.model(), loss)
+        report = lt.train_samples(r, lt.TrainConfig(steps=3, batch_size=2, optimizer=lt.optim.adamw(1e-3),
+                                                    log_every=1, measure_loss=False), batch, log=lambda s: None)
+        runs.append((r.module, report.losses))
+    assert_same_state(runs[1][0], runs[0][0], exact=True)
+    assert runs[0][1] == runs[1][1]

@@ -160,6 +160,17 @@ class Binding:
                 bind(loc, orig)
 
     # ---------------------------------------------------------------- buffers
+    def _forward(self, op: str, sample) -> None:
+        """One no-gradient forward of ``sample`` as the step runs it (device, autocast); a
+        model error is a ``DataError`` naming the sample's shapes."""
+        runner = self.runner
+        s = runner.inputs(sample)
+        try:
+            with runner.autocast():
+                call_model(runner.module, s)
+        except MODEL_ERRORS as e:
+            raise DataError(f"{op}: the model rejected the sample ({describe(s)}): {str(e).splitlines()[0]}") from e
+
     def _buffers(self) -> list[tuple[int, torch.Tensor]]:
         return [(i, self.working[i]) for i in self.runner.buffer_slots]
 
@@ -210,15 +221,9 @@ class Binding:
         try:
             with torch.no_grad():
                 for sample in batch:
-                    s = runner.inputs(sample)
                     if states is not None:
                         states.append(rng_state(runner.device))
-                    try:
-                        with runner.autocast():
-                            call_model(runner.module, s)
-                    except MODEL_ERRORS as e:
-                        raise DataError(f"{op}: the model rejected the sample ({describe(s)}): "
-                                        f"{str(e).splitlines()[0]}") from e
+                    self._forward(op, sample)
                     reassigned |= self._adopt_reassigned(op, bufs, tensors)
         except BaseException:
             snapshot.restore()
@@ -249,13 +254,7 @@ class Binding:
         try:
             with torch.no_grad(), self.scratch_buffers():
                 for sample in batch:
-                    s = runner.inputs(sample)
-                    try:
-                        with runner.autocast():
-                            call_model(runner.module, s)
-                    except MODEL_ERRORS as e:
-                        raise DataError(f"{op}: the model rejected the sample ({describe(s)}): "
-                                        f"{str(e).splitlines()[0]}") from e
+                    self._forward(op, sample)
                     states.append(rng_state(runner.device))
         finally:
             set_rng_state(runner.device, states[0])  # the gradient passes draw from here

@@ -5,8 +5,8 @@ into the non-finite check's own pass over them (``check``): the same float32 pro
 so the same bits, one pass fewer over every gradient. ``Mean`` owns that pending
 factor, so no phase between accumulation and the check needs to know about it: the
 gradients are read through ``gradients()`` (which applies a factor still pending) or
-``check()`` (which applies it in the kernel); ``held()`` gives them as held, for checks
-of layout and device only.
+``check()`` (which applies it in the kernel's pass, or first when the kernel unscales by
+a loss scale); ``held()`` gives them as held, for checks of layout and device only.
 """
 
 from __future__ import annotations
@@ -77,11 +77,6 @@ class Mean:
             self._pending = None
         return self._grads
 
-    def replace(self, grads: Pack) -> None:
-        """Hold ``grads`` (the settled gradients transformed, e.g. clipped) instead."""
-        assert self._pending is None, "settle the mean before replacing its gradients"
-        self._grads = grads
-
     def check(self, buffers: Sequence[torch.Tensor] = (), inv_scale: Optional[torch.Tensor] = None
               ) -> torch.Tensor:
         """A one-element device flag: 1.0 when the loss, any gradient or any of ``buffers``
@@ -98,9 +93,10 @@ class Mean:
         found, unit = pair
         found.zero_()  # reused every step: stream order keeps the last step's reads before this
         # the values of a sparse gradient are what it holds (unscaled in place with it)
+        if self._pending is not None and inv_scale is not None:
+            self.gradients()  # one kernel takes one factor: the 1/n first, then the loss scale's
         grads = [g if g.layout == torch.strided else g._values() for g in self._grads if g is not None]
         if self._pending is not None:
-            assert inv_scale is None, "a deferred 1/n is never combined with a loss scale (of_sums: defer=False)"
             factor = self._pending if isinstance(self._pending, torch.Tensor) else _FACTORS.get((device, self._pending))
             if factor is None:
                 if len(_FACTORS) > 64:

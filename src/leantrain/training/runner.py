@@ -228,8 +228,6 @@ class Runner:
         return self._bind(op)
 
     def _bind(self, op: str) -> Binding:
-        self.stats.bindings += 1
-        self._follow_requires_grad()
         views, dev = self.params, self.device
         slots_map = self.slot_map()
         leaves: list[Optional[torch.Tensor]] = [None] * len(views)
@@ -239,6 +237,9 @@ class Runner:
         for i, (table, attr, orig, trainable, on_device) in enumerate(self._slot_info):
             if table.get(attr) is not orig:
                 raise self._changed(op, i)
+            if trainable is not None and orig.requires_grad is not trainable:
+                self._follow_requires_grad()  # rare: the trainable set changed; bind it afresh
+                return self._bind(op)
             s = views[i].storage
             m = s.mirror
             if m is None and on_device:
@@ -270,6 +271,7 @@ class Runner:
                     copy = cur.to(dev)
                     self._device_copies[j] = (cur, copy)
                 swaps.append((loc, copy, cur))
+        self.stats.bindings += 1
         return Binding(self, leaves, working, swaps)
 
     def _follow_requires_grad(self) -> None:
@@ -277,8 +279,6 @@ class Runner:
         a fresh optimizer history (as torch.optim); one turned off gets no update."""
         changed = [i for i, (table, attr, orig, trainable, _) in enumerate(self._slot_info)
                    if trainable is not None and table.get(attr) is orig and orig.requires_grad is not trainable]
-        if not changed:
-            return
         for i in changed:
             self.params[i].requires_grad = bool(self._originals[i].requires_grad)
         self._index_slots()

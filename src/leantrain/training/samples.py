@@ -127,10 +127,6 @@ def add_losses(a, b):
     return a + b
 
 
-def detached(loss):
-    return LossSum(loss.total.detach(), loss.count) if isinstance(loss, LossSum) else loss.detach()
-
-
 def check_sample(op: str, sample: object, index: int = 0) -> Sample:
     """A sample is an ``(x, y)`` pair or a dict with string keys, holding a tensor somewhere
     (a mapping, such as a ``BatchEncoding``, is read as a dict)."""
