@@ -17,7 +17,7 @@ def test_top_level_names():
         # deliberately added: evaluation, callbacks, and the file modules as attributes
         "evaluate", "metrics", "Callback", "EarlyStopping", "ProgressBar", "JSONLLogger", "CSVLogger",
         "TensorBoardLogger", "weights", "torchlean_io", "check", "CheckReport",
-        "LossSum", "collate",  # token-weighted losses, ready collate functions
+        "LossSum", "collate", "split_rows",  # token-weighted losses, ready collate functions, cutting rows
     }
     assert set(lt.__all__) == expected
     for name in expected:

@@ -41,7 +41,7 @@ from .training.loader_loop import run_loader_epochs, train_loader
 from .training.sample_loop import run_sample_steps, train_dataset, train_samples
 from .training.events import StepEvent
 from .training.runner import Runner
-from .training.samples import LossSum
+from .training.samples import LossSum, split_rows
 from .training.step import mean_gradients, mean_loss_and_gradients, step_batch, step_batch_and_loss
 
 # The documented module paths ``leantrain.weights`` and ``leantrain.torchlean_io`` name
@@ -55,7 +55,7 @@ __all__ = [
     "optim",
     "Param", "ParamList", "Storage", "ParameterSchema",
     "canonical_gradients", "canonical_gradient", "add_gradient_packs", "scale_gradient_pack",
-    "Runner", "LossSum", "Dataset", "DataLoader",
+    "Runner", "LossSum", "split_rows", "Dataset", "DataLoader",
     "TrainConfig", "LoaderTrainConfig", "TrainReport",
     "mean_gradients", "mean_loss_and_gradients", "step_batch", "step_batch_and_loss",
     "run_sample_steps", "train_samples", "train_dataset", "run_loader_epochs", "train_loader",

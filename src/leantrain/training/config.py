@@ -163,7 +163,12 @@ class LoaderTrainConfig(LoopOptions):
     index is the epoch) or ``"step"`` (its index is the update, so ``warmup_cosine``
     warms up over updates). ``measure_batches``: the ``before``/``after`` losses read at
     most this many batches (``None``: one whole pass); they are measured only where a
-    pass does not change what training reads (see ``Stream.measurable``), else ``None``."""
+    pass does not change what training reads (see ``Stream.measurable``), else ``None``.
+    ``pieces``: cut every loader item along dimension 0 into at most this many items
+    (``split_rows``), so a collated batch is shared by the ranks under
+    ``torch.distributed`` (item ``j`` on rank ``j mod world``); a number that does not
+    depend on the world size keeps ``exact_reduction``'s bits the same on any number of
+    ranks. Pieces count as items in ``samples_seen``; ``before``/``after`` read uncut items."""
 
     epochs: int
     optimizer: Optimizer = field(default_factory=lambda: sgd(0.01))
@@ -173,12 +178,13 @@ class LoaderTrainConfig(LoopOptions):
     max_steps: Optional[int] = None
     schedule_per: str = "epoch"
     measure_batches: Optional[int] = None
+    pieces: Optional[int] = None
 
     def __post_init__(self) -> None:
         op = "LoaderTrainConfig"
         check_count(op, "epochs", self.epochs, 0)
         check_count(op, "accumulate", self.accumulate, 1)
-        for name in ("max_steps", "measure_batches"):
+        for name in ("max_steps", "measure_batches", "pieces"):
             if getattr(self, name) is not None:
                 check_count(op, name, getattr(self, name), 1)
         check_choice(op, "schedule_per", self.schedule_per, SCHEDULE_PER)

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError, LeantrainError
+from .samples import LossSum
 
 
 class ReplicaError(LeantrainError, RuntimeError):
@@ -91,7 +92,9 @@ def gather_items(
     """Every item's loss and gradient pack, in item order, on every rank (item ``j`` was
     differentiated on rank ``j mod world``): one all-gather per gradient dtype, one for
     the losses (as float64, exact for every narrower float). Costs ``ceil(n/world)`` item
-    gradients per rank sent to every rank, against one all-reduce of one pack."""
+    gradients per rank sent to every rank, against one all-reduce of one pack. A
+    ``LossSum`` item's total and count travel together (as float64: exact for every
+    narrower float and for counts below 2**53)."""
     rows = -(-n // world)
     buckets: dict[tuple, list[tuple[int, torch.Tensor]]] = {}
     for i, t in enumerate(leaves):
@@ -112,13 +115,21 @@ def gather_items(
                 items[j][i] = flat[offset: offset + t.numel()].view(t.shape)
                 offset += t.numel()
     device = next((t.device for t in leaves if t is not None), torch.device("cpu"))
-    local = torch.zeros(rows, dtype=torch.float64, device=device)
-    for row, (loss, _) in enumerate(mine):
-        local[row] = loss.to(torch.float64)
+    local = torch.zeros(rows, 2, dtype=torch.float64, device=device)
+    for row, (loss, _) in enumerate(mine):  # (total, count) of a LossSum; (loss, -1) of a scalar loss
+        sums = isinstance(loss, LossSum)
+        local[row, 0] = (loss.total if sums else loss).detach().to(torch.float64)
+        local[row, 1] = torch.as_tensor(loss.count, device=device).to(torch.float64) if sums else -1.0
     gathered = [torch.empty_like(local) for _ in range(world)]
     dist.all_gather(gathered, local, group=_group)
-    losses = [gathered[j % world][j // world] for j in range(n)]
-    return losses, items
+    if mine:
+        sums = isinstance(mine[0][0], LossSum)
+    else:  # a rank without items learns the kind from rank 0's first row
+        sums = bool(gathered[0][0, 1] >= 0)  # intentional sync: on a rank without items only
+    rows_of = [gathered[j % world][j // world] for j in range(n)]
+    if sums:
+        return [LossSum(r[0], r[1]) for r in rows_of], items  # the counts stay on the device
+    return [r[0] for r in rows_of], items
 
 
 def broadcast_parameters(params) -> None:

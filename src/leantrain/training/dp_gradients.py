@@ -13,10 +13,13 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 
 from . import distributed, overlap
 from .accumulate import draws, fold, item_gradients, sum_items
 from .mean import Mean
+from .samples import LossSum, add_losses
+from ..errors import DataError
 from .vectorized import stacked_loss_and_gradients
 from .runner import Runner
 
@@ -28,8 +31,10 @@ def exact_gradients(runner: Runner, leaves, scratch, batch, rank: int, world: in
     own = None if states is None else distributed.my_items(states[:-1], rank, world)
     mine = list(item_gradients(runner, distributed.my_items(batch, rank, world), leaves, scratch, own))
     losses, packs = distributed.gather_items(mine, len(batch), rank, world, leaves)
-    dtype = mine[0][0].dtype if mine else torch.float64  # rank 0 always has item 0: it logs
-    loss, grads = fold(zip([x.to(dtype) for x in losses], packs))
+    first = mine[0][0] if mine else None  # rank 0 always has item 0: it logs
+    dtype = torch.float64 if first is None else (first.total if isinstance(first, LossSum) else first).dtype
+    losses = [LossSum(x.total.to(dtype), x.count) if isinstance(x, LossSum) else x.to(dtype) for x in losses]
+    loss, grads = fold(zip(losses, packs))
     return Mean.of_sums(loss, grads, len(batch))
 
 
@@ -38,7 +43,8 @@ def overlapped_sums(runner: Runner, leaves, scratch, mine: list, accumulation: s
     """This rank's gradient sum over ``mine``, all-reduced over the ranks bucket by bucket
     while the last backward runs (see ``overlap.py``): the same fold as ``sum_items``, so
     the same bits as summing first and all-reducing after. ``(None, grads)`` unless
-    ``want_loss``."""
+    ``want_loss`` or the loss is a ``LossSum`` (whose summed count divides the gradients:
+    it is reduced every step, with its total)."""
     steady = runner.loop.steady
     plan = None if steady is None else steady.buckets
     if plan is None or plan.leaves is not leaves:
@@ -47,8 +53,9 @@ def overlapped_sums(runner: Runner, leaves, scratch, mine: list, accumulation: s
             steady.buckets = plan
     reuse = steady is not None  # in a loop the step consumes the gradients: reuse the buckets
     if not mine:  # more ranks than items: this rank sends zeros in the same buckets
-        loss = torch.zeros((), device=runner.device)
-        return overlap.Reducer(plan, None, reuse).finish(None, loss if want_loss else None)
+        reducer = overlap.Reducer(plan, None, reuse)
+        reducer.send(None)
+        return _reduced(runner, reducer, None, None, want_loss)
     partial_loss, partial = None, None
     if accumulation == "exact" and len(mine) > 1:
         partial_loss, partial = sum_items(runner, mine[:-1], leaves, scratch,
@@ -67,8 +74,39 @@ def overlapped_sums(runner: Runner, leaves, scratch, mine: list, accumulation: s
         for h in handles:
             h.remove()
     if partial_loss is not None:
-        loss = partial_loss + loss
-    return reducer.finish(grads, loss if want_loss else None)
+        loss = add_losses(partial_loss, loss)
+    reducer.send(grads)
+    return _reduced(runner, reducer, grads, loss, want_loss)
+
+
+def _reduced(runner: Runner, reducer, grads, loss, want_loss: bool):
+    """Wait for the gradients and reduce the loss: a ``LossSum``'s total and count as one
+    float64 pair (a rank without items sends zeros), a scalar loss only if asked for."""
+    if sums_losses(runner, loss):
+        pair = torch.zeros(2, dtype=torch.float64, device=runner.device) if loss is None else torch.stack(
+            [loss.total.detach().to(torch.float64), torch.as_tensor(loss.count, device=loss.total.device)
+             .to(torch.float64)])
+        dtype = torch.float32 if loss is None else loss.total.dtype
+        pair, reduced = reducer.finish(grads, pair)
+        return LossSum(pair[0].to(dtype), pair[1]), reduced  # the count stays on the device: never read back
+    if want_loss and loss is None:
+        loss = torch.zeros((), device=runner.device)
+    total, reduced = reducer.finish(grads, loss if want_loss else None)
+    return (None if total is None else total[0]), reduced
+
+
+def sums_losses(runner: Runner, loss) -> bool:
+    """Whether the runner's loss is a ``LossSum``, agreed by every rank once (a rank
+    without items has no loss to look at): one all-reduce of a flag, read back once per
+    runner. After that, a loss of the other kind is refused on the rank that meets it."""
+    if runner.sums_losses is None:
+        flag = torch.tensor([-1.0 if loss is None else float(isinstance(loss, LossSum))], device=runner.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=distributed.group())
+        runner.sums_losses = bool(flag.item() > 0)  # intentional sync: once per runner, to agree on the loss kind
+    if loss is not None and isinstance(loss, LossSum) != runner.sums_losses:
+        raise DataError(f"data parallel step: the loss returned {type(loss).__name__} where earlier steps (or other "
+                        f"ranks) returned {'LossSum' if runner.sums_losses else 'a scalar'}: one loss, one kind")
+    return runner.sums_losses
 
 
 def item_states(runner: Runner, bound, op: str, batch, recorded: Optional[list]) -> Optional[list]:

@@ -23,6 +23,7 @@ from .batches import Loader, as_list_batch, loader_generators
 from .binding import rng_preserved
 from .config import LoaderTrainConfig, TrainReport, lr_for
 from .runner import Runner, Sample
+from .samples import split_rows
 from .callbacks import Callback
 from .events import StepCallback, StepEvent
 from . import distributed
@@ -94,8 +95,9 @@ def _epochs(cfg: LoaderTrainConfig, stream: Stream, state: OptState, schedule_st
         group: list[Sample] = []  # the items of up to cfg.accumulate loader batches
         b = skip - 1
         for b, raw in enumerate(stream.epoch(at.epoch, skip), start=skip):
-            group += as_list_batch(op, raw)
+            group += cut(as_list_batch(op, raw), cfg.pieces)
             if (b + 1) % cfg.accumulate == 0:
+                warn_idle_ranks(op, cfg, group, at, start)
                 state, at, event, stop = _group_update(cfg, session, stream, state, group, at, b, schedule_state)
                 group = []
                 if stop or _reached(cfg, at):
@@ -115,6 +117,21 @@ def _epochs(cfg: LoaderTrainConfig, stream: Stream, state: OptState, schedule_st
         skip = 0
         at = Progress(at.epoch + 1, 0, at.step, at.seen)
     return state, at
+
+
+def cut(items: list[Sample], pieces: Optional[int]) -> list[Sample]:
+    """The loader items cut into ``pieces`` along dimension 0 (``split_rows``), if asked."""
+    return items if pieces is None else [p for s in items for p in split_rows(s, pieces)]
+
+
+def warn_idle_ranks(op: str, cfg: LoaderTrainConfig, group: list, at: Progress, start: Progress) -> None:
+    """Under ``torch.distributed``, a loop whose first update has fewer items than ranks
+    (a collated batch is one item) leaves ranks idle: say so once, with the remedy."""
+    world = distributed.active()
+    if at.step == start.step and world is not None and len(group) < world[1]:
+        warnings.warn(f"{op}: an update has {len(group)} item(s) for {world[1]} ranks, so some ranks compute "
+                      f"nothing (a collated batch is one item): pass pieces=N to cut each loader batch along "
+                      f"dimension 0 into N items", stacklevel=4)
 
 
 def _reached(cfg: LoaderTrainConfig, at: Progress) -> bool:

@@ -11,7 +11,8 @@ as ``DistributedDataParallel`` buckets parameters. A complete bucket is all-redu
 asynchronously at once, but strictly in bucket order, so every rank issues the same
 collectives in the same order whatever order its hooks fire in; buckets of leaves the
 backward never reached (unused, or a rank without items) are filled after it and sent
-in order. The loss, when asked for, is one float64 all-reduce after the gradients. The
+in order. The loss, when asked for, is one float64 all-reduce after the gradients (a
+``LossSum``'s total and count, always: the count divides the gradients). The
 hooks are removed when the backward ends, also on error. The result: the summed
 gradients as views into the reduced buckets.
 """
@@ -116,19 +117,23 @@ class Reducer:
 
         return on_gradient
 
-    def finish(self, grads: Optional[list], loss: Optional[torch.Tensor]):
+    def send(self, grads: Optional[list]) -> None:
         """Fill what the hooks did not (from ``grads``, the step's own result, or zeros
-        without items), send the rest in order, reduce the loss, wait; the reduced
-        gradients as views into the buckets."""
-        leaves = self.plan.leaves
-        for i, t in enumerate(leaves):
+        without items) and start the remaining all-reduces, in bucket order."""
+        for i, t in enumerate(self.plan.leaves):
             if t is not None and i not in self.filled:
                 self.fill(i, grads[i] if grads is not None else None)
+
+    def finish(self, grads: Optional[list], loss: Optional[torch.Tensor]):
+        """``send`` the rest, reduce ``loss`` (a scalar, or the float64 pair of a
+        ``LossSum``'s total and count) after the gradients, wait; ``(the reduced loss
+        as float64 values, or None; the reduced gradients as views into the buckets)``."""
+        self.send(grads)
         total = None
         if loss is not None:
-            total = loss.detach().to(torch.float64).reshape(1).clone()
+            total = loss.detach().to(torch.float64).reshape(-1).clone()
             self.works.append(dist.all_reduce(total, op=dist.ReduceOp.SUM, group=distributed.group(), async_op=True))
         for w in self.works:
             w.wait()
-        out = [None if t is None else self._view(i, t) for i, t in enumerate(leaves)]
-        return (None if total is None else total[0]), out
+        out = [None if t is None else self._view(i, t) for i, t in enumerate(self.plan.leaves)]
+        return total, out

@@ -22,7 +22,6 @@ from .compiled import compiler_error, is_compiler_error, make_compiled
 from .binding import MODEL_ERRORS, Binding, same_rng
 from .loop_state import LoopState, RunnerStats, Steady
 from .measure import mean_loss
-from .distributed import active as distributed_active
 from .samples import (  # noqa: F401  (re-exported: LOSSES, LossFn)
     LOSSES, LossFn, LossSum, Sample, call_model, check_sample, checked_loss, describe, loss_target, to_device,
 )
@@ -69,6 +68,7 @@ class Runner:
         # draws random numbers (dropout; data parallel asks). None until seen.
         self.buffer_writes: Optional[bool] = None
         self.draws: Optional[bool] = None
+        self.sums_losses: Optional[bool] = None  # whether the loss is a LossSum (data parallel agrees on it once)
         hosts = [v.storage.host.device for v in self.params]
         self.device: torch.device = hosts[0] if hosts else torch.device("cpu")
         self._index_slots()
@@ -352,11 +352,7 @@ class Runner:
                     raise compiler_error(e) from e
                 raise DataError(f"Runner.loss: the model or loss rejected the sample ({describe(s)}): "
                                 f"{str(e).splitlines()[0]}") from e
-        loss = checked_loss("Runner.loss", loss)
-        if isinstance(loss, LossSum) and distributed_active():
-            raise ConfigError("Runner.loss: LossSum under torch.distributed is not supported yet (its counts would "
-                              "need their own all-reduce); return the mean loss per item there")
-        return loss
+        return checked_loss("Runner.loss", loss)
 
     def update_buffers(self, sample: Sample) -> None:
         """Advance buffers (e.g. BatchNorm statistics) on ``sample``; train mode only."""

@@ -214,3 +214,56 @@ def describe(sample: Sample) -> str:
     if isinstance(sample, dict):
         return one(sample)
     return f"x {one(sample[0])}, y {one(sample[1])}"
+
+
+def split_rows(sample: Sample, pieces: int) -> list:
+    """A collated sample cut into at most ``pieces`` samples along dimension 0 of every
+    tensor leaf that has one (they must agree on its size, the rows); 0-dim tensors and
+    non-tensor leaves go to every piece as they are. The pieces are views, in row order,
+    sized as ``torch.tensor_split`` sizes them (the first ``rows % pieces`` one row
+    longer); fewer rows than ``pieces`` give one piece per row. With a ``LossSum`` loss
+    the pieces train on exactly the uncut sample's token mean; a plain mean loss becomes
+    the mean of the pieces' means."""
+    if isinstance(pieces, bool) or not isinstance(pieces, int) or pieces < 1:
+        raise ConfigError(f"split_rows: pieces must be an integer >= 1, got {pieces!r}")
+    sizes: dict[str, int] = {}
+    _rows(sample, "sample", sizes)
+    if not sizes:
+        raise DataError("split_rows: the sample has no tensor with a dimension to cut along")
+    if len(set(sizes.values())) > 1:
+        shown = ", ".join(f"{k}: {n}" for k, n in sizes.items())
+        raise DataError(f"split_rows: the tensor leaves disagree on their rows (dimension 0): {shown}")
+    rows = next(iter(sizes.values()))
+    if rows == 0:
+        raise DataError("split_rows: the sample has 0 rows")
+    count = min(pieces, rows)
+    base, extra = divmod(rows, count)
+    out, start = [], 0
+    for p in range(count):
+        n = base + (p < extra)
+        out.append(_cut(sample, start, n))
+        start += n
+    return out
+
+
+def _rows(x: Any, path: str, sizes: dict) -> None:
+    if isinstance(x, torch.Tensor):
+        if x.dim() > 0:
+            sizes[path] = x.shape[0]
+    elif isinstance(x, dict):
+        for k, v in x.items():
+            _rows(v, f"{path}[{k!r}]", sizes)
+    elif isinstance(x, (tuple, list)):
+        for i, v in enumerate(x):
+            _rows(v, f"{path}[{i}]", sizes)
+
+
+def _cut(x: Any, start: int, n: int) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.narrow(0, start, n) if x.dim() > 0 else x
+    if isinstance(x, dict):
+        return {k: _cut(v, start, n) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        cut = [_cut(v, start, n) for v in x]
+        return tuple(cut) if isinstance(x, tuple) else cut
+    return x
