@@ -12,6 +12,7 @@ from ..optim import Optimizer, Schedule, sgd
 from ..optim.clipping import check_clip
 from .ema import check_decay
 from .precision import check_autocast
+from .shard_plan import SHARDING_MODES
 from ..validate import check_bool, check_choice, check_count
 
 ACCUMULATION_MODES = ("exact", "vectorized")
@@ -55,6 +56,8 @@ def _common(op: str, cfg) -> None:
     check_autocast(op, cfg.autocast)
     check_bool(op, "eval_ema", cfg.eval_ema)
     check_bool(op, "compile", cfg.compile)
+    if cfg.sharding is not None and cfg.sharding not in SHARDING_MODES:
+        raise ConfigError(f"{op}: sharding must be one of {SHARDING_MODES} or None, got {cfg.sharding!r}")
     if cfg.eval_ema and cfg.ema_decay is None:
         raise ConfigError(f"{op}: eval_ema evaluates the moving average: set ema_decay")
     if cfg.exact_reduction and cfg.accumulation != "exact":
@@ -103,7 +106,10 @@ class LoopOptions:
     ``autocast``: ``"bfloat16"`` or ``"float16"`` mixed precision (precision.py; float16
     scales the loss and skips overflow steps whatever ``nonfinite`` says); ``compile``: each
     item's loss and gradients through ``torch.compile`` (compiled.py: faster kernels that
-    may round differently, so exact only against itself).
+    may round differently, so exact only against itself); ``sharding``: ``"optimizer"``
+    (ZeRO stage 1: each rank keeps the optimizer state of its ranges only) or
+    ``"gradients"`` (stage 2: its ranges of the reduced gradient too), see
+    ``shard_step.py``; ``None``: every rank holds everything.
     """
 
     accumulation: str = "exact"
@@ -124,6 +130,7 @@ class LoopOptions:
     eval_ema: bool = False
     autocast: Optional[str] = None
     compile: bool = False
+    sharding: Optional[str] = None
 
 
 @dataclass(frozen=True)

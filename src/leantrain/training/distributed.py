@@ -75,6 +75,11 @@ def active() -> Optional[tuple[int, int]]:
     return None
 
 
+def rank_world() -> tuple[int, int]:
+    """``(rank, world_size)``, ``(0, 1)`` when not distributed."""
+    return active() or (0, 1)
+
+
 def is_main() -> bool:
     """True on rank 0, or when not distributed: the process that logs and writes files."""
     group = active()

@@ -17,6 +17,7 @@ import torch
 
 from . import distributed
 from . import dp_gradients as dp
+from . import shard_step
 from .accumulate import sum_items
 from .binding import BufferSnapshot, rng_state, set_rng_state
 from .mean import Mean, Pack
@@ -87,6 +88,8 @@ def _items_mean(runner: Runner, leaves, scratch, batch: Sequence[Sample], o: Ste
     joins the all-reduce only if ``want_loss``."""
     n, group = len(batch), distributed.active()
     defer = o.scaler is None  # the 1/n rides the non-finite check's pass (not with a loss scale)
+    if o.shards is not None and not o.exact_reduction:
+        return sharded_mean(runner, leaves, scratch, batch, o, want_loss, states)
     if group is None:
         if o.accumulation == "vectorized":
             return Mean(*stacked_loss_and_gradients(runner, batch, leaves, scale=1.0 / n))
@@ -99,6 +102,23 @@ def _items_mean(runner: Runner, leaves, scratch, batch: Sequence[Sample], o: Ste
     if loss is None:
         loss = torch.zeros((), device=runner.device)  # not asked for: never read
     return Mean.of_sums(loss, grads, n, defer)
+
+
+def sharded_mean(runner: Runner, leaves, scratch, batch: Sequence[Sample], o: StepOptions, want_loss: bool,
+                 states: Optional[list]) -> Mean:
+    """Sharding's default reduction: this rank's items summed, then reduce-scattered by
+    the plan (``shard_step.reduced``); the loss summed over the ranks in rank order."""
+    rank, world = distributed.rank_world()
+    mine = distributed.my_items(batch, rank, world)
+    own = None if states is None else distributed.my_items(states[:-1], rank, world)
+    loss, grads = None, [None] * len(leaves)
+    if mine and o.accumulation == "vectorized":
+        loss, grads = stacked_loss_and_gradients(runner, mine, leaves, scale=1.0)
+    elif mine:
+        loss, grads = sum_items(runner, mine, leaves, scratch, None, own)
+    grads = shard_step.reduced(o.shards, rank, runner.params, grads)
+    return Mean.of_sums(shard_step.reduced_loss(runner, loss, want_loss, world), grads, len(batch),
+                        o.scaler is None)
 
 
 def mean_gradients(runner: Runner, batch: Sequence[Sample], *, accumulation: str = "exact") -> Pack:

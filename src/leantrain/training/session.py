@@ -20,6 +20,8 @@ import torch
 
 from ..errors import NonFiniteError
 from ..validate import is_int, is_number
+from .shard_plan import ShardPlan
+from .shard_state import check_plan, consolidated, loop_start
 from ..io.checkpoint import Checkpoint, check_destination, load_checkpoint, save_checkpoint
 from ..optim import OptState, Optimizer
 from ..optim.optimizer import GENERIC, NATIVE
@@ -98,6 +100,7 @@ class Session:
         self.saved = True  # whether ``pending`` is on disk
         self.saved_step: Optional[int] = None  # the step of the newest checkpoint written
         self._options: Optional[StepOptions] = None  # how the updates run: built at the first one
+        self.shards: Optional[ShardPlan] = None  # sharding's plan, cut at the start
 
     def _log(self, line: str) -> None:
         self.user_log(line)
@@ -118,7 +121,8 @@ class Session:
         """The updates' options, built once per loop from the config (on the history's path)."""
         o = self._options
         if o is None or o.native != (state.path == NATIVE):
-            o = self._options = StepOptions.of(self.cfg, state.path == NATIVE, self.skipped, self.scaler)
+            o = self._options = StepOptions.of(self.cfg, state.path == NATIVE, self.skipped, self.scaler,
+                                               self.shards)
         return o
 
     # ------------------------------------------------------------------ start
@@ -136,7 +140,8 @@ class Session:
         # Nothing of the runner changes (its mode, its moving average) until the start is accepted.
         if self.resume_from is None:
             self._start_replicas()
-            state = self.opt.init(self.runner.params, native=uses_native(self.runner, self.opt))
+            self.shards, state = loop_start(self.op, self.cfg, self.runner.params, self.opt,
+                                            uses_native(self.runner, self.opt))
             self.runner.train()
             if self.cfg.ema_decay is not None:
                 self.runner.keep_ema(EMA(self.runner.params, self.cfg.ema_decay))
@@ -155,7 +160,9 @@ class Session:
         self.grad_norms = [tuple(x) for x in ck.progress.get("grad_norms", [])]
         self.evals = [(int(step), dict(results)) for step, results in ck.progress.get("evals", [])]
         self._start_replicas()
-        return ck.state, ck
+        self.shards, state = loop_start(self.op, self.cfg, self.runner.params, self.opt, ck.state.path == NATIVE,
+                                        ck.state)
+        return state, ck
 
     def _restore_callbacks(self, saved: list) -> None:
         """Give the callbacks that keep state theirs back (the same kinds in the same
@@ -204,6 +211,8 @@ class Session:
         line is due."""
         cfg = self.cfg
         want = bool(cfg.log_every) and step % cfg.log_every == 0
+        if self.shards is not None:
+            check_plan(self.op, self.shards, self.runner.slot_map())
         try:
             done = update(self.op, self.runner, self.opt, state, batch, self.options(state), want)
         except NonFiniteError as e:
@@ -303,6 +312,9 @@ class Session:
         if self.runner.params.has_mirrors():
             self.runner.recheck()  # saving syncs mirrors to the host: check again at the next step
         progress, state, loader_state = self.pending
+        if self.shards is not None:  # every rank: the whole state gathered for the file
+            rank = distributed.rank_world()[0]
+            state = consolidated(self.opt, self.runner.params, self.shards, rank, state)
         if self.main:
             if callable(loader_state):
                 loader_state = loader_state()  # the loader's position, asked for when a file is written

@@ -20,6 +20,7 @@ from ..errors import NonFiniteError
 from ..optim import OptState, Optimizer
 from ..optim.clipping import clip_
 from ..params.packs import canonical_gradients
+from . import distributed, shard_comm, shard_step
 from .binding import BufferSnapshot
 from .gradients import batch_mean, check_batch, mean_gradients, mean_loss_and_gradients  # noqa: F401
 from .mean import Pack
@@ -48,8 +49,13 @@ def update(op: str, runner: Runner, opt: Optimizer, state: OptState, batch: Sequ
         opt.check_sparse(op, runner.params, mean.held())
     found = mean.check(snapshot.written if snapshot is not None else (),
                        o.scaler.inverse() if o.scaler is not None else None)  # the 1/n applied in the same pass
+    if o.shards is not None and o.shards.mode == "gradients":
+        shard_comm.flag_any(found, o.shards.world)  # each rank checked its ranges: one verdict for all
     if not o.skips:
         raise_if_nonfinite(op, found, snapshot)
+    if o.shards is not None:
+        state, norm = sharded_apply(runner, opt, state, mean.gradients(), found, snapshot, o)
+        return Update(state, mean.loss, norm)
     grads, norm = clipped(runner, mean.gradients(), o)
     state = apply(runner, opt, state, grads, found, snapshot, o)
     return Update(state, mean.loss, norm)
@@ -105,11 +111,7 @@ def apply(runner: Runner, opt: Optimizer, state: OptState, grads: Pack, found: t
           snapshot: Optional[BufferSnapshot], o: StepOptions) -> OptState:
     """The optimizer's update; in skip mode undone on the device where ``found`` is set
     (the buffers too), the skip counted, the loss scale adjusted. No host read."""
-    if o.skips:
-        if snapshot is not None:
-            snapshot.restore_where(found)  # a skipped step leaves the buffers as they were
-        if o.skipped is not None:
-            o.skipped.add_(found[0])
+    skipping(found, snapshot, o)
     steady = runner.loop.steady
     kept = None if steady is None else steady.layout
     # The gradients come from the runner's own slots: their shapes and dtypes fit.
@@ -120,6 +122,35 @@ def apply(runner: Runner, opt: Optimizer, state: OptState, grads: Pack, found: t
     if o.scaler is not None:
         o.scaler.update(found)
     return state
+
+
+def skipping(found: torch.Tensor, snapshot: Optional[BufferSnapshot], o: StepOptions) -> None:
+    """Skip mode: the buffers put back where ``found`` is set, the skip counted."""
+    if o.skips:
+        if snapshot is not None:
+            snapshot.restore_where(found)  # a skipped step leaves the buffers as they were
+        if o.skipped is not None:
+            o.skipped.add_(found[0])
+
+
+def sharded_apply(runner: Runner, opt: Optimizer, state: OptState, grads: Pack, found: torch.Tensor,
+                  snapshot: Optional[BufferSnapshot], o: StepOptions) -> tuple[OptState, Optional[torch.Tensor]]:
+    """The update of a sharded loop (``shard_step.py``): clipping on whole gradients
+    (``"optimizer"``) or on the owned ranges (``"gradients"``), the owned ranges
+    updated, then gathered. Returns the state and the norm before clipping."""
+    skipping(found, snapshot, o)
+    plan, rank = o.shards, distributed.rank_world()[0]
+    sums, norm, presummed = None, None, False
+    if o.clipping and plan.mode == "optimizer":
+        grads, norm = clipped(runner, grads, o)
+        presummed = True
+    elif o.clipping:
+        sums = shard_step.canonical_ranges(plan, rank, grads)
+        norm = shard_step.clip_ranges(plan, rank, sums, o.clip_grad_norm, o.clip_grad_value)
+    state = shard_step.apply(runner, opt, state, plan, rank, grads, found if o.skips else None, presummed, sums)
+    if o.scaler is not None:
+        o.scaler.update(found)
+    return state, norm
 
 
 def _step(op: str, runner: Runner, opt: Optimizer, state: OptState, native: bool, batch: Sequence[Sample],

@@ -17,6 +17,7 @@ from ..optim.layout import GENERIC, NATIVE
 from ..validate import check_choice
 from .config import ACCUMULATION_MODES, NONFINITE_MODES
 from .precision import LossScaler
+from .shard_plan import ShardPlan
 
 
 @dataclass(frozen=True, eq=False)
@@ -26,7 +27,8 @@ class StepOptions:
     ``nonfinite``: ``"raise"`` (one flag read per step) or ``"skip"`` (undone on the
     device); ``exact_reduction``: data parallel folds every item in order; clipping by
     norm or by value (at most one); ``skipped``: a device counter the skipped steps are
-    added to; ``scaler``: float16 loss scaling (its steps skip an overflow)."""
+    added to; ``scaler``: float16 loss scaling (its steps skip an overflow); ``shards``:
+    the shard plan of a sharded loop."""
 
     native: bool = False
     accumulation: str = "exact"
@@ -36,6 +38,7 @@ class StepOptions:
     clip_grad_value: Optional[float] = None
     skipped: Optional[torch.Tensor] = None
     scaler: Optional[LossScaler] = None
+    shards: Optional[ShardPlan] = None  # sharding's plan (shard_plan.py), made by the loop
     # derived in __post_init__: the path's name, whether clipping, whether skipping
     path: str = field(init=False, default=GENERIC)
     clipping: bool = field(init=False, default=False)
@@ -52,10 +55,10 @@ class StepOptions:
 
     @classmethod
     def of(cls, cfg, native: bool, skipped: Optional[torch.Tensor] = None,
-           scaler: Optional[LossScaler] = None) -> "StepOptions":
+           scaler: Optional[LossScaler] = None, shards: Optional[ShardPlan] = None) -> "StepOptions":
         """A loop's options, from its (already validated) config."""
         return cls(native, cfg.accumulation, cfg.nonfinite, cfg.exact_reduction, cfg.clip_grad_norm,
-                   cfg.clip_grad_value, skipped, scaler)
+                   cfg.clip_grad_value, skipped, scaler, shards)
 
     def __post_init__(self) -> None:
         # Read by every update: plain fields, computed once (not properties).

@@ -1,0 +1,122 @@
+"""Optimizer state under sharding: each rank keeps the records of its ranges only.
+
+A sharded ``OptState`` has the shape of any other: one entry per slot, a record at a
+representative this rank owns a range of (its tensors flat, the range's length), and
+``None`` elsewhere. ``fresh`` makes one without ever allocating the whole state;
+``sharded`` cuts a whole state (a resumed checkpoint's) by a plan; ``consolidated``
+puts the whole state together again on every rank (a collective), which a checkpoint
+writes, so a run saved on W ranks resumes on any other number, or on one process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+import torch
+
+from ..errors import ConfigError
+from ..optim import OptState, Optimizer
+from ..optim.layout import GENERIC, NATIVE
+from ..optim.per_slot import plain
+from ..optim.records import record_scalars, tensor_fields
+from ..optim.rules import record_type, rule_for
+from . import distributed
+from . import shard_comm as comm
+from .shard_plan import ShardPlan, plan_for
+
+
+def working(params) -> list[torch.Tensor]:
+    """Each slot's working tensor (the mirror where there is one, else the host)."""
+    return [v.storage.working() for v in params]
+
+
+def check_shardable(op: str, params, plan: ShardPlan) -> None:
+    """Every representative a plan cuts must be a dense, contiguous tensor (its flat view
+    is its memory order, which the kernels pair elements by)."""
+    like = working(params)
+    for i, c in enumerate(plan.slots_map):
+        if c == i and not (like[i].layout == torch.strided and like[i].is_contiguous()):
+            raise ConfigError(f"{op}: sharding cuts slot {i} ({params[i].name}) along its memory, but that tensor is "
+                              f"not contiguous (strides {like[i].stride()}); make it contiguous, or train unsharded")
+
+
+def slot_settings(opt: Optimizer, params):
+    settings, _ = opt.settings("sharding", params)
+    return settings if settings is not None else plain(opt.hyper, params)
+
+
+def fresh(opt: Optimizer, params, plan: ShardPlan, rank: int, native: bool) -> OptState:
+    """A new history holding only this rank's ranges (zeros, as ``opt.init``'s)."""
+    like, settings = working(params), slot_settings(opt, params)
+    records: list = [None] * len(params)
+    for r in plan.owned(rank):
+        records[r.slot] = rule_for(opt.hyper).init(settings[r.slot][0], like[r.slot].view(-1)[r.start: r.stop])
+    asked = opt.settings("sharding", params)[1]
+    return OptState(opt.hyper, opt.hyper.lr, NATIVE if native else GENERIC, tuple(records), 0, asked)
+
+
+def sharded(state: OptState, plan: ShardPlan, rank: int) -> OptState:
+    """A whole state's records cut to this rank's ranges (copies: the whole may go)."""
+    records: list = [None] * len(state.slots)
+    for r in plan.owned(rank):
+        rec = state.slots[r.slot]
+        if rec is not None:
+            records[r.slot] = replace(rec, **{k: t.reshape(-1)[r.start: r.stop].clone()
+                                              for k, t in rec.tensors().items()})
+    return OptState(state.hyper, state.lr, state.path, tuple(records), state.steps, state.overrides)
+
+
+def consolidated(opt: Optimizer, params, plan: ShardPlan, rank: int, state: OptState) -> OptState:
+    """The whole state on every rank, as one process would hold it (every rank calls)."""
+    like, settings = working(params), slot_settings(opt, params)
+    types = {i: record_type(settings[i][0]) for i, c in enumerate(plan.slots_map) if c == i}
+    scalars = {r.slot: record_scalars(state.slots[r.slot]) for r in plan.owned(rank)
+               if state.slots[r.slot] is not None}
+    everyone = [scalars]
+    if plan.world > 1:
+        everyone = [None] * plan.world
+        torch.distributed.all_gather_object(everyone, scalars, group=distributed.group())
+    known: dict = {}
+    for part in everyone:
+        for i, sc in part.items():
+            known.setdefault(i, sc)
+    fields = sorted({k for t in types.values() for k in tensor_fields(t)})
+    whole = {(i, k): torch.zeros(like[i].shape, dtype=like[i].dtype, device=like[i].device)
+             for i, t in types.items() for k in tensor_fields(t)}
+    for k in fields:  # one gather per tensor kind (m, v, ...)
+        mine = {r: state.slots[r.slot].tensors()[k] for r in plan.owned(rank)
+                if state.slots[r.slot] is not None and k in state.slots[r.slot].tensors()}
+        subset = ShardPlan(plan.mode, plan.world, plan.sizes, plan.slots_map,
+                           tuple(r for r in plan.ranges if k in tensor_fields(types[r.slot])))
+        for r, t in comm.all_gather_ranges(subset, rank, like, mine).items():
+            whole[(r.slot, k)].view(-1)[r.start: r.stop].copy_(t)
+    records: list = [None] * len(params)
+    for i, t in types.items():
+        if i in known:
+            records[i] = t(**known[i], **{k: whole[(i, k)] for k in tensor_fields(t)})
+    if state.path != NATIVE:
+        for j, c in enumerate(plan.slots_map):
+            if c is not None and c != j:
+                records[j] = records[c]  # the generic path's alias holds its representative's record
+    return OptState(state.hyper, state.lr, state.path, tuple(records), state.steps, state.overrides)
+
+
+def loop_start(op: str, cfg, params, opt: Optimizer, native: bool,
+               whole: Optional[OptState] = None) -> tuple[Optional[ShardPlan], OptState]:
+    """A loop's plan (``None`` unsharded) and its history: fresh, or ``whole`` (a
+    resumed checkpoint's state) cut to this rank's ranges."""
+    if cfg.sharding is None:
+        return None, whole if whole is not None else opt.init(params, native=native)
+    rank, world = distributed.rank_world()
+    plan = plan_for(cfg.sharding, params, world)
+    check_shardable(op, params, plan)
+    return plan, sharded(whole, plan, rank) if whole is not None else fresh(opt, params, plan, rank, native)
+
+
+def check_plan(op: str, plan: ShardPlan, slots_map: list) -> None:
+    """The trainable slots must stay those the plan was cut for."""
+    if tuple(slots_map) != plan.slots_map:
+        raise ConfigError(f"{op}: the trainable slots or ties changed during a sharded run (a requires_grad "
+                          f"turned on or off, or a re-tie); sharding cuts the slots of the run's start: save a "
+                          f"checkpoint and resume to re-cut them")

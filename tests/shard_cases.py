@@ -1,0 +1,108 @@
+"""Sharded training (ZeRO 1 and 2) runs shared by ``test_sharding_dist.py`` and its
+spawned workers: every optimizer family x {exact, default} x {optimizer, gradients} on
+a tied model with BatchNorm and a frozen bias whose slots are cut across the ranks
+(sizes not multiples of 64), and on the tied token model of ``token_cases`` (a mask
+buffer, dict samples, LossSum, clipping, a collated batch cut into pieces)."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors import safe_open
+from torch import nn
+
+import leantrain as lt
+import token_cases as tc
+from optimizer_table import TABLE
+
+STOP = 3
+
+
+class Wide(nn.Module):
+    """Slots of 180, 1296 (tied twice) and 108 elements, BatchNorm, a frozen bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(5, 36, bias=False)
+        self.norm = nn.BatchNorm1d(36)
+        self.b = nn.Linear(36, 36)
+        self.c = nn.Linear(36, 36)
+        self.c.weight = self.b.weight
+        self.head = nn.Linear(36, 3)
+        self.head.bias.requires_grad_(False)
+
+    def forward(self, x):
+        h = torch.tanh(self.norm(self.a(x)))
+        return self.head(torch.tanh(self.c(torch.tanh(self.b(h)))))
+
+
+def wide_data():
+    g = torch.Generator().manual_seed(7)
+    return [(torch.randn(4, 5, generator=g), torch.randn(4, 3, generator=g)) for _ in range(7)]
+
+
+# model-optimizer-reduction-sharding
+CASES = [f"wide-{o}-{red}-{sh}" for o in TABLE for red in ("exact", "default") for sh in ("optimizer", "gradients")]
+CASES += [f"lm-{o}-{red}-{sh}" for o in ("adamw", "momentum") for red in ("exact", "default")
+          for sh in ("optimizer", "gradients")]
+RESUME_CASES = ["wide-adam-exact-gradients", "wide-momentum-exact-optimizer", "lm-adamw-exact-gradients"]
+
+
+def make(case, sharding="auto"):
+    model, o, red, sh = case.split("-")
+    sharding = sh if sharding == "auto" else sharding
+    common = dict(optimizer=TABLE[o].make(), log_every=1, exact_reduction=red == "exact", sharding=sharding)
+    torch.manual_seed(1)
+    if model == "wide":
+        runner = lt.Runner.from_module(Wide(), "mse")
+        cfg = lt.TrainConfig(steps=6, batch_size=3, **common)
+        return runner, cfg, lambda c, cb: lt.train_samples(runner, c, wide_data(), log=None, callback=cb)
+    runner = lt.Runner.from_module(tc.TinyLM(), "model")
+    loader = torch.utils.data.DataLoader(tc.sequences(18, 4), batch_size=6, shuffle=True,
+                                         collate_fn=lt.collate.pad_tokens, generator=torch.Generator().manual_seed(1))
+    cfg = lt.LoaderTrainConfig(epochs=2, pieces=4, clip_grad_norm=0.5, **common)
+    return runner, cfg, lambda c, cb: lt.train_loader(runner, c, loader, log=None, callback=cb)[0]
+
+
+def state_elements(state) -> int:
+    return sum(t.numel() for r in state.records().values() for t in r.tensors().values())
+
+
+def run(case, out: Path, tag: str, sharding="auto", stop=False, resume=False):
+    """Train; rank 0 writes the checkpoint (``<case>.<tag>``) and every rank its state size."""
+    runner, cfg, go = make(case, sharding)
+    path = out / f"{case}.{tag}"
+    cfg = replace(cfg, checkpoint_path=path)
+    if stop:
+        cfg = replace(cfg, checkpoint_path=out / f"{case}.stopped")
+    if resume:
+        cfg = replace(cfg, resume_from=out / f"{case}.stopped")
+    seen = {}
+
+    def callback(event):
+        seen["elements"] = state_elements(event.state)
+        return stop and event.step == STOP
+
+    go(cfg, callback)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    (out / f"{case}.{tag}.elements{rank}").write_text(str(seen["elements"]))
+
+
+def contents(path):
+    with safe_open(str(path), framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys() if k.startswith(("storage.", "state.", "buffer."))}
+        manifest = json.loads(lt.io.checkfile.unseal(f.metadata()["leantrain"]))
+    return tensors, manifest["progress"]["losses"], manifest
+
+
+def worker(rank, world, init_file, out, plan):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        for case, tag, stop, resume in plan:
+            run(case, Path(out), tag, stop=stop, resume=resume)
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
