@@ -4,13 +4,11 @@ a tied model with BatchNorm and a frozen bias whose slots are cut across the ran
 (sizes not multiples of 64), and on the tied token model of ``token_cases`` (a mask
 buffer, dict samples, LossSum, clipping, a collated batch cut into pieces)."""
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from safetensors import safe_open
 from torch import nn
 
 import leantrain as lt
@@ -91,10 +89,10 @@ def run(case, out: Path, tag: str, sharding="auto", stop=False, resume=False):
 
 
 def contents(path):
-    with safe_open(str(path), framework="pt") as f:
-        tensors = {k: f.get_tensor(k) for k in f.keys() if k.startswith(("storage.", "state.", "buffer."))}
-        manifest = json.loads(lt.io.checkfile.unseal(f.metadata()["leantrain"]))
-    return tensors, manifest["progress"]["losses"], manifest
+    """A checkpoint's tensors, logged losses and manifest (a file or a sharded folder)."""
+    manifest, tensors = lt.read_checkpoint(path)
+    kept = {k: t for k, t in tensors.items() if k.startswith(("storage.", "state."))}
+    return kept, manifest["progress"]["losses"], manifest
 
 
 def worker(rank, world, init_file, out, plan):

@@ -157,7 +157,7 @@ def test_plot_inputs_and_outputs(tmp_path, capsys, run):
 def test_inspect_a_run_folder_and_a_folder_without_one(tmp_path, capsys, run):
     assert main(["inspect", str(run)]) == 0
     assert "integrity: OK" in capsys.readouterr().out
-    one_line_error(capsys, main(["inspect", str(tmp_path)]), "is a folder, not a checkpoint file")
+    one_line_error(capsys, main(["inspect", str(tmp_path)]), "a folder without index.json: not a checkpoint")
 
 
 @pytest.mark.parametrize("name", ["evil\n   9  forged.weight  (1,)  float32  yes  self",

@@ -273,8 +273,8 @@ def test_a_reader_racing_a_writer_reads_one_whole_file(tmp_path, monkeypatch):
 
 
 def test_reading_a_folder_or_a_missing_file(tmp_path):
-    with pytest.raises(lt.CheckpointError, match="is a folder, not a checkpoint file"):
-        lt.read_checkpoint(tmp_path)
+    with pytest.raises(lt.CheckpointError, match="a folder without index.json: not a checkpoint"):
+        lt.read_checkpoint(tmp_path)  # a folder is read as a sharded checkpoint: it needs its index
     with pytest.raises(lt.CheckpointError, match="no such checkpoint file"):
         lt.read_checkpoint(tmp_path / "nope.ckpt")
 

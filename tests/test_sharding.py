@@ -113,7 +113,7 @@ def test_block_norm_clipping_is_stated_and_bounded():
 
 
 def test_a_sharded_checkpoint_is_a_whole_checkpoint(tmp_path):
-    """The file a sharded run writes holds the whole state: an unsharded run resumes it."""
+    """The folder a sharded run writes holds the whole state: an unsharded run resumes it."""
     torch.manual_seed(1)
     runner = lt.Runner.from_module(sc.Wide(), "mse")
     cfg = lt.TrainConfig(steps=3, batch_size=3, sharding="gradients", optimizer=TABLE["adam"].make(),

@@ -51,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--torchlean", action="store_true",
                    help="TLPF32B parameters at -o FILE, Adam/AdamW state as TLADAMF at FILE.adam")
     e.add_argument("--weights", action="store_true", help="a safetensors weights file (leantrain.weights)")
+    e.add_argument("--consolidate", action="store_true",
+                   help="one checkpoint file from a sharded checkpoint folder (what an unsharded run writes)")
     e.add_argument("--ema", action="store_true", help="the moving average of the weights (trained with --ema)")
     e.add_argument("-o", "--output", required=True, help="the parameter file to write")
     p = sub.add_parser("plot", help="plot a metrics.jsonl file")
@@ -126,7 +128,12 @@ def cmd_inspect(args) -> int:
     # The loader's own checks: format, the manifest's schema, tensor names, dtypes, shapes, CRCs.
     manifest, tensors = read_checkpoint(path, "inspect")
     slots, reps = manifest["slots"], manifest["representatives"]
-    print(f"{path}: {manifest['format']} v{manifest['version']}, {path.stat().st_size:,} bytes")
+    if path.is_dir():
+        from ..io.sharded import describe_folder
+
+        print(f"{path}: {manifest['format']} v{manifest['version']}, {describe_folder(path)}")
+    else:
+        print(f"{path}: {manifest['format']} v{manifest['version']}, {path.stat().st_size:,} bytes")
     kind = "CRC-32" if manifest["version"] == 1 else "CRC-32C"
     print(f"integrity: OK ({len(tensors)} tensors, every {kind} verified)")
     print(f"{'slot':>4}  {'name':<28} {'shape':<16} {'dtype':<8} {'trainable':<9} representative")

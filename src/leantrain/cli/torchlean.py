@@ -12,13 +12,13 @@ from ..optim.hyper import Adam, AdamW
 from ..io import torchlean
 from ..io.bits import read_json, read_regular
 from ..io.framing import U64, ByteReader
-from ..io.checkpoint import load_checkpoint, optimizer_of, params_from_checkpoint, read_checkpoint
+from ..io.checkpoint import consolidate, load_checkpoint, optimizer_of, params_from_checkpoint, read_checkpoint
 from ..io.weights import save_weights
 from .usage import UserError
 
 
 def cmd_export(args) -> int:
-    """``--weights``: a safetensors weights file at ``-o FILE``. ``--torchlean``: the
+    """``--consolidate``: a sharded checkpoint folder as one checkpoint file. ``--weights``: a safetensors weights file at ``-o FILE``. ``--torchlean``: the
     parameters as the ``TLPF32B`` stream at ``-o FILE``; Adam/AdamW state, when the
     checkpoint has some, as ``TLADAMF`` at ``FILE.adam``. ``--ema``: the checkpoint's
     moving average of the weights instead of the trained values."""
@@ -27,8 +27,17 @@ def cmd_export(args) -> int:
         src = src / "checkpoint.ckpt"  # a run folder: its checkpoint
     if out.is_dir():
         raise UserError(f"export: -o {out}: is a folder; give a file name")
-    if args.weights == args.torchlean:
-        raise UserError("export: choose the format: --weights (safetensors) or --torchlean")
+    if args.weights + args.torchlean + args.consolidate != 1:
+        raise UserError("export: choose the format: --weights (safetensors), --torchlean or --consolidate")
+    if args.consolidate:
+        if args.ema:
+            raise UserError("export: --consolidate writes the whole checkpoint (its moving average included); "
+                            "drop --ema")
+        if src.exists() and out.exists() and src.samefile(out):
+            raise UserError(f"export: -o {out} would write over the checkpoint being exported; give another name")
+        consolidate(src, out)
+        print(f"wrote {out} (one checkpoint file)")
+        return 0
     adam = out.with_name(out.name + ".adam")
     for target in (out, adam) if args.torchlean else (out,):
         if src.exists() and target.exists() and src.samefile(target):

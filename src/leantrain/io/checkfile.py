@@ -73,24 +73,9 @@ def read_checked(path: PathLike, op: str) -> tuple[dict, dict[str, torch.Tensor]
     manifest implies, of the dtype and shape it implies)."""
     path = Path(path)
     with TensorFile(path, op) as f:
-        manifest, checked = _manifest(f, op, path)
+        manifest, checked = manifest_of(f.metadata.get("leantrain"), op, path)
         want = expected_tensors(manifest)
-        problems = []
-        for name in sorted(set(want) - set(f.entries)):
-            problems.append(f"missing tensor {name!r}")
-        for name in sorted(set(f.entries) - set(want))[:20]:
-            problems.append(f"unexpected tensor {name!r} (the manifest does not describe it)")
-        if len(set(f.entries) - set(want)) > 20:
-            problems.append(f"... {len(set(f.entries) - set(want)) - 20} more unexpected tensors")
-        if set(manifest["checksums"]) != set(want):
-            problems.append("the checksum list does not name exactly the manifest's tensors")
-        for name in sorted(set(want) & set(f.entries)):
-            (dtype, shape), e = want[name], f.entries[name]
-            if e.dtype != dtype or (shape is None and len(e.shape) != 1) or (shape is not None and e.shape != shape):
-                problems.append(
-                    f"tensor {name!r} is {shape_str(e.shape)} {dtype_name(e.dtype)} in the file; the manifest says "
-                    f"{'1-D' if shape is None else shape_str(shape)} {dtype_name(dtype)}"
-                )
+        problems = tensor_list_problems(manifest, want, {n: (e.dtype, e.shape) for n, e in f.entries.items()})
         raise_all(op, path, problems)
         names = sorted(want)
         tensors = {n: f.read(n) for n in names}
@@ -103,8 +88,30 @@ def read_checked(path: PathLike, op: str) -> tuple[dict, dict[str, torch.Tensor]
     return manifest, tensors, checked
 
 
-def _manifest(f: TensorFile, op: str, path: Path) -> tuple[dict, Checked]:
-    sealed = f.metadata.get("leantrain")
+def tensor_list_problems(manifest: dict, want: dict, entries: dict) -> list[str]:
+    """The stored tensors (``name -> (dtype, shape)``) against what the manifest implies
+    (``want``), and the checksum list against the manifest's tensors."""
+    problems = []
+    for name in sorted(set(want) - set(entries)):
+        problems.append(f"missing tensor {name!r}")
+    for name in sorted(set(entries) - set(want))[:20]:
+        problems.append(f"unexpected tensor {name!r} (the manifest does not describe it)")
+    if len(set(entries) - set(want)) > 20:
+        problems.append(f"... {len(set(entries) - set(want)) - 20} more unexpected tensors")
+    if set(manifest["checksums"]) != set(want):
+        problems.append("the checksum list does not name exactly the manifest's tensors")
+    for name in sorted(set(want) & set(entries)):
+        (dtype, shape), (e_dtype, e_shape) = want[name], entries[name]
+        if e_dtype != dtype or (shape is None and len(e_shape) != 1) or (shape is not None and tuple(e_shape) != shape):
+            problems.append(
+                f"tensor {name!r} is {shape_str(tuple(e_shape))} {dtype_name(e_dtype)} in the file; the manifest says "
+                f"{'1-D' if shape is None else shape_str(shape)} {dtype_name(dtype)}"
+            )
+    return problems
+
+
+def manifest_of(sealed: Optional[str], op: str, path: Path) -> tuple[dict, Checked]:
+    """A sealed manifest's JSON, checked: format, version and schema."""
     if sealed is None:
         raise CheckpointError(f"{op}: {path}: no leantrain manifest in the file")
     text = unseal(sealed)

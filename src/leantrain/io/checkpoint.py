@@ -23,7 +23,9 @@ import torch
 from safetensors.torch import save_file
 
 from .atomic import PathLike, atomic_write
-from .checkfile import FORMAT, VERSION, checksum, dtype_name, raise_all, read_checked, read_checkpoint, seal
+from . import checkfile
+from .checkfile import FORMAT, VERSION, checksum, dtype_name, raise_all, seal
+from .sharded import read_folder
 from .manifest import DTYPE_NAMES, LOADER_NAME, check_json
 from ..errors import CheckpointError, shape_str, slot_label
 from ..optim import OptState, Optimizer
@@ -34,6 +36,32 @@ from ..params.param import Param
 from ..params.paramlist import ParamList, params_of
 from ..params.storage import Storage
 from ..params.schema import ParameterSchema
+
+def read_checked(path: PathLike, op: str):
+    """A checkpoint read whole and checked (``checkfile.read_checked``): a file, or a
+    sharded folder (``sharded.read_folder``: its pieces verified and put together)."""
+    path = Path(path)
+    return read_folder(path, op) if path.is_dir() else checkfile.read_checked(path, op)
+
+
+def read_checkpoint(path: PathLike, op: str = "read_checkpoint") -> tuple[dict, dict[str, torch.Tensor]]:
+    """The manifest and every tensor of a checkpoint file or sharded folder, checked whole
+    (format, manifest, tensor list, checksums) before anything uses them."""
+    manifest, tensors, _ = read_checked(path, op)
+    return manifest, tensors
+
+
+def consolidate(src: PathLike, out: PathLike, op: str = "export") -> Path:
+    """A checkpoint (a sharded folder, or a file) written as one checkpoint file: every
+    piece verified and put together first; the file is the one an unsharded run writes."""
+    manifest, tensors, _ = read_checked(src, op)
+    meta = {"leantrain": seal(json.dumps(manifest, sort_keys=True))}
+
+    def write(tmp: Path) -> None:
+        save_file({n: t.contiguous() for n, t in tensors.items()}, str(tmp), metadata=meta)
+
+    return atomic_write(Path(out), write, op)
+
 
 def current_value(storage) -> torch.Tensor:
     """The newest value of a storage on the CPU, without changing who is current."""
@@ -58,6 +86,25 @@ def save_checkpoint(
     op = "save_checkpoint"
     params = params_of(op, target)
     path = check_destination(op, path)
+    manifest, tensors = contents(op, params, state, progress, loader_state, rng, ema)
+    names = sorted(tensors)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # the checksum releases the GIL
+        sums = list(pool.map(lambda n: checksum(tensors[n]), names))
+    manifest["checksums"] = dict(zip(names, sums))
+    meta = {"leantrain": seal(json.dumps(manifest, sort_keys=True))}
+
+    def write(tmp: Path) -> None:
+        save_file(tensors, str(tmp), metadata=meta)
+
+    return atomic_write(path, write, op)
+
+
+def contents(op: str, params: ParamList, state: Optional[OptState], progress: Optional[dict],
+             loader_state: Optional[dict], rng: bool, ema, records: Optional[dict] = None
+             ) -> tuple[dict, dict[str, torch.Tensor]]:
+    """A checkpoint's manifest (without checksums) and tensors. ``records``: the
+    optimizer's record entries given whole (a sharded save: the state tensors are
+    written by their owners, not put in ``tensors``)."""
     for what, value in (("progress", progress), ("loader_state", loader_state)):
         if value is not None and not isinstance(value, dict):
             raise CheckpointError(f"{op}: {what} must be a dict, got {type(value).__name__}")
@@ -83,9 +130,9 @@ def save_checkpoint(
     if state is not None:
         if not isinstance(state, OptState) or len(state.slots) != len(params):
             raise CheckpointError(
-                f"save_checkpoint: the optimizer state does not fit the {len(params)} slots"
+                f"{op}: the optimizer state does not fit the {len(params)} slots"
             )
-        manifest["optimizer"] = _state_manifest(state, tensors, params)
+        manifest["optimizer"] = _state_manifest(state, tensors, params, records)
     if loader_state is not None:
         manifest["loader"] = {k: v for k, v in loader_state.items() if k not in ("order", "tensors")}
         if "kind" in loader_state:  # a stream's position (training/streams.py): JSON and named tensors
@@ -106,16 +153,7 @@ def save_checkpoint(
             for d, st in enumerate(torch.cuda.get_rng_state_all()):
                 tensors[f"rng.cuda.{d}"] = st
             manifest["rng"]["cuda"] = torch.cuda.device_count()
-    names = sorted(tensors)
-    with ThreadPoolExecutor(max_workers=2) as pool:  # the checksum releases the GIL
-        sums = list(pool.map(lambda n: checksum(tensors[n]), names))
-    manifest["checksums"] = dict(zip(names, sums))
-    meta = {"leantrain": seal(json.dumps(manifest, sort_keys=True))}
-
-    def write(tmp: Path) -> None:
-        save_file(tensors, str(tmp), metadata=meta)
-
-    return atomic_write(path, write, op)
+    return manifest, tensors
 
 
 def check_destination(op: str, path: object) -> Path:
@@ -145,10 +183,10 @@ def _loader_tensors(op: str, loader_state: Optional[dict]) -> dict[str, torch.Te
     return {k: t.detach().to("cpu").contiguous() for k, t in named.items()}
 
 
-def _state_manifest(state: OptState, tensors: dict, params: ParamList) -> dict:
-    records = {}
+def _state_manifest(state: OptState, tensors: dict, params: ParamList, given: Optional[dict] = None) -> dict:
+    records = {} if given is None else given
     reps = params.canonical_slot_indices()
-    for i, rec in enumerate(state.slots):
+    for i, rec in enumerate(state.slots if given is None else ()):
         if rec is None or reps[i] != i:
             continue  # aliases share their representative's record; frozen slots own none
         entry = {"type": type(rec).__name__, "scalars": R.record_scalars(rec), "tensors": sorted(rec.tensors())}

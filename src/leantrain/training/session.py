@@ -21,7 +21,9 @@ import torch
 from ..errors import NonFiniteError
 from ..validate import is_int, is_number
 from .shard_plan import ShardPlan
-from .shard_state import check_plan, consolidated, loop_start
+from .shard_checkpoint import save_sharded
+from .shard_state import check_plan, loop_start
+from ..io.sharded import INDEX, check_folder
 from ..io.checkpoint import Checkpoint, check_destination, load_checkpoint, save_checkpoint
 from ..optim import OptState, Optimizer
 from ..optim.optimizer import GENERIC, NATIVE
@@ -59,7 +61,8 @@ def resume_path(cfg):
     checkpoint at ``cfg.checkpoint_path`` when one exists (``None``: start fresh)."""
     if cfg.resume_from != "auto":
         return cfg.resume_from
-    return cfg.checkpoint_path if Path(cfg.checkpoint_path).exists() else None
+    path = Path(cfg.checkpoint_path)
+    return path if path.is_file() or (path / INDEX).is_file() else None  # a folder: once its index exists
 
 
 def _silent(line: str) -> None:
@@ -132,8 +135,10 @@ class Session:
         ``cfg.resume_from``, the checkpoint's state (its progress must match ``expect``,
         and ``loader_check(manifest, tensors)`` find no problem)."""
         check_schedule(self.op, self.cfg, self.runner)
-        if self.cfg.checkpoint_path is not None:
+        if self.cfg.checkpoint_path is not None and self.cfg.sharding is None:
             check_destination(self.op, self.cfg.checkpoint_path)  # a folder is refused now, not at the first save
+        elif self.cfg.checkpoint_path is not None:
+            check_folder(self.op, self.cfg.checkpoint_path)  # a sharded run saves a folder
         self.expect = dict(expect, ema_decay=self.cfg.ema_decay, autocast=self.cfg.autocast)
         self.resume_from = resume_path(self.cfg)
         distributed.agree(self.op, dict(self.expect, resume=self.resume_from is not None))  # every rank, or none
@@ -312,20 +317,25 @@ class Session:
         if self.runner.params.has_mirrors():
             self.runner.recheck()  # saving syncs mirrors to the host: check again at the next step
         progress, state, loader_state = self.pending
-        if self.shards is not None:  # every rank: the whole state gathered for the file
-            rank = distributed.rank_world()[0]
-            state = consolidated(self.opt, self.runner.params, self.shards, rank, state)
-        if self.main:
+        if self.shards is not None:  # every rank writes its file, rank 0 the index (shard_checkpoint.py)
+            if callable(loader_state):
+                loader_state = loader_state()
+            save_sharded(self.cfg.checkpoint_path, self.runner, self.shards, distributed.rank_world()[0], state,
+                         progress=self._progress(progress), loader_state=loader_state,
+                         ema=self.runner.ema if self.cfg.ema_decay is not None else None)
+        elif self.main:
             if callable(loader_state):
                 loader_state = loader_state()  # the loader's position, asked for when a file is written
-            progress = dict(self.expect, **progress, kind=self.kind, before=self.before,
-                            losses=list(self.logged), evals=[[k, r] for k, r in self.evals],
-                            **({"grad_norms": list(self.grad_norms)} if self.grad_norms else {}),
-                            **self._callback_states(),
-                            **(self.scaler.state() if self.scaler is not None else {}))
-            save_checkpoint(self.cfg.checkpoint_path, self.runner, state=state, progress=progress,
+            save_checkpoint(self.cfg.checkpoint_path, self.runner, state=state, progress=self._progress(progress),
                             loader_state=loader_state, ema=self.runner.ema if self.cfg.ema_decay is not None else None)
         self.saved, self.saved_step = True, progress["step"]
+
+    def _progress(self, progress: dict) -> dict:
+        """A checkpoint's progress record: the step's, with the run's history."""
+        return dict(self.expect, **progress, kind=self.kind, before=self.before,
+                    losses=list(self.logged), evals=[[k, r] for k, r in self.evals],
+                    **({"grad_norms": list(self.grad_norms)} if self.grad_norms else {}),
+                    **self._callback_states(), **(self.scaler.state() if self.scaler is not None else {}))
 
     def _callback_states(self) -> dict:
         states = [[type(cb).__name__, cb.state_dict()] for cb in stateful(self.callbacks)]
