@@ -123,7 +123,7 @@ def cmd_inspect(args) -> int:
     if fmt is not None:
         inspect_torchlean(path, fmt)
         return 0
-    if path.is_dir() and (path / "checkpoint.ckpt").is_file():
+    if path.is_dir() and (path / "checkpoint.ckpt").exists():
         path = path / "checkpoint.ckpt"  # a run folder: its checkpoint
     # The loader's own checks: format, the manifest's schema, tensor names, dtypes, shapes, CRCs.
     manifest, tensors = read_checkpoint(path, "inspect")

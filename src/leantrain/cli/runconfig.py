@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 from .. import optim
 from ..errors import ConfigError
 from ..training.config import SCHEDULE_PER
+from ..training.shard_plan import SHARDING_MODES
 from ..validate import is_int, is_number
 from .digits import PRESETS
 from .usage import natural, positive, seed as seed_arg
@@ -133,6 +134,12 @@ FIELDS = (
           metavar="N"),
     Field("exact_reduction", False, "under torchrun: fold every item's gradient in order (the one-process bits)",
           _boolean, SWITCH),
+    Field("sharding", None, "under torchrun: optimizer (ZeRO-1: each rank keeps its share of the optimizer "
+          "state) or gradients (ZeRO-2: of the reduced gradients too); the checkpoint becomes a folder",
+          lambda v: None if v is None or one_of(v, SHARDING_MODES) else f"expected one of {', '.join(SHARDING_MODES)}"),
+    Field("pieces", None, "cut each minibatch into N items shared by the ranks (default: one per rank; 8 with "
+          "--exact-reduction, so 1 to 8 processes give the same bits)", _integer(1, optional=True), positive,
+          metavar="N"),
     Field("collective_timeout", 300.0, "under torchrun: how long a rank waits for the others before failing",
           _finite("expected seconds > 0", lambda v: 0 < v < 10**7), float, metavar="SECONDS"),
     Field("clip_grad_norm", None, "clip the global L2 norm of each update's gradient to X (norm logged in metrics)",

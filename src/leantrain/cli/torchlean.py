@@ -23,7 +23,7 @@ def cmd_export(args) -> int:
     checkpoint has some, as ``TLADAMF`` at ``FILE.adam``. ``--ema``: the checkpoint's
     moving average of the weights instead of the trained values."""
     src, out = Path(args.checkpoint), Path(args.output)
-    if src.is_dir() and (src / "checkpoint.ckpt").is_file():
+    if src.is_dir() and (src / "checkpoint.ckpt").exists():
         src = src / "checkpoint.ckpt"  # a run folder: its checkpoint
     if out.is_dir():
         raise UserError(f"export: -o {out}: is a folder; give a file name")

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..data import DataLoader, Dataset
+from ..io.sharded import INDEX, SHARD
 from ..io.atomic import atomic_write_bytes
 from ..metrics import accuracy
 from ..training import distributed
@@ -38,6 +39,7 @@ from .usage import EXIT_INTERRUPTED, UserError
 from .text import perplexity, samples_through, tokens_of
 from .usermodel import build_task, collate_for
 
+EXACT_PIECES = 8  # with --exact-reduction: items per minibatch whatever the world size (1 to 8 ranks alike)
 RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.ckpt", "report.json", "loss.png")
 
 
@@ -82,7 +84,7 @@ def plan_run(args) -> Plan:
     cfg, resuming = _config(args)
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device: cuda requested but no CUDA device is available")
-    # under torchrun: one process per rank; each minibatch is cut into one piece per rank
+    # under torchrun: one process per rank; each minibatch is cut into pieces the ranks share (build_job)
     world = dist.get_world_size() if distributed.init_from_env(cfg.device, cfg.collective_timeout) else 1
     start = 0
     if resuming:
@@ -96,11 +98,16 @@ def plan_run(args) -> Plan:
     return plan
 
 
+def has_checkpoint(path: Path) -> bool:
+    """A checkpoint file, or a sharded run's checkpoint folder with its index."""
+    return path.is_file() or (path / INDEX).is_file()
+
+
 def _config(args) -> tuple[RunConfig, bool]:
     overrides = flag_values(args, "train")
     if args.resume == "auto":  # a restarted job: continue the --out folder's run if it has one
         cfg = RunConfig.build(args.config, overrides)
-        if not (Path(cfg.out) / "checkpoint.ckpt").is_file():
+        if not has_checkpoint(Path(cfg.out) / "checkpoint.ckpt"):
             if _partial_start_of(Path(cfg.out), cfg):
                 args.overwrite = True  # this same run, killed before its first checkpoint: start it again
             return cfg, False  # anything else there is refused unless --overwrite
@@ -109,7 +116,7 @@ def _config(args) -> tuple[RunConfig, bool]:
         return RunConfig.build(args.config, overrides), False
     folder = Path(args.resume)
     saved = folder / "config.json"
-    if not saved.is_file() or not (folder / "checkpoint.ckpt").is_file():
+    if not saved.is_file() or not has_checkpoint(folder / "checkpoint.ckpt"):
         raise UserError(f"--resume {folder}: not a run folder (needs config.json and checkpoint.ckpt)")
     try:
         base = json.loads(saved.read_text())
@@ -196,7 +203,7 @@ class Job:
 
 def build_job(plan: Plan) -> Job:
     """The model (a preset or the user's factory), its data as a shuffled loader of
-    stacked minibatches (one piece per rank under torchrun) and the loop's config."""
+    stacked minibatches (cut into the pieces the ranks share under torchrun) and the loop's config."""
     cfg = plan.cfg
     torch.manual_seed(cfg.seed)
     factory, loss, train, test = build_task(cfg)
@@ -209,7 +216,8 @@ def build_job(plan: Plan) -> Job:
     classify = loss == "cross_entropy"
     collate = collate_for(cfg, train)
     test_batches = collate(512)(test)
-    piece = -(-cfg.batch_size // plan.world)
+    pieces = cfg.pieces or (EXACT_PIECES if cfg.exact_reduction else plan.world)  # items per minibatch
+    piece = -(-cfg.batch_size // pieces)
     loader = DataLoader(Dataset(train), batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed, collate=collate(piece))
     steps_per_epoch = -(-len(loader) // cfg.accumulate)  # --accumulate loader batches per update
     tcfg = LoaderTrainConfig(
@@ -219,7 +227,7 @@ def build_job(plan: Plan) -> Job:
         collective_timeout=None,  # the process group itself was made with --collective-timeout
         clip_grad_norm=cfg.clip_grad_norm, accumulate=cfg.accumulate, ema_decay=cfg.ema,
         autocast=PRECISIONS[cfg.precision], compile=cfg.compile, schedule_per=cfg.schedule_per,
-        max_steps=cfg.max_steps, eval_data=test_batches, eval_every=1,
+        max_steps=cfg.max_steps, eval_data=test_batches, eval_every=1, sharding=cfg.sharding,
         eval_metrics={"accuracy": accuracy} if classify else None,
     )
     tokens = tokens_of(train) / len(train) if isinstance(train[0], dict) and "input_ids" in train[0] else None
@@ -233,10 +241,28 @@ def prepare_folder(plan: Plan, overwrite: bool) -> None:
         return
     if not plan.resuming:
         _refuse_an_earlier_run(plan.out, overwrite)  # before anything is written
+        ck = plan.checkpoint
+        if ck.exists() and ck.is_dir() != (plan.cfg.sharding is not None):
+            remove_checkpoint(ck)  # --overwrite: the earlier run's checkpoint is of the other kind
     _make_folder(plan.out)
     if not plan.resuming:
         atomic_write_bytes(plan.out / "config.json", (json.dumps(plan.cfg.to_dict(), indent=2) + "\n").encode(),
                            "--out")
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Delete a checkpoint file, or a sharded checkpoint folder holding only its index and
+    shards (anything else in it is the user's: refused)."""
+    if path.is_file():
+        path.unlink()
+        return
+    others = [p.name for p in path.iterdir() if p.name != INDEX and not SHARD.fullmatch(p.name)]
+    if others:
+        raise UserError(f"--overwrite: {path} holds files that are not a checkpoint's ({', '.join(others[:3])}); "
+                        f"move them away first")
+    for p in path.iterdir():
+        p.unlink()
+    path.rmdir()
 
 
 def _make_folder(out: Path) -> None:
@@ -332,11 +358,12 @@ def report_run(plan: Plan, job: Job, report: TrainReport) -> int:
     res = evaluate(job.runner, job.test_batches, job.metrics)
     res_ema = evaluate(job.runner, job.test_batches, job.metrics, ema=True) if cfg.ema is not None else None
     reps = job.runner.params.canonical_slot_indices()
+    total = samples_through(report.steps, job.n_train, cfg.batch_size, cfg.accumulate)  # --max-steps may stop early
     result = {
         "preset": cfg.preset if cfg.model is None else None, "model": cfg.model,
         "loss_before": report.before, "loss_after": report.after, "test_loss": res["loss"],
         "test_accuracy": res["accuracy"] if job.classify else None,
-        "steps": report.steps, "images_seen": cfg.epochs * job.n_train,
+        "steps": report.steps, "images_seen": total,
         "wall_time_s": round(report.wall_time, 3),
         "aliased_slots": sum(1 for i, c in enumerate(reps) if c is not None and c != i),
         "frozen_slots": sum(1 for c in reps if c is None),
@@ -345,8 +372,7 @@ def report_run(plan: Plan, job: Job, report: TrainReport) -> int:
         result["test_loss_ema"] = res_ema["loss"]
         result["test_accuracy_ema"] = res_ema["accuracy"] if job.classify else None
     if job.tokens_per_sample is not None:  # token samples: a language model's figures
-        seen = samples_through(report.steps, job.n_train, cfg.batch_size, cfg.accumulate) - \
-            samples_through(plan.start_step, job.n_train, cfg.batch_size, cfg.accumulate)
+        seen = total - samples_through(plan.start_step, job.n_train, cfg.batch_size, cfg.accumulate)
         result["tokens_per_second"] = round(seen * job.tokens_per_sample / max(report.wall_time, 1e-9), 1)
         result["test_perplexity"] = perplexity(res["loss"]) if job.loss == "model" else None
     atomic_write_bytes(out / "report.json", (json.dumps(result, indent=2) + "\n").encode(), "--out")
@@ -362,7 +388,7 @@ def report_run(plan: Plan, job: Job, report: TrainReport) -> int:
     if "tokens_per_second" in result:
         shown = f", perplexity {result['test_perplexity']:.2f}" if result["test_perplexity"] is not None else ""
         print(f"tokens per second: {result['tokens_per_second']:,.0f}{shown}")
-    print(f"steps: {report.steps}, samples: {cfg.epochs * job.n_train}, wall time: {report.wall_time:.1f} s"
+    print(f"steps: {report.steps}, samples: {total}, wall time: {report.wall_time:.1f} s"
           + (" (this session)" if plan.resuming else ""))
     print(f"wrote {plan.checkpoint}, {plan.metrics}, {out / 'loss.png'}, {out / 'report.json'}")
     return 0

@@ -116,7 +116,8 @@ def sharded_mean(runner: Runner, leaves, scratch, batch: Sequence[Sample], o: St
         loss, grads = stacked_loss_and_gradients(runner, mine, leaves, scale=1.0)
     elif mine:
         loss, grads = sum_items(runner, mine, leaves, scratch, None, own)
-    grads = shard_step.reduced(o.shards, rank, runner.params, grads)
+    grads = shard_step.reduced(o.shards, rank, runner.params, grads,
+                               whole=not shard_step.keeps_ranges(o.shards, o.clip_grad_norm))
     return Mean.of_sums(shard_step.reduced_loss(runner, loss, want_loss, world), grads, len(batch),
                         o.scaler is None)
 

@@ -1,11 +1,12 @@
 """One update under sharding: reduce-scatter, update the owned ranges, all-gather.
 
-``sharding="optimizer"`` (ZeRO stage 1): the ranks' gradient sums are reduce-scattered
-(``shard_comm``: each range summed on its owner in rank order) and all-gathered again,
-so every rank holds the whole mean gradient (clipping by norm is then
-``clip_grad_norm_``'s, bit for bit) but only its ranges' optimizer state.
-``sharding="gradients"`` (stage 2): a rank keeps only its ranges of the reduced
-gradient too; clipping by norm then takes the norm of **64-element blocks**: each
+The ranks' gradient sums are reduce-scattered (``shard_comm``: each range summed on its
+owner in rank order); a rank keeps its ranges' optimizer state only.
+``sharding="optimizer"`` (ZeRO stage 1) all-gathers the reduced gradient back when
+clipping by norm asks for it, so the norm is ``clip_grad_norm_``'s, bit for bit (the
+update itself reads only the ranges, so without clipping nothing is gathered back).
+``sharding="gradients"`` (stage 2) never holds more than its ranges of the reduced
+gradient; clipping by norm then takes the norm of **64-element blocks**: each
 block's sum of squares in float64, all blocks summed in slot and block order, so the
 norm has the same bits on every world size (it is not ``clip_grad_norm_``'s bits).
 
@@ -32,12 +33,19 @@ from .shard_plan import ALIGN, ShardPlan
 from .shard_state import slot_settings, working
 
 
-def reduced(plan: ShardPlan, rank: int, params, grads: list) -> list:
-    """The ranks' per-slot sums reduced: whole slots on every rank (``"optimizer"``) or
-    this rank's ranges (``"gradients"``)."""
+def keeps_ranges(plan: ShardPlan, clip_grad_norm: Optional[float]) -> bool:
+    """Whether a step holds only this rank's ranges of the reduced gradient: always under
+    ``"gradients"``; under ``"optimizer"`` too unless clipping by norm needs the whole
+    gradient (for ``clip_grad_norm_``'s bits) — the update itself reads only the ranges."""
+    return plan.mode == "gradients" or clip_grad_norm is None
+
+
+def reduced(plan: ShardPlan, rank: int, params, grads: list, whole: bool = False) -> list:
+    """The ranks' per-slot sums reduced: this rank's ranges, or (``whole``) whole slots on
+    every rank (the ranges all-gathered back)."""
     like = working(params)
     ranges = comm.reduce_scatter(plan, rank, grads, like)
-    if plan.mode == "gradients":
+    if not whole:
         return ranges
     if plan.world == 1:  # the ranges are the whole slots already (None: no gradient)
         return [None if g is None else g.view(like[j].shape) for j, g in enumerate(ranges)]

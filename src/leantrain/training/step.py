@@ -49,7 +49,7 @@ def update(op: str, runner: Runner, opt: Optimizer, state: OptState, batch: Sequ
         opt.check_sparse(op, runner.params, mean.held())
     found = mean.check(snapshot.written if snapshot is not None else (),
                        o.scaler.inverse() if o.scaler is not None else None)  # the 1/n applied in the same pass
-    if o.shards is not None and o.shards.mode == "gradients":
+    if o.shards is not None and shard_step.keeps_ranges(o.shards, o.clip_grad_norm):
         shard_comm.flag_any(found, o.shards.world)  # each rank checked its ranges: one verdict for all
     if not o.skips:
         raise_if_nonfinite(op, found, snapshot)
@@ -136,12 +136,12 @@ def skipping(found: torch.Tensor, snapshot: Optional[BufferSnapshot], o: StepOpt
 def sharded_apply(runner: Runner, opt: Optimizer, state: OptState, grads: Pack, found: torch.Tensor,
                   snapshot: Optional[BufferSnapshot], o: StepOptions) -> tuple[OptState, Optional[torch.Tensor]]:
     """The update of a sharded loop (``shard_step.py``): clipping on whole gradients
-    (``"optimizer"``) or on the owned ranges (``"gradients"``), the owned ranges
-    updated, then gathered. Returns the state and the norm before clipping."""
+    (``"optimizer"`` clipping by norm) or on the owned ranges, the owned ranges updated,
+    then gathered. Returns the state and the norm before clipping."""
     skipping(found, snapshot, o)
     plan, rank = o.shards, distributed.rank_world()[0]
     sums, norm, presummed = None, None, False
-    if o.clipping and plan.mode == "optimizer":
+    if not shard_step.keeps_ranges(plan, o.clip_grad_norm):  # whole gradients: clip_grad_norm_'s bits
         grads, norm = clipped(runner, grads, o)
         presummed = True
     elif o.clipping:

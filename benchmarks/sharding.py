@@ -1,0 +1,151 @@
+"""Sharding against unsharded data parallel and DDP + ZeroRedundancyOptimizer (gloo, CPU).
+
+A model whose Adam state dominates: an MLP of 4 square 1024 layers (4.2M parameters,
+33.6 MB of AdamW state unsharded), tiny batches (2 items of 4 samples per update), so
+the update and the communication are what is timed. In 2 processes, one thread each,
+the contenders run interleaved, round after round (the order rotating):
+
+* leantrain data parallel, unsharded (``train_samples``, default reduction);
+* leantrain ``sharding="optimizer"`` (ZeRO-1) and ``sharding="gradients"`` (ZeRO-2);
+* ``DistributedDataParallel`` + ``ZeroRedundancyOptimizer(AdamW)``: torch's ZeRO-1;
+* ``DistributedDataParallel`` + ``AdamW(fused=True)``: the fastest unsharded loop.
+
+Per update: best and median over the rounds of each round's median step time (the
+first step of a round, which allocates, left out), and the ratio to DDP + ZeRO. Per
+rank: the bytes of optimizer state each contender holds (leantrain: its records'
+tensors; torch: its optimizer's state tensors).
+
+Run: .venv/bin/python benchmarks/sharding.py [--rounds 7 --steps 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import leantrain as lt
+from leantrain import optim
+
+WIDTH, LAYERS, ITEMS, BATCH = 1024, 4, 2, 4
+LR, WD = 1e-3, 0.01
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[m for _ in range(LAYERS) for m in (nn.Linear(WIDTH, WIDTH), nn.Tanh())])
+
+
+def data():
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(BATCH, WIDTH, generator=g), torch.randn(BATCH, WIDTH, generator=g)) for _ in range(ITEMS)]
+
+
+def leantrain_round(sharding, steps: int):
+    runner = lt.Runner.from_module(model(), "mse")
+    cfg = lt.TrainConfig(steps=steps, batch_size=ITEMS, optimizer=optim.adamw(LR, WD), log_every=0,
+                         measure_loss=False, replica_check=False, sharding=sharding)
+    marks, held = [], {}
+
+    def callback(event):
+        marks.append(time.perf_counter())
+        held["bytes"] = sum(t.numel() * t.element_size() for r in event.state.records().values()
+                            for t in r.tensors().values())
+
+    start = time.perf_counter()
+    lt.train_samples(runner, cfg, data(), log=None, callback=callback)
+    times = [b - a for a, b in zip([start] + marks, marks)][1:]
+    return statistics.median(times), held["bytes"]
+
+
+def ddp_round(zero: bool, steps: int):
+    net = DDP(model())
+    if zero:
+        opt = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=torch.optim.AdamW, lr=LR, weight_decay=WD)
+    else:
+        opt = torch.optim.AdamW(net.parameters(), lr=LR, weight_decay=WD, fused=True)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = data()[rank::world]
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        for j, (x, y) in enumerate(mine):
+            ctx = net.no_sync() if j < len(mine) - 1 else torch.enable_grad()
+            with ctx:
+                loss = nn.functional.mse_loss(net(x), y) * (1.0 / ITEMS)
+                loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - start)
+    state = opt.optim.state if zero else opt.state
+    held = sum(t.numel() * t.element_size() for s in state.values() for t in s.values()
+               if isinstance(t, torch.Tensor) and t.dim() > 0)
+    return statistics.median(times[1:]), held
+
+
+CONTENDERS = {
+    "leantrain unsharded": lambda steps: leantrain_round(None, steps),
+    "leantrain sharding=optimizer": lambda steps: leantrain_round("optimizer", steps),
+    "leantrain sharding=gradients": lambda steps: leantrain_round("gradients", steps),
+    "DDP + ZeroRedundancyOptimizer": lambda steps: ddp_round(True, steps),
+    "DDP + AdamW(fused)": lambda steps: ddp_round(False, steps),
+}
+
+
+def worker(rank: int, world: int, init: str, rounds: int, steps: int, q) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    names = list(CONTENDERS)
+    times = {n: [] for n in names}
+    held = {}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for n in order:
+            dist.barrier()
+            t, b = CONTENDERS[n](steps)
+            times[n].append(t)
+            held[n] = b
+    everyone = [None] * world
+    dist.all_gather_object(everyone, held)
+    if rank == 0:
+        q.put((times, everyone))
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=6)
+    args = ap.parse_args()
+    ctx = mp.get_context("spawn")
+    q = ctx.SimpleQueue()
+    init = os.path.join(tempfile.mkdtemp(), "init")
+    mp.spawn(worker, args=(2, init, args.rounds, args.steps, q), nprocs=2, join=True)
+    times, held = q.get()
+    params = sum(p.numel() for p in model().parameters())
+    base = "DDP + ZeroRedundancyOptimizer"
+    print(f"MLP {LAYERS} x {WIDTH}x{WIDTH} ({params / 1e6:.1f}M parameters), {ITEMS} items of {BATCH} per update, "
+          f"AdamW, 2 processes x 1 thread, {args.rounds} rounds of {args.steps} updates, {os.cpu_count()} cores")
+    print(f"{'contender':32s} {'best ms':>8s} {'median ms':>10s} {'vs ZeRO best':>13s} {'median':>7s} "
+          f"{'state MB/rank (rank 0, 1)':>27s}")
+    for n, ts in times.items():
+        ratio_best = min(ts) / min(times[base])
+        ratio_med = statistics.median(a / b for a, b in zip(ts, times[base]))
+        mb = ", ".join(f"{h[n] / 1e6:.1f}" for h in held)
+        print(f"{n:32s} {min(ts) * 1e3:8.1f} {statistics.median(ts) * 1e3:10.1f} {ratio_best:13.2f} "
+              f"{ratio_med:7.2f} {mb:>27s}")
+    print(f"unsharded AdamW state: {2 * 4 * params / 1e6:.1f} MB per rank")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
