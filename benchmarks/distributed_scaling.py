@@ -44,9 +44,12 @@ def run(steps: int, exact: bool = False) -> float:
     state = opt.init(runner.params)
     data = batches()
     from leantrain.training.step import update
+    from leantrain.training.step_options import StepOptions
+
+    options = StepOptions(exact_reduction=exact)
 
     def step(state):
-        return update("bench", runner, opt, state, False, data, exact_reduction=exact)[0]
+        return update("bench", runner, opt, state, data, options).state
 
     state = step(state)  # warm-up
     if dist.is_initialized():

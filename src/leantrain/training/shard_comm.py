@@ -45,9 +45,9 @@ def reduce_scatter(plan: ShardPlan, rank: int, grads: list, like: Sequence[torch
     slots = [i for i, c in enumerate(plan.slots_map) if c is not None]
     out: list = [None] * len(grads)
     for (device, dtype), members in _groups(plan, slots, like).items():
-        sends, splits = [], []
+        parts, splits = [], []  # rank r's ranges of every member slot, rank after rank
         for r in range(world):
-            parts = []
+            sent = 0
             for i in members:
                 own = plan.range_of(i, r)
                 if own is None or own.size == 0:
@@ -55,11 +55,12 @@ def reduce_scatter(plan: ShardPlan, rank: int, grads: list, like: Sequence[torch
                 g = grads[i]
                 parts.append(torch.zeros(own.size, dtype=dtype, device=device) if g is None
                              else piece(g, own, plan.sizes[i]).to(dtype))
-            sends.append(torch.cat(parts) if parts else torch.zeros(0, dtype=dtype, device=device))
-            splits.append(sends[-1].numel())
+                sent += own.size
+            splits.append(sent)
         mine = splits[rank]
         received = torch.empty(mine * world, dtype=dtype, device=device)
-        dist.all_to_all_single(received, torch.cat(sends), [mine] * world, splits, group=distributed.group())
+        send = torch.cat(parts) if parts else torch.zeros(0, dtype=dtype, device=device)
+        dist.all_to_all_single(received, send, [mine] * world, splits, group=distributed.group())
         chunks = received.split(mine) if mine else [received] * world
         summed = chunks[0] + chunks[1] if mine else received
         for c in chunks[2:] if mine else ():

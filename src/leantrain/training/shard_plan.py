@@ -48,16 +48,22 @@ class ShardPlan:
     slots_map: tuple  # the canonical map the plan was made for
     ranges: tuple  # Range, in slot order then offset order
 
+    def __post_init__(self) -> None:
+        # Lookups every step makes, built once (the plan is read-only).
+        by_rank: dict = {}
+        for r in self.ranges:
+            by_rank.setdefault(r.rank, []).append(r)
+        object.__setattr__(self, "_owned", by_rank)
+        object.__setattr__(self, "_at", {(r.slot, r.rank): r for r in self.ranges})
+
     def owned(self, rank: int) -> list[Range]:
         """The ranges ``rank`` updates, in slot order (at most one per slot)."""
-        return [r for r in self.ranges if r.rank == rank]
+        return list(self._owned.get(rank, ()))
 
     def range_of(self, slot: int, rank: int) -> Optional[Range]:
         """``rank``'s range of slot ``slot`` (an alias: its representative's), if any."""
         c = self.slots_map[slot]
-        if c is None:
-            return None
-        return next((r for r in self.ranges if r.slot == c and r.rank == rank), None)
+        return None if c is None else self._at.get((c, rank))
 
     def with_aliases(self) -> "ShardPlan":
         """The plan with each alias slot given its representative's ranges too (for

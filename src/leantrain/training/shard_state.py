@@ -3,9 +3,8 @@
 A sharded ``OptState`` has the shape of any other: one entry per slot, a record at a
 representative this rank owns a range of (its tensors flat, the range's length), and
 ``None`` elsewhere. ``fresh`` makes one without ever allocating the whole state;
-``sharded`` cuts a whole state (a resumed checkpoint's) by a plan; ``consolidated``
-puts the whole state together again on every rank (a collective), which a checkpoint
-writes, so a run saved on W ranks resumes on any other number, or on one process.
+``sharded`` cuts a whole state (a resumed checkpoint's, which ``io/sharded.py`` puts
+together from any number of ranks' files) by a plan.
 """
 
 from __future__ import annotations
@@ -19,10 +18,8 @@ from ..errors import ConfigError
 from ..optim import OptState, Optimizer
 from ..optim.layout import GENERIC, NATIVE
 from ..optim.per_slot import plain
-from ..optim.records import record_scalars, tensor_fields
-from ..optim.rules import record_type, rule_for
+from ..optim.rules import rule_for
 from . import distributed
-from . import shard_comm as comm
 from .shard_plan import ShardPlan, plan_for
 
 
@@ -64,41 +61,6 @@ def sharded(state: OptState, plan: ShardPlan, rank: int) -> OptState:
         if rec is not None:
             records[r.slot] = replace(rec, **{k: t.reshape(-1)[r.start: r.stop].clone()
                                               for k, t in rec.tensors().items()})
-    return OptState(state.hyper, state.lr, state.path, tuple(records), state.steps, state.overrides)
-
-
-def consolidated(opt: Optimizer, params, plan: ShardPlan, rank: int, state: OptState) -> OptState:
-    """The whole state on every rank, as one process would hold it (every rank calls)."""
-    like, settings = working(params), slot_settings(opt, params)
-    types = {i: record_type(settings[i][0]) for i, c in enumerate(plan.slots_map) if c == i}
-    scalars = {r.slot: record_scalars(state.slots[r.slot]) for r in plan.owned(rank)
-               if state.slots[r.slot] is not None}
-    everyone = [scalars]
-    if plan.world > 1:
-        everyone = [None] * plan.world
-        torch.distributed.all_gather_object(everyone, scalars, group=distributed.group())
-    known: dict = {}
-    for part in everyone:
-        for i, sc in part.items():
-            known.setdefault(i, sc)
-    fields = sorted({k for t in types.values() for k in tensor_fields(t)})
-    whole = {(i, k): torch.zeros(like[i].shape, dtype=like[i].dtype, device=like[i].device)
-             for i, t in types.items() for k in tensor_fields(t)}
-    for k in fields:  # one gather per tensor kind (m, v, ...)
-        mine = {r: state.slots[r.slot].tensors()[k] for r in plan.owned(rank)
-                if state.slots[r.slot] is not None and k in state.slots[r.slot].tensors()}
-        subset = ShardPlan(plan.mode, plan.world, plan.sizes, plan.slots_map,
-                           tuple(r for r in plan.ranges if k in tensor_fields(types[r.slot])))
-        for r, t in comm.all_gather_ranges(subset, rank, like, mine).items():
-            whole[(r.slot, k)].view(-1)[r.start: r.stop].copy_(t)
-    records: list = [None] * len(params)
-    for i, t in types.items():
-        if i in known:
-            records[i] = t(**known[i], **{k: whole[(i, k)] for k in tensor_fields(t)})
-    if state.path != NATIVE:
-        for j, c in enumerate(plan.slots_map):
-            if c is not None and c != j:
-                records[j] = records[c]  # the generic path's alias holds its representative's record
     return OptState(state.hyper, state.lr, state.path, tuple(records), state.steps, state.overrides)
 
 
