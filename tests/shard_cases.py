@@ -45,13 +45,18 @@ def wide_data():
 CASES = [f"wide-{o}-{red}-{sh}" for o in TABLE for red in ("exact", "default") for sh in ("optimizer", "gradients")]
 CASES += [f"lm-{o}-{red}-{sh}" for o in ("adamw", "momentum") for red in ("exact", "default")
           for sh in ("optimizer", "gradients")]
-RESUME_CASES = ["wide-adam-exact-gradients", "wide-momentum-exact-optimizer", "lm-adamw-exact-gradients"]
+# with a moving average of the weights, evaluated with it every step (eval_ema)
+CASES += [f"wide-adamw-{red}-{sh}-ema" for red in ("exact", "default") for sh in ("optimizer", "gradients")]
+RESUME_CASES = ["wide-adam-exact-gradients", "wide-momentum-exact-optimizer", "lm-adamw-exact-gradients",
+                "wide-adamw-exact-gradients-ema"]
 
 
 def make(case, sharding="auto"):
-    model, o, red, sh = case.split("-")
+    model, o, red, sh, *ema = case.split("-")
     sharding = sh if sharding == "auto" else sharding
     common = dict(optimizer=TABLE[o].make(), log_every=1, exact_reduction=red == "exact", sharding=sharding)
+    if ema:
+        common.update(ema_decay=0.9, eval_data=wide_data()[:2], eval_ema=True)
     torch.manual_seed(1)
     if model == "wide":
         runner = lt.Runner.from_module(Wide(), "mse")
@@ -91,8 +96,9 @@ def run(case, out: Path, tag: str, sharding="auto", stop=False, resume=False):
 def contents(path):
     """A checkpoint's tensors, logged losses and manifest (a file or a sharded folder)."""
     manifest, tensors = lt.read_checkpoint(path)
-    kept = {k: t for k, t in tensors.items() if k.startswith(("storage.", "state."))}
-    return kept, manifest["progress"]["losses"], manifest
+    kept = {k: t for k, t in tensors.items() if k.startswith(("storage.", "state.", "ema."))}
+    evals = [[step, results["loss"]] for step, results in manifest["progress"]["evals"]]  # eval_ema's losses
+    return kept, manifest["progress"]["losses"] + evals, manifest
 
 
 def worker(rank, world, init_file, out, plan):

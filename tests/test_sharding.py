@@ -148,3 +148,27 @@ def test_one_sharded_process_leaves_an_unused_slot_alone(sharding):
         assert torch.equal(runner.module.spare.weight, start)
         out[sh] = [t.clone() for t in runner.module.state_dict().values()]
     assert all(torch.equal(a, b) for a, b in zip(out[None], out[sharding]))
+
+
+def test_a_sharded_moving_average_holds_its_ranges_with_the_whole_average_bits():
+    """Rank 0's share of a 2-rank plan, updated in one process: only its ranges are kept,
+    each with the bits the whole average has there (the lerp, cut at multiples of 64)."""
+    from leantrain.training.ema import EMA
+    from leantrain.training.shard_ema import ShardedEMA
+    from leantrain.training.shard_plan import plan_for
+
+    torch.manual_seed(1)
+    runner = lt.Runner.from_module(sc.Wide(), "mse")
+    plan = plan_for("gradients", runner.params, 2)
+    whole, part = EMA(runner.params, 0.9), ShardedEMA(runner.params, 0.9, plan, 0)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(3):
+        with torch.no_grad():
+            for v in runner.params.storages():
+                if v.host.is_floating_point():
+                    v.host.add_(torch.randn(v.host.shape, generator=g))
+        whole.update(runner.params), part.update(runner.params)
+    held = sum(t.numel() for t in part.values if t is not None)
+    assert held == plan.elements(0) < sum(v.storage.host.numel() for v in runner.params) / 2 + 64 * 8
+    for k, r in part.ranges.items():
+        assert torch.equal(part.values[k], whole.values[k].reshape(-1)[r.start: r.stop])

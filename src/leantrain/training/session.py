@@ -22,6 +22,7 @@ from ..errors import NonFiniteError
 from ..validate import is_int, is_number
 from .shard_plan import ShardPlan
 from .shard_checkpoint import save_sharded
+from .shard_ema import ShardedEMA
 from .shard_state import check_plan, loop_start
 from ..io.sharded import INDEX, check_folder
 from ..io.checkpoint import Checkpoint, check_destination, load_checkpoint, save_checkpoint
@@ -149,7 +150,9 @@ class Session:
                                             uses_native(self.runner, self.opt))
             self.runner.train()
             if self.cfg.ema_decay is not None:
-                self.runner.keep_ema(EMA(self.runner.params, self.cfg.ema_decay))
+                self.runner.keep_ema(EMA(self.runner.params, self.cfg.ema_decay) if self.shards is None else
+                                     ShardedEMA(self.runner.params, self.cfg.ema_decay, self.shards,
+                                                distributed.rank_world()[0]))
             self.before = measure() if self.cfg.measure_loss else None
             return state, None
         ck = self._resume(self.expect, loader_check)
@@ -167,6 +170,9 @@ class Session:
         self._start_replicas()
         self.shards, state = loop_start(self.op, self.cfg, self.runner.params, self.opt, ck.state.path == NATIVE,
                                         ck.state)
+        if self.shards is not None and self.cfg.ema_decay is not None:
+            self.runner.keep_ema(ShardedEMA.cut(self.runner.params, self.runner.ema, self.shards,
+                                                distributed.rank_world()[0]))
         return state, ck
 
     def _restore_callbacks(self, saved: list) -> None:
@@ -347,6 +353,8 @@ class Session:
         (``measure()``), the module synced to the trained values, and the report."""
         if self.cfg.checkpoint_path and not self.saved:
             self.save()
+        if isinstance(self.runner.ema, ShardedEMA):
+            self.runner.keep_ema(self.runner.ema.whole(self.runner.params))  # every rank: the whole average
         after = measure() if self.cfg.measure_loss else None
         self.runner.sync()  # intentional, once: the module shows the trained values
         skipped = 0 if self.skipped is None else int(self.skipped.item())  # intentional, end of run

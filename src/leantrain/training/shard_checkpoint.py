@@ -33,7 +33,8 @@ def _everyone(value, world: int) -> list:
 
 def save_sharded(path, runner, plan: ShardPlan, rank: int, state: OptState, *, progress: dict,
                  loader_state: Optional[dict], ema) -> Path:
-    """Write a sharded checkpoint of a sharded run into the folder ``path``."""
+    """Write a sharded checkpoint of a sharded run into the folder ``path`` (``ema``: the
+    run's ``ShardedEMA``, or ``None``)."""
     op = "save_checkpoint"
     folder = check_folder(op, path)
     folder.mkdir(parents=True, exist_ok=True)
@@ -47,9 +48,13 @@ def save_sharded(path, runner, plan: ShardPlan, rank: int, state: OptState, *, p
         for k, entry in part.items():
             records.setdefault(k, entry)
     pieces = {(f"state.{r.slot}.{k}", r.start): t for r in owned for k, t in state.slots[r.slot].tensors().items()}
+    if ema is not None and ema.count:  # the moving average: each rank's ranges, as pieces
+        pieces.update({(f"ema.{k}", r.start): ema.values[k] for k, r in ema.ranges.items()})
     whole, manifest = {}, None
     if rank == 0:
-        manifest, whole = contents(op, runner.params, state, progress, loader_state, True, ema, records=records)
+        manifest, whole = contents(op, runner.params, state, progress, loader_state, True, None, records=records)
+        if ema is not None:
+            manifest["ema"] = {"decay": ema.decay, "count": ema.count, "storages": ema.trainable if ema.count else []}
         manifest["checksums"] = {n: checksum(t) for n, t in whole.items()}
     files = _everyone(write_shard(folder, generation, rank, world, whole, pieces), world)
     if rank == 0:
