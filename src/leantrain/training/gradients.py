@@ -18,6 +18,7 @@ import torch
 from . import distributed
 from . import dp_gradients as dp
 from . import shard_step
+from .shard_overlap import overlapped_ranges
 from .accumulate import sum_items
 from .binding import BufferSnapshot, rng_state, set_rng_state
 from .mean import Mean, Pack
@@ -111,13 +112,17 @@ def sharded_mean(runner: Runner, leaves, scratch, batch: Sequence[Sample], o: St
     rank, world = distributed.rank_world()
     mine = distributed.my_items(batch, rank, world)
     own = None if states is None else distributed.my_items(states[:-1], rank, world)
-    loss, grads = None, [None] * len(leaves)
-    if mine and o.accumulation == "vectorized":
-        loss, grads = stacked_loss_and_gradients(runner, mine, leaves, scale=1.0)
-    elif mine:
-        loss, grads = sum_items(runner, mine, leaves, scratch, None, own)
-    grads = shard_step.reduced(o.shards, rank, runner.params, grads,
-                               whole=not shard_step.keeps_ranges(o.shards, o.clip_grad_norm))
+    whole = not shard_step.keeps_ranges(o.shards, o.clip_grad_norm)
+    if world > 1 and o.accumulation == "exact":  # the reduce-scatter under the last backward
+        loss, grads = overlapped_ranges(runner, leaves, scratch, mine, own, o.shards, rank)
+        grads = shard_step.whole_of(o.shards, rank, runner.params, grads) if whole else grads
+    else:
+        loss, grads = None, [None] * len(leaves)
+        if mine and o.accumulation == "vectorized":
+            loss, grads = stacked_loss_and_gradients(runner, mine, leaves, scale=1.0)
+        elif mine:
+            loss, grads = sum_items(runner, mine, leaves, scratch, None, own)
+        grads = shard_step.reduced(o.shards, rank, runner.params, grads, whole=whole)
     return Mean.of_sums(shard_step.reduced_loss(runner, loss, want_loss, world), grads, len(batch),
                         o.scaler is None)
 

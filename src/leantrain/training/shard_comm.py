@@ -81,7 +81,7 @@ def all_gather_ranges(plan: ShardPlan, rank: int, like: Sequence[torch.Tensor], 
     tensors of their slot's device and dtype (``like[slot]``'s); returns ``{Range:
     tensor}`` for every range of the plan. One all-to-all per (device, dtype), the
     groups taken from the plan, so every rank joins each (a rank's send: its ranges,
-    concatenated, to every rank)."""
+    concatenated and padded to the widest rank's, one buffer to every rank)."""
     if plan.world == 1:
         return dict(mine)
     groups: dict = {}
@@ -91,16 +91,16 @@ def all_gather_ranges(plan: ShardPlan, rank: int, like: Sequence[torch.Tensor], 
     out: dict = {}
     for (device, dtype), slots in groups.items():
         per_rank = [[r for r in plan.ranges if r.slot in slots and r.rank == q] for q in range(plan.world)]
-        sizes = [sum(r.size for r in rs) for rs in per_rank]
-        local = torch.cat([mine[r] for r in per_rank[rank]]) if per_rank[rank] else torch.zeros(
-            0, dtype=dtype, device=device)
-        received = torch.empty(sum(sizes), dtype=dtype, device=device)
-        dist.all_to_all_single(received, local.repeat(plan.world), sizes, [local.numel()] * plan.world,
-                               group=distributed.group())
-        offset = 0
-        for rs in per_rank:
+        width = max(sum(r.size for r in rs) for rs in per_rank)  # every rank's send padded to the widest
+        local = torch.zeros(width, dtype=dtype, device=device)
+        if per_rank[rank]:
+            torch.cat([mine[r] for r in per_rank[rank]], out=local[: sum(r.size for r in per_rank[rank])])
+        received = [torch.empty(width, dtype=dtype, device=device) for _ in range(plan.world)]
+        dist.all_to_all(received, [local] * plan.world, group=distributed.group())  # one buffer sent to all
+        for q, rs in enumerate(per_rank):
+            offset = 0
             for r in rs:
-                out[r] = received[offset: offset + r.size]
+                out[r] = received[q][offset: offset + r.size]
                 offset += r.size
     return out
 

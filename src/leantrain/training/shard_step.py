@@ -43,15 +43,18 @@ def keeps_ranges(plan: ShardPlan, clip_grad_norm: Optional[float]) -> bool:
 def reduced(plan: ShardPlan, rank: int, params, grads: list, whole: bool = False) -> list:
     """The ranks' per-slot sums reduced: this rank's ranges, or (``whole``) whole slots on
     every rank (the ranges all-gathered back)."""
+    ranges = comm.reduce_scatter(plan, rank, grads, working(params))
+    return whole_of(plan, rank, params, ranges) if whole else ranges
+
+
+def whole_of(plan: ShardPlan, rank: int, params, ranges: list) -> list:
+    """Reduced ranges all-gathered into whole per-slot gradients on every rank."""
     like = working(params)
-    ranges = comm.reduce_scatter(plan, rank, grads, like)
-    if not whole:
-        return ranges
     if plan.world == 1:  # the ranges are the whole slots already (None: no gradient)
         return [None if g is None else g.view(like[j].shape) for j, g in enumerate(ranges)]
     every = plan.with_aliases()  # one all-gather per (device, dtype) for every slot's shares
     mine = {r: ranges[r.slot] for r in every.ranges if r.rank == rank}
-    out: list = [None] * len(grads)
+    out: list = [None] * len(ranges)
     for j, c in enumerate(plan.slots_map):
         if c is not None:
             out[j] = torch.empty(like[j].numel(), dtype=like[j].dtype, device=like[j].device)
