@@ -27,7 +27,7 @@ from .samples import split_rows
 from .callbacks import Callback
 from .events import StepCallback, StepEvent
 from . import distributed
-from .loop_checks import check_inputs
+from .loop_checks import check_inputs, check_shared_loader
 from .session import Log, ScheduleState, Session
 from .streams import Stream
 from ..io.checkpoint import loader_record
@@ -174,6 +174,7 @@ def train_loader(
             f"read once, but epochs={cfg.epochs}; train it with epochs=1 (and max_steps), or pass a "
             f"re-iterable loader (a list of batches, a leantrain.DataLoader, a torch.utils.data.DataLoader)"
         )
+    check_shared_loader(op, loader, distributed.rank_world()[1])
     stream = Stream(op, loader)
     with distributed.collectives(cfg.collective_timeout):  # fail, not hang, on a lost peer
         session = Session(op, runner, cfg, "loader", log=log, callback=callback, callbacks=callbacks)
