@@ -38,6 +38,7 @@ def test_token_sums_on_many_ranks(runs, case, world):
     one = load_file(str(runs / f"{case}.w1.safetensors"))
     many = load_file(str(runs / f"{case}.w{world}.safetensors"))
     assert sorted(one) == sorted(many) and len(one["losses"]) >= 2
+    one.pop("buffer_passes"), many.pop("buffer_passes")  # how many passes ran differs (see below)
     moved = max(float((one[k] - tc_start(k)).abs().max()) for k in one if k.startswith("w.emb"))
     assert moved > 1e-3  # it trained
     for k in one:
@@ -67,6 +68,15 @@ def test_a_distributed_sampler_is_refused_on_every_rank(runs, world):
 def tc_start(key):
     torch.manual_seed(0)
     return tc.TinyLM().state_dict()[key[2:]]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_mask_buffer_costs_one_buffer_pass_under_data_parallel(runs, world):
+    """The model's mask buffer is never written: the first data-parallel step's buffer pass
+    (every rank, every item) shows it, and no later step pays that extra forward."""
+    passes, steps = load_file(str(runs / f"samples-5-default.w{world}.safetensors"))["buffer_passes"].tolist()
+    assert steps == 4 and passes == 1
+    assert load_file(str(runs / "samples-5-default.w1.safetensors"))["buffer_passes"].tolist() == [0, 4]
 
 
 def test_pieces_keep_the_token_mean(runs):

@@ -87,6 +87,7 @@ def run(case, out: Path, tag: str, **changes):
     values = {f"w.{k}": v.detach().clone() for k, v in runner.module.state_dict().items()}
     values["losses"] = torch.tensor([loss for _, loss in report.losses], dtype=torch.float64)
     values["before_after"] = torch.tensor([report.before, report.after], dtype=torch.float64)
+    values["buffer_passes"] = torch.tensor([runner.stats.buffer_passes, report.steps])
     save_file(values, str(out / f"{case}.{tag}.safetensors"))
 
 

@@ -202,14 +202,14 @@ class Binding:
 
         Returns whether the pass ran, and a snapshot of the buffers before it when it
         changed any (``None`` otherwise). Runs once the model is known to write buffers,
-        always under ``torch.distributed`` (every rank must take the same path), or when
-        ``force``d. A model error restores the buffers and the generators and raises.
+        under ``torch.distributed`` until that is known (every rank runs every item, so
+        every rank learns the same), or when ``force``d. A model error restores the buffers and the generators and raises.
         ``states``: a list that receives the generators' state before each item and after
         the last (what data parallel needs to draw each item's numbers, see ``draw_states``).
         """
         runner = self.runner
         if not runner.has_buffer_updates or not (
-            force or runner.buffer_writes or distributed.active() is not None
+            force or runner.buffer_writes or (distributed.active() is not None and runner.buffer_writes is None)
         ):
             return False, None
         bufs = self._buffers()
@@ -233,8 +233,7 @@ class Binding:
             states.append(rng_state(runner.device))
         set_rng_state(runner.device, rng)  # replay: the gradient passes draw the same numbers
         written = [t for t, v in zip(tensors, versions) if t._version != v]
-        if written or reassigned:
-            runner.learned_buffer_writes(True)
+        runner.learned_buffer_writes(bool(written or reassigned))  # every rank ran every item: all learn alike
         if not written:
             return True, None
         runner.mark_buffers_stale()

@@ -78,6 +78,10 @@ def batch_mean(op: str, runner: Runner, batch: list[Sample], o: StepOptions, wan
             # The model wrote a buffer although none was seen written before: redo the
             # step with the buffer pass (the real buffers were not touched; the
             # generators replay, so the redone step draws the same numbers).
+            if distributed.active() is not None:  # one rank cannot redo a step the others have done
+                raise DataError(f"{op}: the model wrote a buffer in this step although its first data-parallel "
+                                f"step wrote none (a buffer written only for some inputs); under "
+                                f"torch.distributed the ranks cannot redo one step apart")
             runner.learned_buffer_writes(True)
             runner.stats.redone_steps += 1
             set_rng_state(runner.device, rng)
