@@ -139,13 +139,14 @@ class Trainer:
         return out.metrics["train_runtime"] / len(batches)
 
 
-def whole_runs(base, batches, runs: int) -> tuple[float, float]:
-    """leantrain with the defaults (before/after over the batches, logging each update)
-    against the plain loop's whole run, interleaved: (best, median) of the ratios."""
+def whole_runs(base, batches, runs: int, measure_loss: bool = True) -> tuple[float, float]:
+    """leantrain with the defaults (before/after over the batches, logging each update;
+    ``measure_loss=False``: without the before/after passes) against the plain loop's
+    whole run, interleaved: (best, median) of the ratios."""
     ratios = []
     for r in range(runs):
         lt_runner = lt.Runner.from_module(copy.deepcopy(base), "model")
-        cfg = lt.LoaderTrainConfig(epochs=1, optimizer=lt.optim.adamw(LR, WD))
+        cfg = lt.LoaderTrainConfig(epochs=1, optimizer=lt.optim.adamw(LR, WD), measure_loss=measure_loss)
         plain = Plain(copy.deepcopy(base))
         order = [0, 1] if r % 2 == 0 else [1, 0]
         times = {}
@@ -193,6 +194,8 @@ def main() -> None:
               f"tokens/s   leantrain/this: best {min(ratios):.2f}, median {statistics.median(ratios):.2f}")
     best, median = whole_runs(base, batches, a.runs)
     print(f"  whole run with leantrain's defaults / the plain loop's: best {best:.2f}, median {median:.2f}")
+    best, median = whole_runs(base, batches, a.runs, measure_loss=False)
+    print(f"  whole run with measure_loss=False / the plain loop's: best {best:.2f}, median {median:.2f}")
     if a.compile:
         lt_c, plain_c = Leantrain(copy.deepcopy(base), compiled=True), Plain(copy.deepcopy(base), compiled=True)
         lt_c.run(batches[:2]), plain_c.run(batches[:2])  # compilation
