@@ -80,6 +80,16 @@ def test_a_non_contiguous_parameter_is_refused_before_anything_changes():
     assert all(torch.equal(a, b) for a, b in zip(before, _bytes(runner)))
 
 
+def test_a_sparse_embedding_is_refused_before_anything_changes():
+    model = nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Flatten(), nn.Linear(8, 2))
+    runner = lt.Runner.from_module(model, "mse")
+    before = _bytes(runner)
+    cfg = lt.TrainConfig(steps=2, batch_size=1, sharding="gradients")
+    with pytest.raises(lt.ConfigError, match=r"module '0' \(Embedding\) makes sparse gradients"):
+        lt.train_samples(runner, cfg, [(torch.tensor([1, 2]), torch.randn(2))], log=None)
+    assert all(torch.equal(a, b) for a, b in zip(before, _bytes(runner)))
+
+
 def test_unfreezing_during_a_sharded_run_is_refused_with_the_remedy():
     torch.manual_seed(0)
     model = sc.Wide()

@@ -14,6 +14,7 @@ import torch
 from ..errors import ConfigError
 from .callbacks import Callback, EarlyStopping, ProgressBar
 from .runner import Runner
+from .shard_state import check_shardable
 
 
 def check_inputs(op: str, runner: object, cfg: object, kind: type) -> None:
@@ -21,6 +22,8 @@ def check_inputs(op: str, runner: object, cfg: object, kind: type) -> None:
         raise ConfigError(f"{op}: expected a Runner, got {type(runner).__name__}")
     if not isinstance(cfg, kind):
         raise ConfigError(f"{op}: expected a {kind.__name__}, got {type(cfg).__name__}")
+    if cfg.sharding is not None:
+        check_shardable(op, runner)
     if cfg.autocast == "float16":  # as torch's GradScaler, which refuses to unscale float16 gradients
         for i, (v, c) in enumerate(zip(runner.params, runner.params.canonical_slot_indices())):
             if c == i and v.dtype == torch.float16:

@@ -146,7 +146,7 @@ class Session:
         # Nothing of the runner changes (its mode, its moving average) until the start is accepted.
         if self.resume_from is None:
             self._start_replicas()
-            self.shards, state = loop_start(self.op, self.cfg, self.runner.params, self.opt,
+            self.shards, state = loop_start(self.op, self.cfg, self.runner, self.opt,
                                             uses_native(self.runner, self.opt))
             self.runner.train()
             if self.cfg.ema_decay is not None:
@@ -168,7 +168,7 @@ class Session:
         self.grad_norms = [tuple(x) for x in ck.progress.get("grad_norms", [])]
         self.evals = [(int(step), dict(results)) for step, results in ck.progress.get("evals", [])]
         self._start_replicas()
-        self.shards, state = loop_start(self.op, self.cfg, self.runner.params, self.opt, ck.state.path == NATIVE,
+        self.shards, state = loop_start(self.op, self.cfg, self.runner, self.opt, ck.state.path == NATIVE,
                                         ck.state)
         if self.shards is not None and self.cfg.ema_decay is not None:
             self.runner.keep_ema(ShardedEMA.cut(self.runner.params, self.runner.ema, self.shards,

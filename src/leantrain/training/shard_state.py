@@ -28,14 +28,20 @@ def working(params) -> list[torch.Tensor]:
     return [v.storage.working() for v in params]
 
 
-def check_shardable(op: str, params, plan: ShardPlan) -> None:
-    """Every representative a plan cuts must be a dense, contiguous tensor (its flat view
-    is its memory order, which the kernels pair elements by)."""
+def check_shardable(op: str, runner) -> None:
+    """What sharding needs of a model, checked before a loop changes anything: every
+    trainable representative a dense, contiguous tensor (its flat view is its memory
+    order, which the kernels pair elements by), and no module making sparse gradients."""
+    params = runner.params
     like = working(params)
-    for i, c in enumerate(plan.slots_map):
+    for i, c in enumerate(params.canonical_slot_indices()):
         if c == i and not (like[i].layout == torch.strided and like[i].is_contiguous()):
             raise ConfigError(f"{op}: sharding cuts slot {i} ({params[i].name}) along its memory, but that tensor is "
                               f"not contiguous (strides {like[i].stride()}); make it contiguous, or train unsharded")
+    for name, m in runner.module.named_modules():
+        if getattr(m, "sparse", False) is True:  # nn.Embedding(sparse=True), EmbeddingBag
+            raise ConfigError(f"{op}: module {name!r} ({type(m).__name__}) makes sparse gradients, which sharding "
+                              f"does not cut; use sparse=False, or train unsharded")
 
 
 def slot_settings(opt: Optimizer, params):
@@ -64,15 +70,16 @@ def sharded(state: OptState, plan: ShardPlan, rank: int) -> OptState:
     return OptState(state.hyper, state.lr, state.path, tuple(records), state.steps, state.overrides)
 
 
-def loop_start(op: str, cfg, params, opt: Optimizer, native: bool,
+def loop_start(op: str, cfg, runner, opt: Optimizer, native: bool,
                whole: Optional[OptState] = None) -> tuple[Optional[ShardPlan], OptState]:
     """A loop's plan (``None`` unsharded) and its history: fresh, or ``whole`` (a
     resumed checkpoint's state) cut to this rank's ranges."""
+    params = runner.params
     if cfg.sharding is None:
         return None, whole if whole is not None else opt.init(params, native=native)
     rank, world = distributed.rank_world()
     plan = plan_for(cfg.sharding, params, world)
-    check_shardable(op, params, plan)
+    check_shardable(op, runner)  # as the loop's start checked it (the module may have changed since)
     return plan, sharded(whole, plan, rank) if whole is not None else fresh(opt, params, plan, rank, native)
 
 
