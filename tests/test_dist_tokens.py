@@ -57,14 +57,6 @@ def test_idle_ranks_are_named_once(runs, world):
     assert (runs / f"loader-4-default.w{world}.warned").read_text() == ""
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_a_distributed_sampler_is_refused_on_every_rank(runs, world):
-    for rank in range(world):
-        said = (runs / f"sampler.w{world}.r{rank}").read_text()
-        assert said.startswith(f"train_loader: the loader's DistributedSampler gives rank {rank} of {world} its own")
-        assert "give every rank the same loader" in said
-
-
 def tc_start(key):
     torch.manual_seed(0)
     return tc.TinyLM().state_dict()[key[2:]]

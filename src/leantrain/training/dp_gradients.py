@@ -23,19 +23,20 @@ from ..errors import DataError
 from .vectorized import stacked_loss_and_gradients
 from .runner import Runner
 
-def exact_gradients(runner: Runner, leaves, scratch, batch, rank: int, world: int,
-                    states: Optional[list] = None) -> Mean:
-    """Each rank differentiates its items one by one; every rank then folds all items in
-    item order (``exact_reduction``) with ``accumulate.fold``, then ``* (1/n)``: the
-    one-process mean gradient, bit for bit, on any number of ranks."""
-    own = None if states is None else distributed.my_items(states[:-1], rank, world)
-    mine = list(item_gradients(runner, distributed.my_items(batch, rank, world), leaves, scratch, own))
-    losses, packs = distributed.gather_items(mine, len(batch), rank, world, leaves)
-    first = mine[0][0] if mine else None  # rank 0 always has item 0: it logs
+def exact_gradients(runner: Runner, leaves, scratch, mine: list, n: int, rank: int, world: int,
+                    own: Optional[list] = None) -> Mean:
+    """Each rank differentiates its items (``mine``; item ``j`` of the ``n`` is on rank
+    ``j mod world``) one by one; every rank then folds all items in item order
+    (``exact_reduction``) with ``accumulate.fold``, then ``* (1/n)``: the one-process mean
+    gradient, bit for bit, on any number of ranks. ``own``: the generator states each of
+    ``mine`` starts from (a model that draws)."""
+    pairs = list(item_gradients(runner, mine, leaves, scratch, own))
+    losses, packs = distributed.gather_items(pairs, n, rank, world, leaves)
+    first = pairs[0][0] if pairs else None  # rank 0 always has item 0: it logs
     dtype = torch.float64 if first is None else (first.total if isinstance(first, LossSum) else first).dtype
     losses = [LossSum(x.total.to(dtype), x.count) if isinstance(x, LossSum) else x.to(dtype) for x in losses]
     loss, grads = fold(zip(losses, packs))
-    return Mean.of_sums(loss, grads, len(batch))
+    return Mean.of_sums(loss, grads, n)
 
 
 def overlapped_sums(runner: Runner, leaves, scratch, mine: list, accumulation: str, want_loss: bool,

@@ -17,7 +17,7 @@ import torch
 
 from . import distributed
 from . import dp_gradients as dp
-from . import shard_step
+from . import rank_data, shard_step
 from .shard_overlap import overlapped_ranges
 from .accumulate import sum_items
 from .binding import BufferSnapshot, rng_state, set_rng_state
@@ -56,7 +56,7 @@ def batch_mean(op: str, runner: Runner, batch: list[Sample], o: StepOptions, wan
         rng = rng_state(runner.device) if runner.has_buffer_updates else None
         # Data parallel: where each item's random draws start in one process (dropout).
         states = [] if distributed.active() is not None and runner.mode == "train" and runner.draws is not False \
-            else None
+            and not runner.loop.local else None  # rank-local data: each rank draws its own
         while True:
             ran, snapshot = bound.advance_buffers(op, batch, states=states)  # every item, before any gradient
             runner.stats.buffer_passes += ran
@@ -92,29 +92,33 @@ def _items_mean(runner: Runner, leaves, scratch, batch: Sequence[Sample], o: Ste
     """The mean at one parameter point, in one process or across the ranks. The loss
     joins the all-reduce only if ``want_loss``."""
     n, group = len(batch), distributed.active()
+    local = group is not None and runner.loop.local  # each rank's batch is its own items (rank_data.py)
+    if local:
+        n = rank_data.global_count(runner, n)
     defer = o.scaler is None  # the 1/n rides the non-finite check's pass (not with a loss scale)
     if o.shards is not None and not o.exact_reduction:
-        return sharded_mean(runner, leaves, scratch, batch, o, want_loss, states)
+        return sharded_mean(runner, leaves, scratch, batch, o, want_loss, states, n, local)
     if group is None:
         if o.accumulation == "vectorized":
             return Mean(*stacked_loss_and_gradients(runner, batch, leaves, scale=1.0 / n))
         return Mean.of_sums(*sum_items(runner, batch, leaves, scratch), n, defer)
-    if o.exact_reduction:
-        return dp.exact_gradients(runner, leaves, scratch, batch, *group, states)
+    mine = batch if local else distributed.my_items(batch, *group)
     own = None if states is None else distributed.my_items(states[:-1], *group)
-    loss, grads = dp.overlapped_sums(runner, leaves, scratch, distributed.my_items(batch, *group), o.accumulation,
-                                     want_loss, own)
+    if o.exact_reduction:
+        return dp.exact_gradients(runner, leaves, scratch, mine, n, *group, own)
+    loss, grads = dp.overlapped_sums(runner, leaves, scratch, mine, o.accumulation, want_loss, own)
     if loss is None:
         loss = torch.zeros((), device=runner.device)  # not asked for: never read
     return Mean.of_sums(loss, grads, n, defer)
 
 
 def sharded_mean(runner: Runner, leaves, scratch, batch: Sequence[Sample], o: StepOptions, want_loss: bool,
-                 states: Optional[list]) -> Mean:
+                 states: Optional[list], n: int, local: bool = False) -> Mean:
     """Sharding's default reduction: this rank's items summed, then reduce-scattered by
-    the plan (``shard_step.reduced``); the loss summed over the ranks in rank order."""
+    the plan (``shard_step.reduced``); the loss summed over the ranks in rank order.
+    ``n``: the update's items over all ranks; ``local``: ``batch`` is this rank's own."""
     rank, world = distributed.rank_world()
-    mine = distributed.my_items(batch, rank, world)
+    mine = batch if local else distributed.my_items(batch, rank, world)
     own = None if states is None else distributed.my_items(states[:-1], rank, world)
     whole = not shard_step.keeps_ranges(o.shards, o.clip_grad_norm)
     if world > 1 and o.accumulation == "exact":  # the reduce-scatter under the last backward
@@ -127,8 +131,7 @@ def sharded_mean(runner: Runner, leaves, scratch, batch: Sequence[Sample], o: St
         elif mine:
             loss, grads = sum_items(runner, mine, leaves, scratch, None, own)
         grads = shard_step.reduced(o.shards, rank, runner.params, grads, whole=whole)
-    return Mean.of_sums(shard_step.reduced_loss(runner, loss, want_loss, world), grads, len(batch),
-                        o.scaler is None)
+    return Mean.of_sums(shard_step.reduced_loss(runner, loss, want_loss, world), grads, n, o.scaler is None)
 
 
 def mean_gradients(runner: Runner, batch: Sequence[Sample], *, accumulation: str = "exact") -> Pack:

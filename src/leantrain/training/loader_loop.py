@@ -27,7 +27,8 @@ from .samples import split_rows
 from .callbacks import Callback
 from .events import StepCallback, StepEvent
 from . import distributed
-from .loop_checks import check_inputs, check_shared_loader
+from .loop_checks import check_inputs
+from .rank_data import global_mean_loss, rank_local
 from .session import Log, ScheduleState, Session
 from .streams import Stream
 from ..io.checkpoint import loader_record
@@ -97,7 +98,8 @@ def _epochs(cfg: LoaderTrainConfig, stream: Stream, state: OptState, schedule_st
         for b, raw in enumerate(stream.epoch(at.epoch, skip), start=skip):
             group += cut(as_list_batch(op, raw), cfg.pieces)
             if (b + 1) % cfg.accumulate == 0:
-                warn_idle_ranks(op, cfg, group, at, start)
+                if not session.runner.loop.local:  # rank-local data: every rank has its own items
+                    warn_idle_ranks(op, cfg, group, at, start)
                 state, at, event, stop = _group_update(cfg, session, stream, state, group, at, b, schedule_state)
                 group = []
                 if stop or _reached(cfg, at):
@@ -174,12 +176,14 @@ def train_loader(
             f"read once, but epochs={cfg.epochs}; train it with epochs=1 (and max_steps), or pass a "
             f"re-iterable loader (a list of batches, a leantrain.DataLoader, a torch.utils.data.DataLoader)"
         )
-    check_shared_loader(op, loader, distributed.rank_world()[1])
+    local = rank_local(op, loader)  # a DistributedSampler for this world: each rank reads its own items
     stream = Stream(op, loader)
     with distributed.collectives(cfg.collective_timeout):  # fail, not hang, on a lost peer
         session = Session(op, runner, cfg, "loader", log=log, callback=callback, callbacks=callbacks)
         with session.computing():  # autocast and the loss scale, for this loop only
-            expect = {"n_samples": stream.size(), "accumulate": cfg.accumulate}
+            runner.loop.local = local
+            expect = {"n_samples": stream.size(), "accumulate": cfg.accumulate,
+                      **({"world": distributed.rank_world()[1]} if local else {})}  # the sampler's partition
             state, ck = session.start(lambda: _measure(op, runner, stream, cfg), expect,
                                       lambda manifest, tensors: stream.problems(loader_record(manifest, tensors)))
             start = Progress()
@@ -202,6 +206,8 @@ def _measure(op: str, runner: Runner, stream: Stream, cfg: LoaderTrainConfig) ->
     if not cfg.measure_loss or not stream.measurable():
         return None
     with rng_preserved(runner.device, loader_generators(stream.loader)):
+        if runner.loop.local and distributed.active() is not None:  # every rank's own items
+            return global_mean_loss(runner, stream.samples(cfg.measure_batches))
         return runner.mean_loss(stream.samples(cfg.measure_batches))
 
 

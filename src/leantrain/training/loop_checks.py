@@ -83,19 +83,3 @@ def wants_stop(op: str, who: str, value: object) -> bool:
     raise ConfigError(f"{op}: {who} returned {type(value).__name__} {value!r:.40}; return True to stop the run, "
                       f"or None (or False) to go on")
 
-
-def check_shared_loader(op: str, loader: object, world: int) -> None:
-    """Under ``torch.distributed`` every rank must read the same batches (leantrain cuts
-    each update's items across the ranks itself: item ``j`` on rank ``j mod W``). A torch
-    ``DistributedSampler`` gives each rank other items, so some ranks' data would never be
-    trained and buffers would drift: refused before anything changes."""
-    if world < 2:
-        return
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    for s in (getattr(loader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None)):
-        if isinstance(s, torch.utils.data.DistributedSampler) and s.num_replicas > 1:
-            raise ConfigError(
-                f"{op}: the loader's DistributedSampler gives rank {s.rank} of {s.num_replicas} its own items, but "
-                f"leantrain already shares each update's items among the {world} ranks (item j on rank j mod "
-                f"{world}); give every rank the same loader (a plain sampler with the same seed), and cut "
-                f"collated batches with pieces=N")

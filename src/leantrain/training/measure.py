@@ -20,6 +20,17 @@ def mean_loss(runner, samples: Iterable[Sample]) -> float:
     not change what training draws next). No items give 0.0, upstream's rule. Reads one
     scalar back to the host (a device sync on CUDA), as asked.
     """
+    total, n = loss_sums(runner, samples)
+    if n == 0:
+        return 0.0
+    if isinstance(total, LossSum):
+        return float((total.total / total.count).item())  # intentional sync: the caller asked
+    return float((total / n).item())  # intentional sync: the caller asked
+
+
+def loss_sums(runner, samples: Iterable[Sample]):
+    """``(l1 + ... + ln, n)`` on the device (a ``LossSum`` of the items' totals and counts
+    for such losses; ``(None, 0)`` without items), buffers and generators left as found."""
     total, n = None, 0
     with rng_preserved(runner.device), torch.no_grad():
         with runner.binding("Runner.mean_loss") as bound, bound.scratch_buffers():
@@ -27,8 +38,4 @@ def mean_loss(runner, samples: Iterable[Sample]) -> float:
                 loss = runner.loss(check_sample("Runner.mean_loss", s, n))
                 total = loss if total is None else add_losses(total, loss)
                 n += 1
-    if n == 0:
-        return 0.0
-    if isinstance(total, LossSum):
-        return float((total.total / total.count).item())  # intentional sync: the caller asked
-    return float((total / n).item())  # intentional sync: the caller asked
+    return total, n

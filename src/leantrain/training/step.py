@@ -20,7 +20,7 @@ from ..errors import NonFiniteError
 from ..optim import OptState, Optimizer
 from ..optim.clipping import clip_
 from ..params.packs import canonical_gradients
-from . import distributed, shard_comm, shard_step
+from . import distributed, rank_data, shard_comm, shard_step
 from .binding import BufferSnapshot
 from .gradients import batch_mean, check_batch, mean_gradients, mean_loss_and_gradients  # noqa: F401
 from .mean import Pack
@@ -55,9 +55,11 @@ def update(op: str, runner: Runner, opt: Optimizer, state: OptState, batch: Sequ
         raise_if_nonfinite(op, found, snapshot)
     if o.shards is not None:
         state, norm = sharded_apply(runner, opt, state, mean.gradients(), found, snapshot, o)
-        return Update(state, mean.loss, norm)
-    grads, norm = clipped(runner, mean.gradients(), o)
-    state = apply(runner, opt, state, grads, found, snapshot, o)
+    else:
+        grads, norm = clipped(runner, mean.gradients(), o)
+        state = apply(runner, opt, state, grads, found, snapshot, o)
+    if snapshot is not None and runner.loop.local and distributed.active() is not None:
+        rank_data.broadcast_buffers(runner)  # each rank advanced them on its own items: rank 0's, as DDP
     return Update(state, mean.loss, norm)
 
 

@@ -1,0 +1,51 @@
+"""Rank-local data on 2 and 3 gloo processes: each rank reads only its own items through a
+torch DistributedSampler; with exact_reduction the run equals one process folding the
+same items in the global order (item j is rank j mod W's) bit for bit; a run stopped
+mid-epoch resumes exactly; a sampler for another rank is refused; BatchNorm buffers stay
+alike on every rank (rank 0's, broadcast after each update, as DDP)."""
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+
+import rank_data_cases as rc
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("rankdata")
+    torch.set_num_threads(1)
+    for world in (2, 3):
+        mp.spawn(rc.worker, args=(world, str(tmp / f"init-{world}"), str(tmp)), nprocs=world, join=True)
+        rc.reference(world, tmp / f"reference.w{world}.safetensors")
+    return tmp
+
+
+def same_bits(a, b):
+    ta, tb = load_file(str(a)), load_file(str(b))
+    assert sorted(ta) == sorted(tb) and len(ta["losses"]) >= 4
+    for k in ta:
+        assert torch.equal(ta[k].contiguous().view(torch.uint8), tb[k].contiguous().view(torch.uint8)), k
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_each_rank_reading_its_own_items_gives_the_one_process_bits(runs, world):
+    same_bits(runs / f"reference.w{world}.safetensors", runs / f"local.w{world}.safetensors")
+
+
+@pytest.mark.slow
+def test_a_rank_local_run_resumes_exactly(runs):
+    same_bits(runs / "local.w2.safetensors", runs / "resumed.w2.safetensors")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_sampler_for_another_rank_is_refused_and_buffers_stay_alike(runs, world):
+    for rank in range(world):
+        said = (runs / f"refused.w{world}.r{rank}").read_text()
+        assert f"is for rank {(rank + 1) % world} of {world}, but this process is rank {rank} of {world}" in said
+    assert (runs / f"bn.w{world}").read_text() == "True"
