@@ -70,6 +70,15 @@ def worker(rank, world, init_file, out):
         report, _ = lt.train_loader(r, config(), sampler_loader(rank, world), log=None)
         if rank == 0:
             save(r, report, out / f"local.w{world}.safetensors")
+        r = runner()  # with sharded optimizer state and gradients too
+        report, _ = lt.train_loader(r, config(sharding="gradients"), sampler_loader(rank, world), log=None)
+        if rank == 0:
+            save(r, report, out / f"sharded.w{world}.safetensors")
+        r = runner()  # the default reduction, sharded: the ranks' own items reduce-scattered
+        report, _ = lt.train_loader(r, config(sharding="gradients", exact_reduction=False), sampler_loader(rank, world),
+                                    log=None)
+        if rank == 0:
+            save(r, report, out / f"sharded-default.w{world}.safetensors")
         if world == 2:  # stop after STOP updates, then resume in a fresh runner
             r = runner()
             lt.train_loader(r, config(checkpoint_path=out / "stopped"), sampler_loader(rank, world), log=None,

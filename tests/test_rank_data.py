@@ -35,6 +35,16 @@ def same_bits(a, b):
 @pytest.mark.parametrize("world", [2, 3])
 def test_each_rank_reading_its_own_items_gives_the_one_process_bits(runs, world):
     same_bits(runs / f"reference.w{world}.safetensors", runs / f"local.w{world}.safetensors")
+    same_bits(runs / f"reference.w{world}.safetensors", runs / f"sharded.w{world}.safetensors")  # ZeRO-2 too
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_default_reduction_of_rank_local_items_agrees_to_rounding(runs, world):
+    ref = load_file(str(runs / f"reference.w{world}.safetensors"))
+    got = load_file(str(runs / f"sharded-default.w{world}.safetensors"))
+    for k in ref:
+        torch.testing.assert_close(got[k], ref[k], rtol=1e-5, atol=1e-6, msg=lambda m: f"{k}: {m}")
 
 
 @pytest.mark.slow
