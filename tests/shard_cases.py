@@ -47,15 +47,18 @@ CASES += [f"lm-{o}-{red}-{sh}" for o in ("adamw", "momentum") for red in ("exact
           for sh in ("optimizer", "gradients")]
 # with a moving average of the weights, evaluated with it every step (eval_ema)
 CASES += [f"wide-adamw-{red}-{sh}-ema" for red in ("exact", "default") for sh in ("optimizer", "gradients")]
+# whole slots per rank (shard_by="slot"): clipping under gradient sharding has clip_grad_norm_'s bits
+CASES += ["lm-adamw-exact-gradients-slot", "lm-adamw-default-gradients-slot", "wide-adam-exact-gradients-slot"]
 RESUME_CASES = ["wide-adam-exact-gradients", "wide-momentum-exact-optimizer", "lm-adamw-exact-gradients",
                 "wide-adamw-exact-gradients-ema"]
 
 
 def make(case, sharding="auto"):
-    model, o, red, sh, *ema = case.split("-")
+    model, o, red, sh, *extra = case.split("-")
     sharding = sh if sharding == "auto" else sharding
-    common = dict(optimizer=TABLE[o].make(), log_every=1, exact_reduction=red == "exact", sharding=sharding)
-    if ema:
+    common = dict(optimizer=TABLE[o].make(), log_every=1, exact_reduction=red == "exact", sharding=sharding,
+                  shard_by="slot" if "slot" in extra else "range")
+    if "ema" in extra:
         common.update(ema_decay=0.9, eval_data=wide_data()[:2], eval_ema=True)
     torch.manual_seed(1)
     if model == "wide":

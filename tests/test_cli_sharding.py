@@ -52,6 +52,8 @@ def test_exact_reduction_gives_the_same_bits_on_one_two_and_three_processes(tmp_
 def test_sharding_flags_are_checked(capsys):
     assert main(["train", "--sharding", "params", "--out", "x"]) == 2
     assert "--sharding: expected one of optimizer, gradients" in capsys.readouterr().err
+    assert main(["train", "--shard-by", "block", "--out", "x"]) == 2
+    assert "--shard-by: expected one of range, slot" in capsys.readouterr().err
     assert main(["train", "--pieces", "0", "--out", "x"]) == 2
     assert "--pieces" in capsys.readouterr().err
 

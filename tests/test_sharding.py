@@ -14,6 +14,16 @@ from optimizer_table import TABLE
 import shard_cases as sc
 
 
+def test_a_plan_of_whole_slots_gives_each_slot_to_one_rank(world=3):
+    sizes = [180, 1296, 36, 1296, 36, 108, 3, 0]
+    plan = plan_shards("gradients", sizes, [0, 1, 2, 1, 4, 5, None, 7], world, by="slot")
+    assert [(r.slot, r.start, r.stop) for r in plan.ranges] == [(i, 0, sizes[i]) for i in (0, 1, 2, 4, 5, 7)]
+    assert plan.range_of(1, 0) == plan.ranges[1] and plan.ranges[1].rank == 0  # the largest first, to rank 0
+    assert {r.rank for r in plan.ranges} == {0, 1, 2}
+    with pytest.raises(lt.ConfigError, match="shard_by must be one of"):
+        plan_shards("gradients", sizes, [0, 1, 2, 1, 4, 5, None, 7], world, by="block")
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 5])
 def test_a_plan_tiles_every_trainable_slot_once(world):
     sizes = [180, 1296, 36, 1296, 36, 108, 3, 0]
@@ -115,8 +125,14 @@ def test_block_norm_clipping_is_stated_and_bounded():
         cfg = lt.TrainConfig(steps=4, batch_size=3, clip_grad_norm=0.1, log_every=1, sharding=sharding,
                              optimizer=TABLE["sgd"].make())
         reports[sharding] = lt.train_samples(runner, cfg, sc.wide_data(), log=None)
+    torch.manual_seed(1)
+    runner = lt.Runner.from_module(sc.Wide(), "mse")
+    cfg = lt.TrainConfig(steps=4, batch_size=3, clip_grad_norm=0.1, log_every=1, sharding="gradients",
+                         shard_by="slot", optimizer=TABLE["sgd"].make())
+    reports["slot"] = lt.train_samples(runner, cfg, sc.wide_data(), log=None)
     plain, blocks, whole = (reports[k].grad_norms for k in (None, "gradients", "optimizer"))
     assert whole == plain  # optimizer sharding keeps whole gradients: clip_grad_norm_'s bits
+    assert reports["slot"].grad_norms == plain  # whole slots per rank: clip_grad_norm_'s bits too
     assert [s for s, _ in blocks] == [s for s, _ in plain]
     for (_, a), (_, b) in zip(blocks, plain):
         assert a == pytest.approx(b, rel=1e-6) and a > 0.1  # clipping was active

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 from .. import optim
 from ..errors import ConfigError
 from ..training.config import SCHEDULE_PER
-from ..training.shard_plan import SHARDING_MODES
+from ..training.shard_plan import SHARD_BY, SHARDING_MODES
 from ..validate import is_int, is_number
 from .digits import PRESETS
 from .usage import natural, positive, seed as seed_arg
@@ -137,6 +137,8 @@ FIELDS = (
     Field("sharding", None, "under torchrun: optimizer (ZeRO-1: each rank keeps its share of the optimizer "
           "state) or gradients (ZeRO-2: of the reduced gradients too); the checkpoint becomes a folder",
           lambda v: None if v is None or one_of(v, SHARDING_MODES) else f"expected one of {', '.join(SHARDING_MODES)}"),
+    Field("shard_by", "range", "with --sharding: range (each slot cut at multiples of 64 elements) or slot (whole "
+          "slots per rank: clipping by norm then has clip_grad_norm_'s bits)", _choice(SHARD_BY)),
     Field("pieces", None, "cut each minibatch into N items shared by the ranks (default: one per rank; 8 with "
           "--exact-reduction, so 1 to 8 processes give the same bits)", _integer(1, optional=True), positive,
           metavar="N"),

@@ -12,7 +12,7 @@ from ..optim import Optimizer, Schedule, sgd
 from ..optim.clipping import check_clip
 from .ema import check_decay
 from .precision import check_autocast
-from .shard_plan import SHARDING_MODES
+from .shard_plan import SHARD_BY, SHARDING_MODES
 from ..validate import check_bool, check_choice, check_count
 
 ACCUMULATION_MODES = ("exact", "vectorized")
@@ -58,6 +58,7 @@ def _common(op: str, cfg) -> None:
     check_bool(op, "compile", cfg.compile)
     if cfg.sharding is not None and cfg.sharding not in SHARDING_MODES:
         raise ConfigError(f"{op}: sharding must be one of {SHARDING_MODES} or None, got {cfg.sharding!r}")
+    check_choice(op, "shard_by", cfg.shard_by, SHARD_BY)
     if cfg.eval_ema and cfg.ema_decay is None:
         raise ConfigError(f"{op}: eval_ema evaluates the moving average: set ema_decay")
     if cfg.exact_reduction and cfg.accumulation != "exact":
@@ -109,7 +110,8 @@ class LoopOptions:
     may round differently, so exact only against itself); ``sharding``: ``"optimizer"``
     (ZeRO stage 1: each rank keeps the optimizer state of its ranges only) or
     ``"gradients"`` (stage 2: its ranges of the reduced gradient too), see
-    ``shard_step.py``; ``None``: every rank holds everything.
+    ``shard_step.py``; ``None``: every rank holds everything; ``shard_by``: ``"range"``
+    (each slot cut at multiples of 64 elements) or ``"slot"`` (whole slots per rank).
     """
 
     accumulation: str = "exact"
@@ -131,6 +133,7 @@ class LoopOptions:
     autocast: Optional[str] = None
     compile: bool = False
     sharding: Optional[str] = None
+    shard_by: str = "range"
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ kernels give an element the same bits wherever it sits as long as a cut falls on
 multiple (``tests/test_sharding.py`` guards that rule against torch upgrades). A slot
 of ``k`` blocks of 64 gives rank ``r`` the blocks ``[floor(r k / W), floor((r+1) k / W))``,
 rotated by the slot's position ``k`` among the representatives, so that small slots
-spread over the ranks (an empty slot: one empty range, on rank ``k mod W``). Aliases share
+spread over the ranks (an empty slot: one empty range, on rank ``k mod W``). As an
+option (``shard_by="slot"``) each slot goes whole to one rank instead: less even, but
+clipping by norm under gradient sharding then has ``clip_grad_norm_``'s bits. Aliases share
 their representative's cut; frozen slots and buffers are not cut (every rank keeps
 them whole, as without sharding).
 """
@@ -22,6 +24,7 @@ from ..errors import ConfigError
 
 ALIGN = 64  # elements: cuts at multiples of this leave torch's optimizer kernels' bits alone
 SHARDING_MODES = ("optimizer", "gradients")
+SHARD_BY = ("range", "slot")
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class ShardPlan:
     sizes: tuple  # elements per slot
     slots_map: tuple  # the canonical map the plan was made for
     ranges: tuple  # Range, in slot order then offset order
+    by: str = "range"  # "range": slots cut at multiples of 64; "slot": whole slots per rank
 
     def __post_init__(self) -> None:
         # Lookups every step makes, built once (the plan is read-only).
@@ -71,25 +75,35 @@ class ShardPlan:
         extra = [Range(j, r.start, r.stop, r.rank) for j, c in enumerate(self.slots_map)
                  if c is not None and c != j for r in self.ranges if r.slot == c]
         ranges = sorted(self.ranges + tuple(extra), key=lambda r: (r.slot, r.start))
-        return ShardPlan(self.mode, self.world, self.sizes, self.slots_map, tuple(ranges))
+        return ShardPlan(self.mode, self.world, self.sizes, self.slots_map, tuple(ranges), self.by)
 
     def elements(self, rank: int) -> int:
         """How many elements of optimizer state ``rank`` holds per state tensor kind."""
         return sum(r.size for r in self.owned(rank))
 
 
-def plan_shards(mode: str, sizes: Sequence[int], slots_map: Sequence[Optional[int]], world: int) -> ShardPlan:
-    """The plan for slot ``sizes`` (elements), the canonical ``slots_map`` and ``world``."""
+def plan_shards(mode: str, sizes: Sequence[int], slots_map: Sequence[Optional[int]], world: int,
+                by: str = "range") -> ShardPlan:
+    """The plan for slot ``sizes`` (elements), the canonical ``slots_map`` and ``world``;
+    ``by="slot"``: each representative slot whole on one rank (the largest first, each to
+    the rank holding the fewest elements so far, the lowest such rank on a tie)."""
     if mode not in SHARDING_MODES:
         raise ConfigError(f"sharding: expected one of {SHARDING_MODES} or None, got {mode!r}")
+    if by not in SHARD_BY:
+        raise ConfigError(f"sharding: shard_by must be one of {SHARD_BY}, got {by!r}")
     if not isinstance(world, int) or world < 1:
         raise ConfigError(f"sharding: the world size must be an integer >= 1, got {world!r}")
+    reps = [i for i, c in enumerate(slots_map) if c == i]  # frozen slots and aliases are not cut of their own
+    if by == "slot":
+        load = [0] * world
+        ranges = []
+        for i in sorted(reps, key=lambda i: (-sizes[i], i)):
+            r = min(range(world), key=lambda q: (load[q], q))
+            ranges.append(Range(i, 0, sizes[i], r))
+            load[r] += sizes[i]
+        return ShardPlan(mode, world, tuple(sizes), tuple(slots_map), tuple(sorted(ranges, key=lambda r: r.slot)), by)
     ranges = []
-    k = -1  # the representative's position among the representatives
-    for i, c in enumerate(slots_map):
-        if c != i:
-            continue  # frozen, or an alias: not cut of its own
-        k += 1
+    for k, i in enumerate(reps):  # k: the representative's position among the representatives
         n = sizes[i]
         if n == 0:  # an empty slot still has a history (its step count): one owner
             ranges.append(Range(i, 0, 0, k % world))
@@ -102,9 +116,9 @@ def plan_shards(mode: str, sizes: Sequence[int], slots_map: Sequence[Optional[in
             if hi > lo:
                 ranges.append(Range(i, lo, hi, r))
     ranges.sort(key=lambda r: (r.slot, r.start))
-    return ShardPlan(mode, world, tuple(sizes), tuple(slots_map), tuple(ranges))
+    return ShardPlan(mode, world, tuple(sizes), tuple(slots_map), tuple(ranges), by)
 
 
-def plan_for(mode: str, params, world: int) -> ShardPlan:
+def plan_for(mode: str, params, world: int, by: str = "range") -> ShardPlan:
     """The plan of a parameter list's current slots (sizes and alias map)."""
-    return plan_shards(mode, [v.storage.host.numel() for v in params], params.canonical_slot_indices(), world)
+    return plan_shards(mode, [v.storage.host.numel() for v in params], params.canonical_slot_indices(), world, by)

@@ -78,7 +78,7 @@ def loop_start(op: str, cfg, runner, opt: Optimizer, native: bool,
     if cfg.sharding is None:
         return None, whole if whole is not None else opt.init(params, native=native)
     rank, world = distributed.rank_world()
-    plan = plan_for(cfg.sharding, params, world)
+    plan = plan_for(cfg.sharding, params, world, cfg.shard_by)
     check_shardable(op, runner)  # as the loop's start checked it (the module may have changed since)
     return plan, sharded(whole, plan, rank) if whole is not None else fresh(opt, params, plan, rank, native)
 

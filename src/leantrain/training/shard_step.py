@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 
 from ..optim import OptState, Optimizer
 from ..optim.rules import rule_for
@@ -100,7 +101,7 @@ def canonical_ranges(plan: ShardPlan, rank: int, grads: list) -> dict:
 
 
 def clip_ranges(plan: ShardPlan, rank: int, sums: dict, max_norm: Optional[float],
-                max_value: Optional[float]) -> Optional[torch.Tensor]:
+                max_value: Optional[float], like=None) -> Optional[torch.Tensor]:
     """Clip the owned canonical ranges in place: by value elementwise; by norm with the
     block norm (see the module's doc), the same on every rank and world size. Returns the
     norm before clipping (by norm), else ``None``."""
@@ -111,6 +112,8 @@ def clip_ranges(plan: ShardPlan, rank: int, sums: dict, max_norm: Optional[float
         return None
     if max_norm is None:
         return None
+    if plan.by == "slot":
+        return _slot_norm_and_scale(plan, sums, present, max_norm, like)
     blocks = []
     for r, g in sums.items():
         n = -(-r.size // ALIGN)
@@ -119,6 +122,34 @@ def clip_ranges(plan: ShardPlan, rank: int, sums: dict, max_norm: Optional[float
             sq[: r.size] = g.detach().to(torch.float64).square()
         blocks.append((r, sq.view(n, ALIGN).sum(1) if n else sq[:0]))
     return _norm_and_scale(plan, rank, blocks, present, max_norm)
+
+
+def _slot_norm_and_scale(plan: ShardPlan, sums: dict, present: list, max_norm: float, like) -> torch.Tensor:
+    """Whole slots per rank: each owner takes its slots' norms as ``clip_grad_norm_``
+    does (``_foreach_norm``); one sum over the ranks gathers them (each norm has one
+    owner and zeros elsewhere, so the sum is exact), with a flag per slot that has a
+    gradient; then the norm of the norms in ``clip_grad_norm_``'s order (grouped by
+    device and dtype, in slot order): its bits."""
+    slots = [r.slot for r in plan.ranges]
+    at = {s: k for k, s in enumerate(slots)}
+    device = like[slots[0]].device if slots else torch.device("cpu")
+    local = torch.zeros(2, len(slots), dtype=torch.float64, device=device)  # norms, and which slots have one
+    for r, g in sums.items():
+        if g is not None:
+            local[0, at[r.slot]] = torch._foreach_norm([g], 2.0)[0].double()
+            local[1, at[r.slot]] = 1.0
+    if plan.world > 1:
+        dist.all_reduce(local, group=comm.distributed.group())
+    groups: dict = {}
+    for s in slots:  # the gradients clip_grad_norm_ would see, by (device, dtype) in order of first appearance
+        groups.setdefault((like[s].device, like[s].dtype), []).append(s)
+    flags = local[1].tolist()  # intentional sync: which slots have a gradient (clipping by norm asked for it)
+    norms = [local[0, at[s]].to(dtype) for (_, dtype), members in groups.items() for s in members if flags[at[s]]]
+    norm = torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]), 2.0)
+    factor = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for g in present:
+        g.mul_(factor.to(g.device))
+    return norm
 
 
 def _norm_and_scale(plan: ShardPlan, rank: int, blocks: list, present: list, max_norm: float) -> torch.Tensor:

@@ -148,7 +148,8 @@ def sharded_apply(runner: Runner, opt: Optimizer, state: OptState, grads: Pack, 
         presummed = True
     elif o.clipping:
         sums = shard_step.canonical_ranges(plan, rank, grads)
-        norm = shard_step.clip_ranges(plan, rank, sums, o.clip_grad_norm, o.clip_grad_value)
+        norm = shard_step.clip_ranges(plan, rank, sums, o.clip_grad_norm, o.clip_grad_value,
+                                      [v.storage.working() for v in runner.params])
     state = shard_step.apply(runner, opt, state, plan, rank, grads, found if o.skips else None, presummed, sums)
     if o.scaler is not None:
         o.scaler.update(found)
