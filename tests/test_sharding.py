@@ -198,3 +198,22 @@ def test_a_sharded_moving_average_holds_its_ranges_with_the_whole_average_bits()
     assert held == plan.elements(0) < sum(v.storage.host.numel() for v in runner.params) / 2 + 64 * 8
     for k, r in part.ranges.items():
         assert torch.equal(part.values[k], whole.values[k].reshape(-1)[r.start: r.stop])
+
+
+@pytest.mark.parametrize("sharding, by", [("optimizer", "range"), ("gradients", "range"), ("gradients", "slot")])
+def test_a_sharded_run_on_device_mirrors_equals_the_unsharded_one(sharding, by):
+    """The native path on CPU mirrors (the CUDA semantics, tested here): ranges of the
+    mirrors updated by the fused kernels, the moving average, clipping."""
+    out = []
+    for sh in (None, sharding):
+        torch.manual_seed(4)
+        r = lt.Runner.from_module(sc.Wide(), "mse").to("cpu")
+        cfg = lt.TrainConfig(steps=5, batch_size=3, optimizer=TABLE["adamw"].make(), log_every=1, ema_decay=0.9,
+                             clip_grad_norm=0.5 if by == "slot" or sharding == "optimizer" else None,
+                             sharding=sh, shard_by=by)
+        report = lt.train_samples(r, cfg, sc.wide_data(), log=None)
+        assert all(s.mirror is not None for s in r.params.storages())
+        out.append(([t.clone() for t in r.params.values_synced()], report.losses, r.ema_values()))
+    (a, la, ea), (b, lb, eb) = out
+    assert all(torch.equal(x, y) for x, y in zip(a, b)) and la == lb
+    assert all(torch.equal(x, y) for x, y in zip(ea, eb))
