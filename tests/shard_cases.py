@@ -7,6 +7,8 @@ buffer, dict samples, LossSum, clipping, a collated batch cut into pieces)."""
 from dataclasses import replace
 from pathlib import Path
 
+import sys
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -14,6 +16,9 @@ from torch import nn
 import leantrain as lt
 import token_cases as tc
 from optimizer_table import TABLE
+
+sys.path.insert(0, str(Path(__file__).parent / "zoo"))
+import zoo_models  # noqa: E402  (the model zoo: a tied GPT with a mask buffer, BatchNorm CNN, LSTM, frozen backbone)
 
 STOP = 3
 
@@ -49,6 +54,9 @@ CASES += [f"lm-{o}-{red}-{sh}" for o in ("adamw", "momentum") for red in ("exact
 CASES += [f"wide-adamw-{red}-{sh}-ema" for red in ("exact", "default") for sh in ("optimizer", "gradients")]
 # whole slots per rank (shard_by="slot"): clipping under gradient sharding has clip_grad_norm_'s bits
 CASES += ["lm-adamw-exact-gradients-slot", "lm-adamw-default-gradients-slot", "wide-adam-exact-gradients-slot"]
+# the model zoo, against the unsharded run (bits) and plain PyTorch on a deep copy (rounding)
+ZOO = ["gpt_persistent_mask", "cnn_batchnorm", "lstm", "frozen_backbone"]
+CASES += [f"zoo.{name}-adamw-{red}-gradients" for name in ZOO for red in ("exact", "default")]
 RESUME_CASES = ["wide-adam-exact-gradients", "wide-momentum-exact-optimizer", "lm-adamw-exact-gradients",
                 "wide-adamw-exact-gradients-ema"]
 
@@ -61,6 +69,11 @@ def make(case, sharding="auto"):
     if "ema" in extra:
         common.update(ema_decay=0.9, eval_data=wide_data()[:2], eval_ema=True)
     torch.manual_seed(1)
+    if model.startswith("zoo."):
+        entry = zoo_models.BY_NAME[model[4:]]
+        runner = lt.Runner.from_module(entry.model(0), entry.loss)
+        cfg = lt.TrainConfig(steps=5, batch_size=3, **common)
+        return runner, cfg, lambda c, cb: lt.train_samples(runner, c, entry.samples(7), log=None, callback=cb)
     if model == "wide":
         runner = lt.Runner.from_module(Wide(), "mse")
         cfg = lt.TrainConfig(steps=6, batch_size=3, **common)

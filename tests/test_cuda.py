@@ -207,14 +207,16 @@ def test_a_sharded_cuda_run_equals_the_unsharded_one(sharding, by):
     assert all(torch.equal(x, y) for x, y in zip(ea, eb))
 
 
-def test_a_sharded_step_never_syncs():
-    """Gradient sharding on one GPU with skip mode, value clipping and a moving average:
-    a loop that reads no loss reads nothing back from the device."""
+@pytest.mark.parametrize("clip, by", [({"clip_grad_value": 0.5}, "range"), ({"clip_grad_norm": 0.5}, "range"),
+                                      ({"clip_grad_norm": 0.5}, "slot")])
+def test_a_sharded_step_never_syncs(clip, by):
+    """Gradient sharding on one GPU with skip mode, clipping and a moving average: a loop
+    that reads no loss reads nothing back from the device."""
     torch.manual_seed(5)
     r = lt.Runner.from_module(TiedNet(bn=True), "mse").to("cuda")
     data = on_cuda(regression_batches(4, 5))
     cfg = lt.TrainConfig(steps=6, batch_size=2, optimizer=optim.adam(0.01), log_every=0, nonfinite="skip",
-                         measure_loss=False, clip_grad_value=0.5, ema_decay=0.9, sharding="gradients")
+                         measure_loss=False, ema_decay=0.9, sharding="gradients", shard_by=by, **clip)
     lt.train_samples(r, cfg, data, log=lambda s: None)  # warm-up (allocations, the mirrors)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")

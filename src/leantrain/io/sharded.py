@@ -149,7 +149,7 @@ def read_folder(folder: Path, op: str):
     for f in files:
         with TensorFile(folder / f["name"], op) as tf:
             for key in tf.entries:
-                stored[key] = tf.read(key).clone()
+                stored[key] = tf.read(key)  # a view of the file's private mapping (valid after close)
     want = expected_tensors(manifest)
     tensors: dict = {}
     pieces = index.get("pieces", {})

@@ -18,6 +18,7 @@ from ..errors import ConfigError, DataError
 from .mean import Pack
 from .runner import Runner, Sample
 from .samples import add_losses
+from .vectorized import stacked_loss_and_gradients
 
 
 def plus(g: Optional[torch.Tensor], h: Optional[torch.Tensor], out: Optional[torch.Tensor] = None):
@@ -84,3 +85,32 @@ def draws(runner: Runner, states: Optional[list], j: int) -> None:
     model that draws random numbers: every item draws its own numbers, wherever it runs)."""
     if states is not None:
         set_rng_state(runner.device, states[j])
+
+
+def sum_hooked(runner: Runner, mine: Sequence[Sample], leaves, scratch, own: Optional[list], make_reducer,
+               out: Optional[list] = None, vectorized: bool = False):
+    """The loss sum of ``mine`` with the last backward under a reducer's gradient hooks
+    (data parallel's overlap, ``overlap.py`` and ``shard_overlap.py``): all items but the
+    last are folded first (``sum_items``, into ``out`` if given), then
+    ``make_reducer(partial)`` hooks every leaf while the last item (or, ``vectorized``,
+    the stacked items) is differentiated. Returns ``(reducer, loss, grads)``; the hooks
+    are removed also on error."""
+    partial_loss, partial = None, None
+    if not vectorized and len(mine) > 1:
+        partial_loss, partial = sum_items(runner, mine[:-1], leaves, scratch, out, own)
+        scratch.reset()
+    if not vectorized:
+        draws(runner, own, len(mine) - 1)
+    reducer = make_reducer(partial)
+    handles = [t.register_hook(reducer.hook(i)) for i, t in enumerate(leaves) if t is not None]
+    try:
+        if vectorized:
+            loss, grads = stacked_loss_and_gradients(runner, mine, leaves, scale=1.0)
+        else:
+            loss, grads = runner.loss_and_gradients(mine[-1], leaves)
+    finally:
+        for h in handles:
+            h.remove()
+    if partial_loss is not None:
+        loss = add_losses(partial_loss, loss)
+    return reducer, loss, grads

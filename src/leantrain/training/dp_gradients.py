@@ -16,11 +16,10 @@ import torch
 import torch.distributed as dist
 
 from . import distributed, overlap
-from .accumulate import draws, fold, item_gradients, sum_items
+from .accumulate import fold, item_gradients, sum_hooked
 from .mean import Mean
-from .samples import LossSum, add_losses
+from .samples import LossSum
 from ..errors import DataError
-from .vectorized import stacked_loss_and_gradients
 from .runner import Runner
 
 def exact_gradients(runner: Runner, leaves, scratch, mine: list, n: int, rank: int, world: int,
@@ -46,36 +45,15 @@ def overlapped_sums(runner: Runner, leaves, scratch, mine: list, accumulation: s
     the same bits as summing first and all-reducing after. ``(None, grads)`` unless
     ``want_loss`` or the loss is a ``LossSum`` (whose summed count divides the gradients:
     it is reduced every step, with its total)."""
-    steady = runner.loop.steady
-    plan = None if steady is None else steady.buckets
-    if plan is None or plan.leaves is not leaves:
-        plan = overlap.plan_buckets(leaves)
-        if steady is not None:
-            steady.buckets = plan
-    reuse = steady is not None  # in a loop the step consumes the gradients: reuse the buckets
+    plan, reuse = overlap.step_buckets(runner, leaves)
     if not mine:  # more ranks than items: this rank sends zeros in the same buckets
         reducer = overlap.Reducer(plan, None, reuse)
         reducer.send(None)
         return _reduced(runner, reducer, None, None, want_loss)
-    partial_loss, partial = None, None
-    if accumulation == "exact" and len(mine) > 1:
-        partial_loss, partial = sum_items(runner, mine[:-1], leaves, scratch,
-                                           plan.partial_buffers() if reuse and len(mine) > 2 else None, own)
-        scratch.reset()
-    if accumulation == "exact":
-        draws(runner, own, len(mine) - 1)
-    reducer = overlap.Reducer(plan, partial, reuse)
-    handles = [t.register_hook(reducer.hook(i)) for i, t in enumerate(leaves) if t is not None]
-    try:
-        if accumulation == "vectorized":
-            loss, grads = stacked_loss_and_gradients(runner, mine, leaves, scale=1.0)
-        else:
-            loss, grads = runner.loss_and_gradients(mine[-1], leaves)
-    finally:
-        for h in handles:
-            h.remove()
-    if partial_loss is not None:
-        loss = add_losses(partial_loss, loss)
+    out = plan.partial_buffers() if reuse and len(mine) > 2 and accumulation == "exact" else None
+    reducer, loss, grads = sum_hooked(runner, mine, leaves, scratch, own,
+                                      lambda partial: overlap.Reducer(plan, partial, reuse), out,
+                                      vectorized=accumulation == "vectorized")
     reducer.send(grads)
     return _reduced(runner, reducer, grads, loss, want_loss)
 

@@ -64,6 +64,19 @@ def plan_buckets(leaves: list) -> BucketPlan:
     return BucketPlan(leaves, [tuple(b) for b in buckets], where)
 
 
+def step_buckets(runner, leaves: list) -> tuple[BucketPlan, bool]:
+    """The bucket plan of a step's leaves, kept on the loop's steady record while the
+    leaves stay the same; and whether the buckets' memory may be reused (in a loop the
+    step consumes the gradients before the next starts)."""
+    steady = runner.loop.steady
+    plan = None if steady is None else steady.buckets
+    if plan is None or plan.leaves is not leaves:
+        plan = plan_buckets(leaves)
+        if steady is not None:
+            steady.buckets = plan
+    return plan, steady is not None
+
+
 class Reducer:
     """The flat buckets of one step and their asynchronous all-reduces."""
 

@@ -20,9 +20,8 @@ import torch
 import torch.distributed as dist
 
 from . import distributed
-from .accumulate import draws, sum_items
-from .overlap import plan_buckets
-from .samples import add_losses
+from .accumulate import sum_hooked
+from .overlap import BucketPlan, step_buckets
 from .shard_comm import piece
 from .shard_plan import ShardPlan
 
@@ -30,9 +29,9 @@ from .shard_plan import ShardPlan
 class ShardReducer:
     """The buckets of one step and their asynchronous all-to-alls."""
 
-    def __init__(self, plan: ShardPlan, rank: int, leaves: list, partial: Optional[list]) -> None:
-        self.plan, self.rank, self.leaves, self.partial = plan, rank, leaves, partial
-        buckets = plan_buckets(leaves).buckets
+    def __init__(self, plan: ShardPlan, rank: int, bucket_plan: BucketPlan, partial: Optional[list]) -> None:
+        self.plan, self.rank, self.leaves, self.partial = plan, rank, bucket_plan.leaves, partial
+        buckets = bucket_plan.buckets
         self.members = [[i for i, _, _ in members] for *_, members in buckets]
         self.kinds = [(device, dtype) for device, dtype, *_ in buckets]
         self.bucket_of = {i: b for b, ms in enumerate(self.members) for i in ms}
@@ -105,21 +104,9 @@ class ShardReducer:
 def overlapped_ranges(runner, leaves, scratch, mine: list, own: Optional[list], plan: ShardPlan, rank: int):
     """This rank's items' loss sum and the reduce-scattered ranges, the last item's
     backward overlapping the sends (exact accumulation; ``None`` loss without items)."""
+    buckets, _ = step_buckets(runner, leaves)
     if not mine:
-        reducer = ShardReducer(plan, rank, leaves, None)
-        return None, reducer.finish(None)
-    partial_loss, partial = None, None
-    if len(mine) > 1:
-        partial_loss, partial = sum_items(runner, mine[:-1], leaves, scratch, None, own)
-        scratch.reset()
-    draws(runner, own, len(mine) - 1)
-    reducer = ShardReducer(plan, rank, leaves, partial)
-    handles = [t.register_hook(reducer.hook(i)) for i, t in enumerate(leaves) if t is not None]
-    try:
-        loss, grads = runner.loss_and_gradients(mine[-1], leaves)
-    finally:
-        for h in handles:
-            h.remove()
-    if partial_loss is not None:
-        loss = add_losses(partial_loss, loss)
+        return None, ShardReducer(plan, rank, buckets, None).finish(None)
+    reducer, loss, grads = sum_hooked(runner, mine, leaves, scratch, own,
+                                      lambda partial: ShardReducer(plan, rank, buckets, partial))
     return loss, reducer.finish(grads)

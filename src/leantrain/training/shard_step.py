@@ -127,24 +127,27 @@ def clip_ranges(plan: ShardPlan, rank: int, sums: dict, max_norm: Optional[float
 def _slot_norm_and_scale(plan: ShardPlan, sums: dict, present: list, max_norm: float, like) -> torch.Tensor:
     """Whole slots per rank: each owner takes its slots' norms as ``clip_grad_norm_``
     does (``_foreach_norm``); one sum over the ranks gathers them (each norm has one
-    owner and zeros elsewhere, so the sum is exact), with a flag per slot that has a
-    gradient; then the norm of the norms in ``clip_grad_norm_``'s order (grouped by
-    device and dtype, in slot order): its bits."""
+    owner and zeros elsewhere, so the sum is exact); then the norm of the norms in
+    ``clip_grad_norm_``'s order (grouped by device and dtype, in slot order): its bits.
+    Nothing is read back: under data parallel every slot has a gradient (a slot no item
+    used arrives as zeros), in one process this rank sees which have one."""
     slots = [r.slot for r in plan.ranges]
     at = {s: k for k, s in enumerate(slots)}
     device = like[slots[0]].device if slots else torch.device("cpu")
-    local = torch.zeros(2, len(slots), dtype=torch.float64, device=device)  # norms, and which slots have one
+    local = torch.zeros(len(slots), dtype=torch.float64, device=device)
     for r, g in sums.items():
         if g is not None:
-            local[0, at[r.slot]] = torch._foreach_norm([g], 2.0)[0].double()
-            local[1, at[r.slot]] = 1.0
+            local[at[r.slot]] = torch._foreach_norm([g], 2.0)[0].double()
     if plan.world > 1:
         dist.all_reduce(local, group=comm.distributed.group())
+        kept = set(slots)
+    else:
+        kept = {r.slot for r, g in sums.items() if g is not None}
     groups: dict = {}
     for s in slots:  # the gradients clip_grad_norm_ would see, by (device, dtype) in order of first appearance
-        groups.setdefault((like[s].device, like[s].dtype), []).append(s)
-    flags = local[1].tolist()  # intentional sync: which slots have a gradient (clipping by norm asked for it)
-    norms = [local[0, at[s]].to(dtype) for (_, dtype), members in groups.items() for s in members if flags[at[s]]]
+        if s in kept:
+            groups.setdefault((like[s].device, like[s].dtype), []).append(s)
+    norms = [local[at[s]].to(dtype) for (_, dtype), members in groups.items() for s in members]
     norm = torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]), 2.0)
     factor = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
     for g in present:
