@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import leantrain as lt
@@ -39,6 +39,14 @@ def save(r, report, path: Path) -> None:
     save_file(values, str(path))
 
 
+def same_bits(a: Path, b: Path) -> None:
+    """Two saved runs (``save``) hold the same bits, and at least 4 logged losses."""
+    ta, tb = load_file(str(a)), load_file(str(b))
+    assert sorted(ta) == sorted(tb) and len(ta["losses"]) >= 4
+    for k in ta:
+        assert torch.equal(ta[k].contiguous().view(torch.uint8), tb[k].contiguous().view(torch.uint8)), k
+
+
 def reference(world: int, path: Path) -> None:
     """One process, one list batch per update: item j is rank (j mod W)'s (j // W)-th."""
     updates = []
@@ -59,6 +67,19 @@ def bn_loader(rank: int, world: int) -> DataLoader:
     g = torch.Generator().manual_seed(3)
     ds = TensorDataset(torch.randn(24, 5, generator=g), torch.randn(24, 3, generator=g))
     return DataLoader(ds, batch_size=4, sampler=DistributedSampler(ds, num_replicas=world, rank=rank, seed=2))
+
+
+def buffers_alike(loader, rank: int, world: int, out: Path) -> None:
+    """Train a BatchNorm model over a rank-local ``loader`` and write (rank 0) whether
+    every rank ends with the same parameters and buffers (rank 0's buffers are broadcast
+    after each update)."""
+    bn = lt.Runner.from_module(sc.Wide(), "mse")
+    lt.train_loader(bn, lt.LoaderTrainConfig(epochs=2, optimizer=lt.optim.sgd(0.1), log_every=0), loader, log=None)
+    sums = [float(v.storage.host.double().sum()) for v in bn.params]
+    everyone = [None] * world
+    dist.all_gather_object(everyone, sums)
+    if rank == 0:
+        (out / f"bn.w{world}").write_text(str(all(e == everyone[0] for e in everyone)))
 
 
 def worker(rank, world, init_file, out):
@@ -91,13 +112,6 @@ def worker(rank, world, init_file, out):
             lt.train_loader(runner(), config(), sampler_loader((rank + 1) % world, world), log=None)
         except lt.ConfigError as e:
             (out / f"refused.w{world}.r{rank}").write_text(str(e))
-        bn = lt.Runner.from_module(sc.Wide(), "mse")  # BatchNorm: rank 0's buffers broadcast after each update
-        lt.train_loader(bn, lt.LoaderTrainConfig(epochs=2, optimizer=lt.optim.sgd(0.1)), bn_loader(rank, world),
-                        log=None)
-        sums = [float(v.storage.host.double().sum()) for v in bn.params]
-        everyone = [None] * world
-        dist.all_gather_object(everyone, sums)
-        if rank == 0:
-            (out / f"bn.w{world}").write_text(str(all(e == everyone[0] for e in everyone)))
+        buffers_alike(bn_loader(rank, world), rank, world, out)
     finally:
         dist.destroy_process_group()

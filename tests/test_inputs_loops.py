@@ -26,6 +26,10 @@ LOOPS = [
     ("loader batch 0", lambda c: lt.DataLoader(lt.Dataset([sample()]), batch_size=0), lt.ConfigError, "batch_size must be an integer >= 1"),
     ("loader seed < 0", lambda c: lt.DataLoader(lt.Dataset([sample()]), batch_size=1, seed=-3), lt.ConfigError, "seed must be an integer >= 0"),
     ("loader empty", lambda c: lt.train_loader(c.runner, lt.LoaderTrainConfig(epochs=1), lt.DataLoader(lt.Dataset([]), batch_size=1)), lt.DataError, "empty dataset"),
+    ("loader rank alone", lambda c: lt.DataLoader([sample()], batch_size=2, rank=0), lt.ConfigError, "give rank and world_size together"),
+    ("loader rank >= world", lambda c: lt.DataLoader([sample()], batch_size=2, rank=2, world_size=2), lt.ConfigError, "rank must be < world_size, got rank=2"),
+    ("loader batch not shared", lambda c: lt.DataLoader([sample()], batch_size=3, rank=0, world_size=2), lt.ConfigError, "must be a multiple of world_size, got batch_size=3"),
+    ("loader for a world not running", lambda c: lt.train_loader(c.runner, lt.LoaderTrainConfig(epochs=1), lt.DataLoader([sample(), sample()], batch_size=2, rank=0, world_size=2)), lt.ConfigError, r"made for rank 0 of 2, but this process is rank 0 of 1"),
     ("unknown loss", lambda c: lt.Runner.from_module(nn.Linear(1, 1), "hinge"), lt.ConfigError, "unknown loss 'hinge'"),
 ]
 

@@ -10,6 +10,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 import rank_data_cases as rc
+from rank_data_cases import same_bits
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
 
@@ -22,13 +23,6 @@ def runs(tmp_path_factory):
         mp.spawn(rc.worker, args=(world, str(tmp / f"init-{world}"), str(tmp)), nprocs=world, join=True)
         rc.reference(world, tmp / f"reference.w{world}.safetensors")
     return tmp
-
-
-def same_bits(a, b):
-    ta, tb = load_file(str(a)), load_file(str(b))
-    assert sorted(ta) == sorted(tb) and len(ta["losses"]) >= 4
-    for k in ta:
-        assert torch.equal(ta[k].contiguous().view(torch.uint8), tb[k].contiguous().view(torch.uint8)), k
 
 
 @pytest.mark.slow

@@ -200,6 +200,32 @@ def test_a_sharded_moving_average_holds_its_ranges_with_the_whole_average_bits()
         assert torch.equal(part.values[k], whole.values[k].reshape(-1)[r.start: r.stop])
 
 
+def test_a_sharded_resume_moves_only_its_ranges_to_the_device(tmp_path):
+    """A resumed state is read into host memory (``host_state``) and cut there: the
+    device (here ``meta``, standing in for an accelerator's memory) receives rank 0's
+    ranges of a 2-rank plan and no whole tensor (the sharded resume tests check the
+    values)."""
+    from leantrain.training.shard_plan import plan_for
+    from leantrain.training.shard_state import sharded
+
+    torch.manual_seed(1)
+    runner = lt.Runner.from_module(sc.Wide(), "mse")
+    runner.params.to_device("cpu")
+    cfg = lt.TrainConfig(steps=2, batch_size=3, optimizer=TABLE["adam"].make(), checkpoint_path=tmp_path / "a.ckpt")
+    lt.train_samples(runner, cfg, sc.wide_data(), log=None)
+    ck = lt.load_checkpoint(tmp_path / "a.ckpt", runner, optimizer=cfg.optimizer, host_state=True)
+    for rec in ck.state.records().values():  # a native history, but its tensors stay in host memory
+        assert all(t.device.type == "cpu" for t in rec.tensors().values())
+    plan = plan_for("gradients", runner.params, 2)
+    for v in runner.params.storages():
+        v.mirror = torch.empty_like(v.host, device="meta")  # where each slot's working tensor now lives
+    cut = sharded(ck.state, plan, 0, runner.params)
+    for r in plan.owned(0):
+        for k, t in cut.slots[r.slot].tensors().items():
+            assert t.device.type == "meta" and t.numel() == r.size
+    assert all(cut.slots[i] is None for i in range(len(runner.params)) if i not in {r.slot for r in plan.owned(0)})
+
+
 @pytest.mark.parametrize("sharding, by", [("optimizer", "range"), ("gradients", "range"), ("gradients", "slot")])
 def test_a_sharded_run_on_device_mirrors_equals_the_unsharded_one(sharding, by):
     """The native path on CPU mirrors (the CUDA semantics, tested here): ranges of the

@@ -118,7 +118,14 @@ class DataLoader(Generic[T]):
     ``collate`` (optional) maps each batch of dataset items to the list batch the loop
     trains on, e.g. ``B*K`` single samples to ``K`` stacked minibatches of ``B``, or to
     one item (a dict such as ``leantrain.collate.pad_tokens`` makes, or an ``(x, y)``
-    pair of tensors): a list batch of that one item."""
+    pair of tensors): a list batch of that one item. It runs as each batch is read.
+
+    ``rank``/``world_size`` (both or neither): under ``torch.distributed``, this rank
+    reads only its share of every batch, the items at positions ``rank, rank +
+    world_size, ...`` (the items data parallel gives this rank anyway), and collates
+    only those. ``batch_size`` stays the batch of all ranks together (a multiple of
+    ``world_size``), so the order, the batches and a checkpoint's position are those of
+    one process, and a run resumes at any world size."""
 
     dataset: Dataset
     batch_size: int
@@ -127,6 +134,8 @@ class DataLoader(Generic[T]):
     drop_last: bool = False
     order: Optional[tuple[int, ...]] = None  # dataset[i] is the original item order[i]
     collate: Optional[Callable[[list], list]] = None  # turns each batch into its list batch
+    rank: Optional[int] = None  # with world_size: read only this rank's share of each batch
+    world_size: Optional[int] = None
 
     def __post_init__(self) -> None:
         op = "DataLoader"
@@ -141,9 +150,30 @@ class DataLoader(Generic[T]):
         check_count(op, "seed", self.seed, 0)
         for name in ("shuffle", "drop_last"):
             check_bool(op, name, getattr(self, name))
+        if (self.rank is None) != (self.world_size is None):
+            raise ConfigError(f"{op}: give rank and world_size together (got rank={self.rank!r}, "
+                              f"world_size={self.world_size!r})")
+        if self.world_size is not None:
+            check_count(op, "world_size", self.world_size, 1)
+            check_count(op, "rank", self.rank, 0)
+            if self.rank >= self.world_size:
+                raise ConfigError(f"{op}: rank must be < world_size, got rank={self.rank}, "
+                                  f"world_size={self.world_size}")
+            if self.batch_size % self.world_size:
+                raise ConfigError(
+                    f"{op}: batch_size is the batch of all ranks together and must be a multiple of "
+                    f"world_size, got batch_size={self.batch_size}, world_size={self.world_size} (each rank "
+                    f"reads batch_size // world_size items of every batch)")
 
     def epoch(self, tag: str = "DataLoader.epoch") -> tuple["DataLoader[T]", list[list[T]]]:
         """One pass: ``(next loader, batches)``. A short last batch is dropped with ``drop_last``."""
+        nxt, batches = self.epoch_batches(tag)
+        return nxt, list(batches)
+
+    def epoch_batches(self, tag: str = "DataLoader.epoch", skip: int = 0) -> tuple["DataLoader[T]", Iterator[list]]:
+        """One pass, read lazily: ``(next loader, an iterator of its batches after the first
+        ``skip``)``, each batch cut to this rank's share and collated only when reached
+        (a skipped batch is never collated)."""
         nxt = self
         if self.shuffle:
             seed, perm = lcg_permutation(self.seed, len(self.dataset))
@@ -154,18 +184,31 @@ class DataLoader(Generic[T]):
                 seed=seed,
                 order=tuple(order[p] for p in perm),
             )
-        batches = nxt.dataset.batches(tag, self.batch_size)
+        raw = nxt.dataset.batches(tag, self.batch_size)  # lists of references to the stored items
         if self.drop_last:
-            batches = [b for b in batches if len(b) == self.batch_size]
-        if self.collate is not None:
-            batches = [_items(self.collate(b)) for b in batches]
-        return nxt, batches
+            raw = [b for b in raw if len(b) == self.batch_size]
+        return nxt, (self.read(b) for b in raw[skip:])
+
+    def read(self, batch: list) -> list:
+        """A batch as the loop trains on it: this rank's share, collated."""
+        mine = self.share(batch)
+        return _items(self.collate(mine)) if self.collate is not None and mine else mine
+
+    def share(self, batch: list) -> list:
+        """This rank's items of a batch (all of them without ``rank``/``world_size``)."""
+        return batch if self.world_size is None else batch[self.rank::self.world_size]
 
     def items(self, tag: str = "DataLoader.items") -> list:
         """Every item one pass would train on, in stored order (collated when set)."""
-        if self.collate is None:
-            return self.dataset.to_list()
-        return [item for b in self.dataset.batches(tag, self.batch_size) for item in _items(self.collate(b))]
+        return list(self.iter_items(tag))
+
+    def iter_items(self, tag: str = "DataLoader.items", limit: Optional[int] = None) -> Iterator:
+        """The items of ``items``, read batch by batch as they are needed, from at most
+        ``limit`` batches (``None``: all)."""
+        if self.collate is None and self.world_size is None and limit is None:
+            return iter(self.dataset.samples)
+        batches = self.dataset.batches(tag, self.batch_size)
+        return (item for b in batches[:limit] for item in self.read(b))
 
     def current_order(self) -> tuple[int, ...]:
         return self.order if self.order is not None else tuple(range(len(self.dataset)))

@@ -273,6 +273,7 @@ def _fit_problems(manifest: dict, tensors: dict, checked, params: ParamList, opt
 def load_checkpoint(
     path: PathLike, target, *, optimizer=None, restore_rng: bool = True,
     accept: Optional[Callable[[dict, dict], list[str]]] = None, follow_trainable: bool = False,
+    host_state: bool = False,
 ) -> Checkpoint:
     """Validate everything, then install parameters (and return optimizer state,
     progress and loader state). A rejected load leaves parameters, mirrors, any
@@ -282,7 +283,8 @@ def load_checkpoint(
     target; what a resume asks for): the file's trainable set is taken where it differs
     (a run that unfroze slots mid-way continues with them trainable: the slots and the
     module's ``requires_grad`` are set as saved); otherwise a different frozen mask is an
-    error."""
+    error. ``host_state``: the optimizer state stays in host memory even for a history on
+    the device (a sharded resume moves only this rank's ranges there)."""
     op = "load_checkpoint"
     path = Path(path)
     params = params_of(op, target)
@@ -302,7 +304,7 @@ def load_checkpoint(
             s.make_mirror(device)
     state = None
     if saved_opt is not None:
-        state = _rebuild_state(manifest["optimizer"], tensors, params, saved_opt)
+        state = _rebuild_state(manifest["optimizer"], tensors, params, saved_opt, host_state)
     rng = manifest.get("rng", {})
     if restore_rng and rng.get("torch"):
         torch.set_rng_state(tensors["rng.torch"])
@@ -330,7 +332,7 @@ def loader_record(manifest: dict, tensors: dict) -> Optional[dict]:
     return dict(saved, order=tensors["loader.order"].tolist())
 
 
-def _rebuild_state(entry: dict, tensors: dict, params: ParamList, opt) -> OptState:
+def _rebuild_state(entry: dict, tensors: dict, params: ParamList, opt, host: bool = False) -> OptState:
     native = entry["path"] == NATIVE
     reps = params.canonical_slot_indices()
     slots: list = [None] * len(params)
@@ -338,7 +340,7 @@ def _rebuild_state(entry: dict, tensors: dict, params: ParamList, opt) -> OptSta
         if c == i:
             rec = entry["records"][str(i)]
             s = params[i].storage
-            like = s.mirror if native and s.mirror is not None else s.host
+            like = s.mirror if native and s.mirror is not None and not host else s.host
             # the file holds logical values; the state takes the parameter's kernel layout
             fields = {n: to_layout(tensors[f"state.{i}.{n}"], like) for n in rec["tensors"]}
             slots[i] = R.RECORDS[rec["type"]](**fields, **rec["scalars"])

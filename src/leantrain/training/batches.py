@@ -88,7 +88,7 @@ def loader_samples(op: str, loader: Loader) -> Iterator[Sample]:
     caller keeps the loader's generators as they were (``rng_preserved``) when the pass
     must not change what training draws next."""
     if isinstance(loader, DataLoader):
-        yield from loader.items(op)
+        yield from loader.iter_items(op)
         return
     for raw in fast_batches(loader) or loader:
         yield from as_list_batch(op, raw)

@@ -29,11 +29,13 @@ from .vectorized import check_stackable, stacked_loss_and_gradients
 from ..errors import DataError
 
 
-def check_batch(op: str, batch: Sequence[Sample]) -> list[Sample]:
-    """A batch is a nonempty list of samples of one structure (``samples.py``)."""
+def check_batch(op: str, batch: Sequence[Sample], local: bool = False) -> list[Sample]:
+    """A batch is a nonempty list of samples of one structure (``samples.py``).
+    ``local``: this rank's items of a rank-local update, which the ranks' count checks
+    together (``rank_data.global_count``), so that every rank raises alike."""
     if not isinstance(batch, (list, tuple)):
         raise DataError(f"{op}: a batch is a list of (x, y) samples, got {type(batch).__name__}")
-    if len(batch) == 0:
+    if len(batch) == 0 and not local:
         raise DataError(f"{op}: empty batch")
     checked = [check_sample(op, s, i) for i, s in enumerate(batch)]
     if len(checked) > 1:

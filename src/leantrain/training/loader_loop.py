@@ -176,14 +176,15 @@ def train_loader(
             f"read once, but epochs={cfg.epochs}; train it with epochs=1 (and max_steps), or pass a "
             f"re-iterable loader (a list of batches, a leantrain.DataLoader, a torch.utils.data.DataLoader)"
         )
-    local = rank_local(op, loader)  # a DistributedSampler for this world: each rank reads its own items
+    local = rank_local(op, loader, cfg.accumulate, cfg.pieces)  # each rank reads its own items (rank_data.py)
     stream = Stream(op, loader)
     with distributed.collectives(cfg.collective_timeout):  # fail, not hang, on a lost peer
         session = Session(op, runner, cfg, "loader", log=log, callback=callback, callbacks=callbacks)
         with session.computing():  # autocast and the loss scale, for this loop only
             runner.loop.local = local
+            partition = local and not isinstance(loader, DataLoader)  # a sampler's depends on the world size
             expect = {"n_samples": stream.size(), "accumulate": cfg.accumulate,
-                      **({"world": distributed.rank_world()[1]} if local else {})}  # the sampler's partition
+                      **({"world": distributed.rank_world()[1]} if partition else {})}
             state, ck = session.start(lambda: _measure(op, runner, stream, cfg), expect,
                                       lambda manifest, tensors: stream.problems(loader_record(manifest, tensors)))
             start = Progress()

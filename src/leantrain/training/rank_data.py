@@ -1,22 +1,31 @@
-"""Rank-local data: each rank reads only its own items, through torch's DistributedSampler.
+"""Rank-local data: each rank reads only its own items.
 
 By default every rank reads the same batches and computes its share of each update's
-items (item ``j`` on rank ``j mod W``, ``distributed.py``). A torch DataLoader whose
-sampler is a ``DistributedSampler`` for this world (``num_replicas`` the world size,
-``rank`` this rank) is read the way torch users mean it instead: each rank reads and
-computes only the items its sampler gives it, so data loading scales with the ranks.
+items (item ``j`` on rank ``j mod W``, ``distributed.py``). Two loaders are read the
+way a sharded loader is meant instead, each rank reading and computing only its items,
+so data loading scales with the ranks:
+
+* a torch DataLoader whose sampler is a ``DistributedSampler`` for this world
+  (``num_replicas`` the world size, ``rank`` this rank), as torch users write it;
+* a ``leantrain.DataLoader`` made with ``rank`` and ``world_size`` (this rank of this
+  world): each rank reads the items ``rank, rank + W, ...`` of every batch of the
+  one-process order, exactly the items data parallel gives it, and collates only them.
 
 * An update is the union of the ranks' items, in the global order where item ``j`` is
   the ``j // W``-th item of rank ``j mod W`` (the order data parallel uses anyway), so
   ``exact_reduction`` folds exactly the items a one-process run over that order folds:
   the same bits. The mean divides by the items of all ranks (gathered each update;
-  every rank must hold as many, as a ``DistributedSampler`` pads them to be).
+  every rank must hold at least one, and the counts must be those of that order: equal,
+  as a ``DistributedSampler`` pads them to be, or one more on the first ranks, as a
+  leantrain loader's short last batch gives).
 * Buffers (BatchNorm statistics) advance on each rank's own items; rank 0's are then
   broadcast to every rank after each update, as ``DistributedDataParallel`` does
   (``broadcast_buffers=True``): they are not the one-process statistics.
 * Random draws (dropout) are each rank's own (no per-item alignment across ranks).
-* ``before``/``after`` are the mean over every rank's items; a resume needs the world
-  size the run had (a sampler's partition depends on it).
+* ``before``/``after`` are the mean over every rank's items. A ``DistributedSampler``
+  run resumes at the world size it had (the sampler's partition depends on it); a
+  leantrain loader's position is that of one process, so its run resumes at any world
+  size whose ranks can share its batches.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from . import distributed
+from ..data import DataLoader
 from ..errors import ConfigError, DataError
 from .measure import loss_sums
 from .samples import LossSum
@@ -38,10 +48,13 @@ def samplers(loader: object) -> list:
             if isinstance(s, torch.utils.data.DistributedSampler)]
 
 
-def rank_local(op: str, loader: object) -> bool:
+def rank_local(op: str, loader: object, accumulate: int = 1, pieces: Optional[int] = None) -> bool:
     """Whether ``loader`` gives this rank its own items (a ``DistributedSampler`` for this
-    world); a sampler made for another world or rank is refused before anything changes."""
+    world, or a ``leantrain.DataLoader`` made for this rank); a loader made for another
+    world or rank is refused before anything changes."""
     rank, world = distributed.rank_world()
+    if isinstance(loader, DataLoader):
+        return _leantrain_local(op, loader, rank, world, accumulate, pieces)
     found = samplers(loader)
     if world < 2 or not found:
         return False
@@ -53,19 +66,47 @@ def rank_local(op: str, loader: object) -> bool:
     return True
 
 
+def _leantrain_local(op: str, loader: DataLoader, rank: int, world: int, accumulate: int,
+                     pieces: Optional[int]) -> bool:
+    """A leantrain loader made with ``rank``/``world_size`` must be for this process, and
+    every update must give the ranks items in the order's counts (known from the sizes,
+    nothing read)."""
+    if loader.world_size is None or (loader.world_size == 1 and world == 1):
+        return False
+    if (loader.rank, loader.world_size) != (rank, world):
+        raise ConfigError(f"{op}: the DataLoader is made for rank {loader.rank} of {loader.world_size}, but this "
+                          f"process is rank {rank} of {world}; make it DataLoader(..., rank={rank}, "
+                          f"world_size={world}) on each rank")
+    n, b = len(loader.dataset), loader.batch_size
+    tail = 0 if loader.drop_last else n % b
+    if 0 < tail < world and (n // b) % accumulate == 0:  # the short last batch is an update of its own
+        raise ConfigError(f"{op}: the last batch of each epoch holds {tail} item(s) for {world} ranks, so a rank "
+                          f"would have none in that update; pass drop_last=True, or a batch_size that leaves no "
+                          f"tail shorter than the world size ({n} items)")
+    if pieces is not None and tail % world:
+        raise ConfigError(f"{op}: pieces={pieces} cuts each rank's items, but the last batch of each epoch holds "
+                          f"{tail} item(s), which {world} ranks cannot share equally; pass drop_last=True, or a "
+                          f"batch_size that divides the {n} items")
+    return True
+
+
 def global_count(runner, n: int) -> int:
-    """The items of this update over all ranks; each rank must hold ``n`` (checked on
-    every rank alike, so all raise together)."""
+    """The items of this update over all ranks. Item ``j`` of the update is rank ``j mod
+    W``'s, so the counts must be those of that order (equal, or one more on the first
+    ranks) and none zero: checked on every rank alike, so all raise together."""
     world = distributed.rank_world()[1]
     mine = torch.tensor([n], dtype=torch.int64, device=runner.device)
     rows = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(rows, mine, group=distributed.group())
     counts = [int(r.item()) for r in rows]  # intentional sync: the mean's divisor is needed before it divides
-    if len(set(counts)) > 1:
-        raise DataError(f"rank-local data: the ranks hold {counts} items in this update; every rank must hold "
-                        f"as many (a DistributedSampler pads them to be: keep each rank's batch size and "
-                        f"accumulate alike)")
-    return sum(counts)
+    total = sum(counts)
+    if min(counts) == 0 or counts != [len(range(r, total, world)) for r in range(world)]:
+        raise DataError(f"rank-local data: the ranks hold {counts} items in this update; item j of an update is "
+                        f"rank (j mod {world})'s, so every rank must hold at least one and as many as the ranks "
+                        f"before it or one fewer (a DistributedSampler pads them to be equal: keep each rank's "
+                        f"batch size and accumulate alike; a leantrain DataLoader's collate must make as many "
+                        f"items of each rank's share)")
+    return total
 
 
 def broadcast_buffers(runner) -> None:

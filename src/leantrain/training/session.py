@@ -160,7 +160,7 @@ class Session:
         if self.scaler is not None:
             self.scaler.scale.fill_(ck.progress["loss_scale"])
             self.scaler.tracker.fill_(ck.progress["scale_tracker"])
-        if self.cfg.ema_decay is not None:
+        if self.cfg.ema_decay is not None and self.cfg.sharding is None:
             self.runner.keep_ema(restored_ema(self.runner.params, ck.ema))
         self._restore_callbacks(ck.progress.get("callbacks", []))
         self.before = ck.progress["before"]
@@ -170,9 +170,8 @@ class Session:
         self._start_replicas()
         self.shards, state = loop_start(self.op, self.cfg, self.runner, self.opt, ck.state.path == NATIVE,
                                         ck.state)
-        if self.shards is not None and self.cfg.ema_decay is not None:
-            self.runner.keep_ema(ShardedEMA.cut(self.runner.params, self.runner.ema, self.shards,
-                                                distributed.rank_world()[0]))
+        if self.shards is not None and self.cfg.ema_decay is not None:  # cut from host memory
+            self.runner.keep_ema(ShardedEMA.cut(self.runner.params, ck.ema, self.shards, distributed.rank_world()[0]))
         return state, ck
 
     def _restore_callbacks(self, saved: list) -> None:
@@ -214,7 +213,8 @@ class Session:
                 problems += loader_check(manifest, tensors)
             return problems
 
-        return load_checkpoint(path, self.runner, optimizer=self.opt, accept=fits, follow_trainable=True)
+        return load_checkpoint(path, self.runner, optimizer=self.opt, accept=fits, follow_trainable=True,
+                               host_state=self.cfg.sharding is not None)  # sharding moves its ranges only
 
     # ----------------------------------------------------------------- steps
     def update(self, state: OptState, batch: list[Sample], step: int) -> tuple[OptState, Optional[float]]:

@@ -36,12 +36,15 @@ class ShardedEMA(EMA):
         self.ranges = {index[id(params[r.slot].storage)]: r for r in plan.owned(rank)}  # storage -> range
 
     @classmethod
-    def cut(cls, params, whole: EMA, plan: ShardPlan, rank: int) -> "ShardedEMA":
-        """A whole average (a resumed checkpoint's) cut to this rank's ranges."""
-        out = cls(params, whole.decay, plan, rank, whole.count)
+    def cut(cls, params, saved: dict, plan: ShardPlan, rank: int) -> "ShardedEMA":
+        """A checkpoint's whole average (``Checkpoint.ema``, in host memory) cut to this
+        rank's ranges, each copied to its storage's device."""
+        out = cls(params, saved["decay"], plan, rank, saved["count"])
+        storages = params.storages()
         for k, r in out.ranges.items():
-            if whole.values[k] is not None:
-                out.values[k] = whole.values[k].reshape(-1)[r.start: r.stop].clone()
+            if k in saved["values"]:
+                out.values[k] = saved["values"][k].reshape(-1)[r.start: r.stop].to(storages[k].newest().device,
+                                                                                    copy=True)
         return out
 
     def update(self, params) -> None:

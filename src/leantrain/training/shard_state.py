@@ -59,13 +59,17 @@ def fresh(opt: Optimizer, params, plan: ShardPlan, rank: int, native: bool) -> O
     return OptState(opt.hyper, opt.hyper.lr, NATIVE if native else GENERIC, tuple(records), 0, asked)
 
 
-def sharded(state: OptState, plan: ShardPlan, rank: int) -> OptState:
-    """A whole state's records cut to this rank's ranges (copies: the whole may go)."""
+def sharded(state: OptState, plan: ShardPlan, rank: int, params) -> OptState:
+    """A whole state's records cut to this rank's ranges, copied to the device of each
+    slot's working tensor (a resumed state is read into host memory, so the device never
+    holds more than this rank's ranges)."""
+    like = working(params)
     records: list = [None] * len(state.slots)
     for r in plan.owned(rank):
         rec = state.slots[r.slot]
         if rec is not None:
-            records[r.slot] = replace(rec, **{k: t.reshape(-1)[r.start: r.stop].clone()
+            device = like[r.slot].device
+            records[r.slot] = replace(rec, **{k: t.reshape(-1)[r.start: r.stop].to(device, copy=True)
                                               for k, t in rec.tensors().items()})
     return OptState(state.hyper, state.lr, state.path, tuple(records), state.steps, state.overrides)
 
@@ -80,7 +84,7 @@ def loop_start(op: str, cfg, runner, opt: Optimizer, native: bool,
     rank, world = distributed.rank_world()
     plan = plan_for(cfg.sharding, params, world, cfg.shard_by)
     check_shardable(op, runner)  # as the loop's start checked it (the module may have changed since)
-    return plan, sharded(whole, plan, rank) if whole is not None else fresh(opt, params, plan, rank, native)
+    return plan, sharded(whole, plan, rank, params) if whole is not None else fresh(opt, params, plan, rank, native)
 
 
 def check_plan(op: str, plan: ShardPlan, slots_map: list) -> None:

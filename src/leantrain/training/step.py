@@ -42,7 +42,7 @@ class Update:
 def update(op: str, runner: Runner, opt: Optimizer, state: OptState, batch: Sequence[Sample], o: StepOptions,
            want_loss: bool = False) -> Update:
     """One update over a list batch, as ``o`` says (validated options, as a loop's are)."""
-    batch = check_batch(op, batch)
+    batch = check_batch(op, batch, runner.loop.local and distributed.active() is not None)
     check_history(op, runner, opt, state, o)  # before buffers advance
     mean, snapshot = batch_mean(op, runner, batch, o, want_loss)
     with undone_on_error(snapshot):  # a sparse gradient the rule cannot take: refused before anything is kept

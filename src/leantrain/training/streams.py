@@ -80,8 +80,8 @@ class Stream:
         did before its checkpoint)."""
         if self.kind == "leantrain":
             self.at_start = self.loader
-            self.loader, batches = self.loader.epoch(self.op)
-            return iter(batches[skip:])
+            self.loader, batches = self.loader.epoch_batches(self.op, skip)
+            return batches
         _set_epoch(self.loader, epoch)
         pending, self.pending = self.pending, None
         now = torch.get_rng_state()
@@ -210,19 +210,16 @@ class Stream:
         """The samples of one measuring pass over at most ``limit`` batches (``None``: a
         whole pass), read lazily; a leantrain loader's in stored order."""
         if self.kind == "leantrain":
-            loader = self.loader
-            if limit is None:
-                return iter(loader.items(self.op))
-            batches = loader.dataset.batches(self.op, loader.batch_size)[:limit]
-            return (s for b in batches for s in (loader.collate(b) if loader.collate else b))
+            return self.loader.iter_items(self.op, limit)
         source = (fast_batches(self.loader) if plain_tensor_loader(self.loader) else None) or iter(self.loader)
         return (s for raw in _first(source, limit) for s in as_list_batch(self.op, raw))
 
     def size(self) -> Optional[int]:
         """Items in one pass where known without reading (a checkpoint's ``n_samples``):
-        a leantrain loader's items, a sized torch loader's batches, a list's items."""
+        a leantrain loader's dataset items (before any collate: the same on every rank),
+        a sized torch loader's batches, a list's items."""
         if self.kind == "leantrain":
-            return len(self.loader.items(self.op))
+            return len(self.loader.dataset)
         if isinstance(self.loader, (list, tuple)):
             return sum(len(as_list_batch(self.op, b)) for b in self.loader)
         try:
