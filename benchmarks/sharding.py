@@ -1,8 +1,9 @@
 """Sharding against unsharded data parallel and DDP + ZeroRedundancyOptimizer (gloo, CPU).
 
-A model whose Adam state dominates: an MLP of 4 square 1024 layers (4.2M parameters,
-33.6 MB of AdamW state unsharded), tiny batches (2 items of 4 samples per update), so
-the update and the communication are what is timed. In 2 processes, one thread each,
+A model whose Adam state dominates: an MLP of 4 square layers, 1024 wide by default
+(4.2M parameters, 33.6 MB of AdamW state unsharded; ``--width 4096``: 67M and 537 MB),
+tiny batches (2 items of 4 samples per update), so the update and the communication
+are what is timed. In 2 processes, one thread each,
 the contenders run interleaved, round after round (the order rotating):
 
 * leantrain data parallel, unsharded (``train_samples``, default reduction);
@@ -13,15 +14,24 @@ the contenders run interleaved, round after round (the order rotating):
 Per update: best and median over the rounds of each round's median step time (the
 first step of a round, which allocates, left out), and the ratio to DDP + ZeRO. Per
 rank: the bytes of optimizer state each contender holds (leantrain: its records'
-tensors; torch: its optimizer's state tensors).
+tensors; torch: its optimizer's state tensors), and the peak resident memory one round
+adds to a fresh pair of processes (each contender alone: Linux's high-water mark,
+reset through ``/proc/self/clear_refs`` once the process group is up, minus the
+resident memory then; it counts the model, gradients, state and communication buffers).
+Those processes run with ``MALLOC_MMAP_THRESHOLD_=65536``: glibc then maps every
+tensor-sized block and returns it when freed, so resident memory follows what is alive
+(by default its threshold grows with the blocks freed and later blocks come from a heap
+that is not given back, which adds allocator history to every figure).
 
-Run: .venv/bin/python benchmarks/sharding.py [--rounds 7 --steps 6]
+Run: .venv/bin/python benchmarks/sharding.py [--rounds 7 --steps 6 --width 1024]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -37,7 +47,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import leantrain as lt
 from leantrain import optim
 
-WIDTH, LAYERS, ITEMS, BATCH = 1024, 4, 2, 4
+WIDTH, LAYERS, ITEMS, BATCH = int(os.environ.get("LEANTRAIN_BENCH_WIDTH", 1024)), 4, 2, 4
 LR, WD = 1e-3, 0.01
 
 
@@ -122,28 +132,69 @@ def worker(rank: int, world: int, init: str, rounds: int, steps: int, q) -> None
     dist.destroy_process_group()
 
 
+def _status(field: str) -> int:
+    """A ``/proc/self/status`` figure in KiB (VmRSS, VmHWM)."""
+    with open("/proc/self/status") as f:
+        return int(re.search(rf"{field}:\s+(\d+)", f.read()).group(1))
+
+
+def peak_worker(rank: int, world: int, init: str, name: str, steps: int, q) -> None:
+    """One contender alone in fresh processes: the peak resident memory its round adds."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    dist.barrier()
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets the high-water mark to the resident memory now
+    base = _status("VmRSS")
+    CONTENDERS[name](steps)
+    added = _status("VmHWM") - base
+    everyone = [None] * world
+    dist.all_gather_object(everyone, added)
+    if rank == 0:
+        q.put(everyone)
+    dist.destroy_process_group()
+
+
+def peaks(steps: int) -> dict:
+    """Each contender's added peak resident memory per rank (KiB), in fresh processes."""
+    ctx = mp.get_context("spawn")
+    out = {}
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # read by the spawned processes' allocator at start
+    for name in CONTENDERS:
+        q = ctx.SimpleQueue()
+        init = os.path.join(tempfile.mkdtemp(), "init")
+        mp.spawn(peak_worker, args=(2, init, name, steps, q), nprocs=2, join=True)
+        out[name] = q.get()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--width", type=int, default=WIDTH, help="the layers' width (4 layers)")
     args = ap.parse_args()
+    os.environ["LEANTRAIN_BENCH_WIDTH"] = str(args.width)  # the spawned processes build the same model
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
     init = os.path.join(tempfile.mkdtemp(), "init")
     mp.spawn(worker, args=(2, init, args.rounds, args.steps, q), nprocs=2, join=True)
     times, held = q.get()
-    params = sum(p.numel() for p in model().parameters())
+    peak = peaks(args.steps)
+    params = LAYERS * (args.width * args.width + args.width)
     base = "DDP + ZeroRedundancyOptimizer"
-    print(f"MLP {LAYERS} x {WIDTH}x{WIDTH} ({params / 1e6:.1f}M parameters), {ITEMS} items of {BATCH} per update, "
+    print(f"MLP {LAYERS} x {args.width}x{args.width} ({params / 1e6:.1f}M parameters), {ITEMS} items of {BATCH} per update, "
           f"AdamW, 2 processes x 1 thread, {args.rounds} rounds of {args.steps} updates, {os.cpu_count()} cores")
     print(f"{'contender':32s} {'best ms':>8s} {'median ms':>10s} {'vs ZeRO best':>13s} {'median':>7s} "
-          f"{'state MB/rank (rank 0, 1)':>27s}")
+          f"{'state MB/rank (rank 0, 1)':>27s} {'peak MiB/rank':>14s}")
     for n, ts in times.items():
         ratio_best = min(ts) / min(times[base])
         ratio_med = statistics.median(a / b for a, b in zip(ts, times[base]))
         mb = ", ".join(f"{h[n] / 1e6:.1f}" for h in held)
+        rss = ", ".join(f"{k / 1024:.1f}" for k in peak[n])
         print(f"{n:32s} {min(ts) * 1e3:8.1f} {statistics.median(ts) * 1e3:10.1f} {ratio_best:13.2f} "
-              f"{ratio_med:7.2f} {mb:>27s}")
+              f"{ratio_med:7.2f} {mb:>27s} {rss:>14s}")
     print(f"unsharded AdamW state: {2 * 4 * params / 1e6:.1f} MB per rank")
 
 

@@ -15,6 +15,7 @@ from torch import nn
 
 import leantrain as lt
 import token_cases as tc
+from leantrain.training import shard_comm
 from optimizer_table import TABLE
 
 sys.path.insert(0, str(Path(__file__).parent / "zoo"))
@@ -57,6 +58,9 @@ CASES += ["lm-adamw-exact-gradients-slot", "lm-adamw-default-gradients-slot", "w
 # the model zoo, against the unsharded run (bits) and plain PyTorch on a deep copy (rounding)
 ZOO = ["gpt_persistent_mask", "cnn_batchnorm", "lstm", "frozen_backbone"]
 CASES += [f"zoo.{name}-adamw-{red}-gradients" for name in ZOO for red in ("exact", "default")]
+# all-gathers in runs of 128 elements (GATHER_BYTES made small): many per step, ranges of one run from
+# several slots; the parameters, the moving average and (clipping under "optimizer") the whole gradient
+CASES += ["wide-adamw-exact-gradients-ema-chunks", "lm-adamw-exact-optimizer-chunks"]
 RESUME_CASES = ["wide-adam-exact-gradients", "wide-momentum-exact-optimizer", "lm-adamw-exact-gradients",
                 "wide-adamw-exact-gradients-ema"]
 
@@ -104,7 +108,13 @@ def run(case, out: Path, tag: str, sharding="auto", stop=False, resume=False):
         seen["elements"] = state_elements(event.state)
         return stop and event.step == STOP
 
-    go(cfg, callback)
+    limit = shard_comm.GATHER_BYTES
+    if "chunks" in case.split("-"):
+        shard_comm.GATHER_BYTES = 512
+    try:
+        go(cfg, callback)
+    finally:
+        shard_comm.GATHER_BYTES = limit
     rank = dist.get_rank() if dist.is_initialized() else 0
     (out / f"{case}.{tag}.elements{rank}").write_text(str(seen["elements"]))
 

