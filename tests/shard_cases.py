@@ -15,7 +15,7 @@ from torch import nn
 
 import leantrain as lt
 import token_cases as tc
-from leantrain.training import shard_comm
+from leantrain.training import overlap, shard_comm, shard_overlap
 from optimizer_table import TABLE
 
 sys.path.insert(0, str(Path(__file__).parent / "zoo"))
@@ -59,8 +59,9 @@ CASES += ["lm-adamw-exact-gradients-slot", "lm-adamw-default-gradients-slot", "w
 ZOO = ["gpt_persistent_mask", "cnn_batchnorm", "lstm", "frozen_backbone"]
 CASES += [f"zoo.{name}-adamw-{red}-gradients" for name in ZOO for red in ("exact", "default")]
 # all-gathers in runs of 128 elements (GATHER_BYTES made small): many per step, ranges of one run from
-# several slots; the parameters, the moving average and (clipping under "optimizer") the whole gradient
-CASES += ["wide-adamw-exact-gradients-ema-chunks", "lm-adamw-exact-optimizer-chunks"]
+# several slots; the parameters, the moving average and (clipping under "optimizer") the whole gradient;
+# with the default reduction also one bucket in flight at a time (IN_FLIGHT made small)
+CASES += ["wide-adamw-exact-gradients-ema-chunks", "lm-adamw-exact-optimizer-chunks", "wide-adamw-default-gradients-chunks"]
 RESUME_CASES = ["wide-adam-exact-gradients", "wide-momentum-exact-optimizer", "lm-adamw-exact-gradients",
                 "wide-adamw-exact-gradients-ema"]
 
@@ -108,13 +109,13 @@ def run(case, out: Path, tag: str, sharding="auto", stop=False, resume=False):
         seen["elements"] = state_elements(event.state)
         return stop and event.step == STOP
 
-    limit = shard_comm.GATHER_BYTES
-    if "chunks" in case.split("-"):
-        shard_comm.GATHER_BYTES = 512
+    limits = shard_comm.GATHER_BYTES, shard_overlap.IN_FLIGHT, overlap.FIRST_BUCKET_BYTES, overlap.BUCKET_BYTES
+    if "chunks" in case.split("-"):  # buckets of a slot or two, each awaited before the next is sent
+        shard_comm.GATHER_BYTES, shard_overlap.IN_FLIGHT, overlap.FIRST_BUCKET_BYTES, overlap.BUCKET_BYTES = 512, 1, 1, 1
     try:
         go(cfg, callback)
     finally:
-        shard_comm.GATHER_BYTES = limit
+        shard_comm.GATHER_BYTES, shard_overlap.IN_FLIGHT, overlap.FIRST_BUCKET_BYTES, overlap.BUCKET_BYTES = limits
     rank = dist.get_rank() if dist.is_initialized() else 0
     (out / f"{case}.{tag}.elements{rank}").write_text(str(seen["elements"]))
 

@@ -127,3 +127,10 @@ def test_each_rank_holds_its_share_of_the_state(runs, case, world):
 @pytest.mark.parametrize("tag", ["r1", "r3"])
 def test_a_run_saved_on_two_ranks_resumes_on_one_and_three(runs, case, tag):
     same_bits(runs / f"{case}.{reference(case)}", runs / f"{case}.{tag}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_bounded_transfers_give_the_same_bits(runs, world):
+    """One bucket in flight and all-gathers of 128 elements: the default run's bits."""
+    same_bits(runs / f"wide-adamw-default-gradients.w{world}", runs / f"wide-adamw-default-gradients-chunks.w{world}")
