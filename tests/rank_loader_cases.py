@@ -101,10 +101,14 @@ def worker(rank, world, init_file, out):
             items(), BATCH, rank=(rank + 1) % world, world_size=world), log=None)}
         if world == 3:  # the tail of 2 items alone in its update: rank 2 would have none
             calls["tail alone"] = lambda: lt.train_loader(runner(), config(accumulate=1), mine(), log=None)
+        # each rank given its own items by hand, where leantrain expects every rank to read the same
+        calls["own samples"] = lambda: lt.train_samples(runner(), lt.TrainConfig(steps=2, batch_size=4, log_every=0),
+                                                        items()[:18][rank::world], log=None)
+        calls["own batches"] = lambda: lt.train_loader(runner(), config(), [items()[rank::world][:4]], log=None)
         for name, call in calls.items():
             try:
                 call()
-            except lt.ConfigError as e:
+            except (lt.ConfigError, lt.DataError) as e:
                 said[name] = str(e)
         (out / f"refused.w{world}.r{rank}").write_text(json.dumps(said))
         data = [(torch.randn(2, 5), torch.randn(2, 3)) for _ in range(12)]  # BatchNorm, 6 per batch

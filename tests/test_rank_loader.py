@@ -3,7 +3,8 @@ rank reads (and collates) only its share of every batch, the items data parallel
 it; with exact_reduction the run equals one process over the same loader bit for bit
 (ZeRO-2 too), the default reduction agrees to rounding, a run stopped on 2 ranks resumes
 on 3 ranks and on one process exactly, a loader for another rank and a tail batch that
-would leave a rank without items are refused, and BatchNorm replicas stay alike."""
+would leave a rank without items are refused, ranks handed different data by hand stop
+at their first batch, and BatchNorm replicas stay alike."""
 
 import json
 
@@ -74,4 +75,6 @@ def test_bad_shares_are_refused_and_buffers_stay_alike(runs, world):
             in said["other rank"]
         if world == 3:
             assert "the last batch of each epoch holds 2 item(s) for 3 ranks" in said["tail alone"]
+        for name in ("own samples", "own batches"):  # every rank stops, before any update
+            assert f"ranks {list(range(1, world))} read a first batch that differs from rank 0's" in said[name]
     assert (runs / f"bn.w{world}").read_text() == "True"

@@ -1,6 +1,7 @@
 """What a loop checks before it starts, so that a refused start changes nothing: the
-runner and config it is given, the schedule against the parameters' dtypes, and the
-callbacks (an ``EarlyStopping`` needs evaluations that give what it watches)."""
+runner and config it is given, the schedule against the parameters' dtypes, the
+callbacks (an ``EarlyStopping`` needs evaluations that give what it watches), and a
+resumed checkpoint's progress record."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy
 import torch
 
 from ..errors import ConfigError
+from ..validate import is_int, is_number
 from .callbacks import Callback, EarlyStopping, ProgressBar
 from .runner import Runner
 from .shard_state import check_shardable
@@ -83,3 +85,33 @@ def wants_stop(op: str, who: str, value: object) -> bool:
     raise ConfigError(f"{op}: {who} returned {type(value).__name__} {value!r:.40}; return True to stop the run, "
                       f"or None (or False) to go on")
 
+
+# What a checkpoint written before a setting existed implies for it.
+EXPECT_DEFAULTS = {"accumulate": 1, "ema_decay": None, "autocast": None}
+
+
+def progress_problems(kind: str, p: dict) -> list[str]:
+    """Why a saved progress record cannot resume a ``kind`` loop: each field it needs,
+    of the wrong type or out of range."""
+    out = []
+    counts = ("step",) + (("epoch", "batch", "seen") if kind == "loader" else ())
+    for key in counts:
+        v = p.get(key)
+        if not (is_int(v) and 0 <= v < 2**63):
+            out.append(f"progress.{key}: expected an integer >= 0, got {v!r}")
+    if p.get("before") is not None and not is_number(p.get("before")):
+        out.append(f"progress.before: expected a number or null, got {p.get('before')!r}")
+    for key in ("losses", "grad_norms"):
+        pairs = p.get(key, [] if key == "grad_norms" else None)
+        if not (isinstance(pairs, list) and all(
+                isinstance(x, list) and len(x) == 2 and is_int(x[0]) and is_number(x[1]) for x in pairs)):
+            out.append(f"progress.{key}: expected a list of [step, value] pairs")
+    saved = p.get("callbacks", [])
+    if not (isinstance(saved, list) and all(
+            isinstance(x, list) and len(x) == 2 and isinstance(x[0], str) and isinstance(x[1], dict) for x in saved)):
+        out.append("progress.callbacks: expected a list of [callback kind, state] pairs")
+    evals = p.get("evals", [])
+    if not (isinstance(evals, list) and all(
+            isinstance(x, list) and len(x) == 2 and is_int(x[0]) and isinstance(x[1], dict) for x in evals)):
+        out.append("progress.evals: expected a list of [step, results] pairs")
+    return out

@@ -109,6 +109,41 @@ def global_count(runner, n: int) -> int:
     return total
 
 
+def fingerprint(batch: list) -> list:
+    """What the ranks compare of a shared batch: per item, the CRC-32C of each tensor
+    leaf's bytes (with its shape), in order. Reads the tensors back (once per loop)."""
+    from ..io.checkfile import checksum
+
+    def leaf(x):
+        if isinstance(x, torch.Tensor):
+            return [tuple(x.shape), str(x.dtype), checksum(x.detach().to("cpu"))]
+        if isinstance(x, dict):
+            return [[k, leaf(v)] for k, v in x.items()]
+        if isinstance(x, (tuple, list)):
+            return [leaf(v) for v in x]
+        return type(x).__name__
+
+    return [leaf(s) for s in batch]
+
+
+def agree_on_batch(op: str, batch: list) -> None:
+    """Under ``torch.distributed``, without rank-local data every rank must read the same
+    batches (each computes its share of them): the first update's batch is compared once
+    per loop, so ranks given different data (a list or stream cut per rank by hand, which
+    would train on a mix of the ranks' items) all stop there with the remedy."""
+    group = distributed.active()
+    if group is None:
+        return
+    everyone: list = [None] * group[1]
+    dist.all_gather_object(everyone, fingerprint(batch), group=distributed.group())  # intentional sync: once per loop
+    differ = [r for r, f in enumerate(everyone) if f != everyone[0]]
+    if differ:
+        raise DataError(f"{op}: ranks {differ} read a first batch that differs from rank 0's; without rank-local data "
+                        f"every rank reads the same batches and computes its share of each (item j on rank j mod "
+                        f"{group[1]}). Give every rank the same data, or let each read its own: a torch DataLoader "
+                        f"with a DistributedSampler, or DataLoader(..., rank=, world_size=)")
+
+
 def broadcast_buffers(runner) -> None:
     """Rank 0's buffers on every rank (after an update that advanced them on each rank's own items)."""
     with torch.no_grad():

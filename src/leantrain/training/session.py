@@ -19,10 +19,10 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..errors import NonFiniteError
-from ..validate import is_int, is_number
 from .shard_plan import ShardPlan
 from .shard_checkpoint import save_sharded
 from .shard_ema import ShardedEMA
+from .rank_data import agree_on_batch
 from .shard_state import check_plan, loop_start
 from ..io.sharded import INDEX, check_folder
 from ..io.checkpoint import Checkpoint, check_destination, load_checkpoint, save_checkpoint
@@ -35,7 +35,7 @@ from .step import update
 from .step_options import StepOptions
 from .loop_state import LoopState
 from .callbacks import Callback
-from .loop_checks import check_schedule, loop_callbacks, stateful, wants_stop
+from .loop_checks import EXPECT_DEFAULTS, check_schedule, loop_callbacks, progress_problems, stateful, wants_stop
 from .evaluation import evaluate
 from ..metrics import BUILTIN as BUILTIN_METRICS
 from .ema import EMA, restored_ema
@@ -105,6 +105,7 @@ class Session:
         self.saved_step: Optional[int] = None  # the step of the newest checkpoint written
         self._options: Optional[StepOptions] = None  # how the updates run: built at the first one
         self.shards: Optional[ShardPlan] = None  # sharding's plan, cut at the start
+        self.agreed = False  # whether the ranks compared their first batch (data parallel)
 
     def _log(self, line: str) -> None:
         self.user_log(line)
@@ -224,6 +225,9 @@ class Session:
         want = bool(cfg.log_every) and step % cfg.log_every == 0
         if self.shards is not None:
             check_plan(self.op, self.shards, self.runner.slot_map())
+        if not self.agreed and not self.runner.loop.local:
+            self.agreed = True
+            agree_on_batch(self.op, batch)  # the ranks read the same data (once per loop)
         try:
             done = update(self.op, self.runner, self.opt, state, batch, self.options(state), want)
         except NonFiniteError as e:
@@ -366,34 +370,3 @@ class Session:
         for cb in self.callbacks:
             cb.on_end(report)
         return report
-
-
-# What a checkpoint written before a setting existed implies for it.
-EXPECT_DEFAULTS = {"accumulate": 1, "ema_decay": None, "autocast": None}
-
-
-def progress_problems(kind: str, p: dict) -> list[str]:
-    """Why a saved progress record cannot resume a ``kind`` loop: each field it needs,
-    of the wrong type or out of range."""
-    out = []
-    counts = ("step",) + (("epoch", "batch", "seen") if kind == "loader" else ())
-    for key in counts:
-        v = p.get(key)
-        if not (is_int(v) and 0 <= v < 2**63):
-            out.append(f"progress.{key}: expected an integer >= 0, got {v!r}")
-    if p.get("before") is not None and not is_number(p.get("before")):
-        out.append(f"progress.before: expected a number or null, got {p.get('before')!r}")
-    for key in ("losses", "grad_norms"):
-        pairs = p.get(key, [] if key == "grad_norms" else None)
-        if not (isinstance(pairs, list) and all(
-                isinstance(x, list) and len(x) == 2 and is_int(x[0]) and is_number(x[1]) for x in pairs)):
-            out.append(f"progress.{key}: expected a list of [step, value] pairs")
-    saved = p.get("callbacks", [])
-    if not (isinstance(saved, list) and all(
-            isinstance(x, list) and len(x) == 2 and isinstance(x[0], str) and isinstance(x[1], dict) for x in saved)):
-        out.append("progress.callbacks: expected a list of [callback kind, state] pairs")
-    evals = p.get("evals", [])
-    if not (isinstance(evals, list) and all(
-            isinstance(x, list) and len(x) == 2 and is_int(x[0]) and isinstance(x[1], dict) for x in evals)):
-        out.append("progress.evals: expected a list of [step, results] pairs")
-    return out
