@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test docs serve-docs bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,9 +22,16 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
+# The documentation site (mkdocs, in the test extra): built into site/, or served locally.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
+serve-docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs serve
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/optimizer_step.py
 	$(BIN)/python benchmarks/step_overhead.py
 
 clean:
-	rm -rf $(VENV) runs build *.egg-info src/*.egg-info
+	rm -rf $(VENV) runs site build *.egg-info src/*.egg-info

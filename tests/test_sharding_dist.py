@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from leantrain.io.checkpoint import params_from_checkpoint
+from leantrain.io.exporting import params_from_checkpoint
 import shard_cases as sc
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")

@@ -15,6 +15,8 @@ import torch
 
 from .errors import DataError
 
+__all__ = ["pad_tokens", "padding", "IGNORE_INDEX"]
+
 IGNORE_INDEX = -100
 
 

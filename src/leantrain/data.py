@@ -60,9 +60,11 @@ class Dataset(Generic[T]):
 
     @classmethod
     def of_list(cls, samples: Iterable[T]) -> "Dataset[T]":
+        """A dataset of ``samples``, in order."""
         return cls(samples)
 
     def to_list(self) -> list[T]:
+        """The samples as a new list, in stored order."""
         return list(self.samples)
 
     def __len__(self) -> int:
@@ -76,9 +78,11 @@ class Dataset(Generic[T]):
 
     @property
     def size(self) -> int:
+        """The number of samples."""
         return len(self.samples)
 
     def is_empty(self) -> bool:
+        """Whether the dataset holds no sample."""
         return not self.samples
 
     def get(self, i: int):
@@ -86,9 +90,11 @@ class Dataset(Generic[T]):
         return self.samples[i] if 0 <= i < len(self.samples) else None
 
     def map(self, f: Callable[[T], U]) -> "Dataset[U]":
+        """A dataset of ``f(sample)`` for every sample, in order."""
         return Dataset(f(x) for x in self.samples)
 
     def append(self, other: "Dataset[T]") -> "Dataset[T]":
+        """This dataset's samples followed by ``other``'s."""
         return Dataset(self.samples + tuple(other.samples))
 
     def split_at(self, n: int) -> tuple["Dataset[T]", "Dataset[T]"]:
@@ -211,6 +217,7 @@ class DataLoader(Generic[T]):
         return (item for b in batches[:limit] for item in self.read(b))
 
     def current_order(self) -> tuple[int, ...]:
+        """``order[i]``: the original index of the item now stored at ``i``."""
         return self.order if self.order is not None else tuple(range(len(self.dataset)))
 
     def state(self) -> dict:

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from typing import Optional
 
+__all__ = [
+    "LeantrainError", "PackError", "PackTypeError", "AliasError", "ConfigError", "OptimizerStateError", "DataError",
+    "CheckpointError", "NonFiniteError",
+]
+
 
 class LeantrainError(Exception):
     """Base class of every error leantrain raises on purpose."""

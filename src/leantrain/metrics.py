@@ -10,6 +10,8 @@ import torch
 
 from .training.samples import logits_of, target_of
 
+__all__ = ["accuracy"]
+
 IGNORE_INDEX = -100
 
 

@@ -31,6 +31,7 @@ class CheckResult:
     skipped: bool = False
 
     def line(self) -> str:
+        """The result as the command prints it: ``PASS  name  detail``."""
         verdict = "SKIP" if self.skipped else "PASS" if self.passed else "FAIL"
         return f"{verdict}  {self.name:<14} {self.figure}"
 
@@ -41,18 +42,22 @@ class CheckReport:
 
     @property
     def passed(self) -> bool:
+        """Whether every check passed (skipped checks count as passed)."""
         return all(r.passed for r in self.results)
 
     def __getitem__(self, name: str) -> CheckResult:
         return next(r for r in self.results if r.name == name)
 
     def lines(self) -> list[str]:
+        """The report as printed: a heading, then one line per check."""
         return [r.line() for r in self.results]
 
     def to_json(self) -> str:
+        """The report as a JSON document (the command's ``--json``)."""
         return json.dumps({"passed": self.passed, "checks": [r.__dict__ for r in self.results]}, indent=2)
 
     def write_json(self, path) -> None:
+        """Write ``to_json()`` to ``path``."""
         Path(path).write_text(self.to_json() + "\n")
 
 

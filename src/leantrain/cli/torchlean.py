@@ -12,7 +12,8 @@ from ..optim.hyper import Adam, AdamW
 from ..io import torchlean
 from ..io.bits import read_json, read_regular
 from ..io.framing import U64, ByteReader
-from ..io.checkpoint import consolidate, load_checkpoint, optimizer_of, params_from_checkpoint, read_checkpoint
+from ..io.checkpoint import load_checkpoint, read_checkpoint
+from ..io.exporting import consolidate, optimizer_of, params_from_checkpoint
 from ..io.weights import save_weights
 from .usage import UserError
 

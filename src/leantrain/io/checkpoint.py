@@ -32,10 +32,7 @@ from ..optim import OptState, Optimizer
 from ..optim.optimizer import GENERIC, NATIVE
 from ..optim import rules as R
 from ..params.dense import to_layout
-from ..params.param import Param
 from ..params.paramlist import ParamList, params_of
-from ..params.storage import Storage
-from ..params.schema import ParameterSchema
 
 def read_checked(path: PathLike, op: str):
     """A checkpoint read whole and checked (``checkfile.read_checked``): a file, or a
@@ -49,18 +46,6 @@ def read_checkpoint(path: PathLike, op: str = "read_checkpoint") -> tuple[dict, 
     (format, manifest, tensor list, checksums) before anything uses them."""
     manifest, tensors, _ = read_checked(path, op)
     return manifest, tensors
-
-
-def consolidate(src: PathLike, out: PathLike, op: str = "export") -> Path:
-    """A checkpoint (a sharded folder, or a file) written as one checkpoint file: every
-    piece verified and put together first; the file is the one an unsharded run writes."""
-    manifest, tensors, _ = read_checked(src, op)
-    meta = {"leantrain": seal(json.dumps(manifest, sort_keys=True))}
-
-    def write(tmp: Path) -> None:
-        save_file({n: t.contiguous() for n, t in tensors.items()}, str(tmp), metadata=meta)
-
-    return atomic_write(Path(out), write, op)
 
 
 def current_value(storage) -> torch.Tensor:
@@ -80,9 +65,26 @@ def save_checkpoint(
     rng: bool = True,
     ema=None,
 ) -> Path:
-    """Write ``target``'s parameters (and optionally optimizer state, progress, loader
-    state and RNG states, and a moving average of the weights: ``ema``, an ``EMA``) to
-    ``path`` atomically. ``target`` is a Runner or a ParamList."""
+    """Write ``target``'s parameters, and optionally its training state, to ``path``
+    atomically (a scratch file, fsynced, renamed over ``path``; a crash leaves the old
+    file). One safetensors file: each storage once, the schema, ties and frozen mask in
+    a sealed manifest, a CRC-32C per tensor.
+
+    Args:
+        path: the file to write (its folder must exist).
+        target: a ``Runner`` or a ``ParamList``.
+        state: an optimizer history to save with the parameters.
+        progress: a loop's progress record (the loops write it).
+        loader_state: a loader's position (the loops write it).
+        rng: save the random generators' states.
+        ema: a moving average of the weights (an ``EMA``).
+
+    Returns:
+        The path written.
+
+    Raises:
+        CheckpointError: a path that cannot be written (the OS's reason; the old file stays).
+    """
     op = "save_checkpoint"
     params = params_of(op, target)
     path = check_destination(op, path)
@@ -275,16 +277,30 @@ def load_checkpoint(
     accept: Optional[Callable[[dict, dict], list[str]]] = None, follow_trainable: bool = False,
     host_state: bool = False,
 ) -> Checkpoint:
-    """Validate everything, then install parameters (and return optimizer state,
-    progress and loader state). A rejected load leaves parameters, mirrors, any
-    optimizer state and the random generators untouched. ``accept(manifest, tensors)``
-    returns the caller's own problems with the file (a resume that does not fit the run),
-    checked with the rest, before anything is installed. ``follow_trainable`` (a Runner
-    target; what a resume asks for): the file's trainable set is taken where it differs
-    (a run that unfroze slots mid-way continues with them trainable: the slots and the
-    module's ``requires_grad`` are set as saved); otherwise a different frozen mask is an
-    error. ``host_state``: the optimizer state stays in host memory even for a history on
-    the device (a sharded resume moves only this rank's ranges there)."""
+    """Validate everything, then install the parameters and return the rest. A rejected
+    load leaves parameters, mirrors, any optimizer state and the random generators
+    untouched, and names every problem at once.
+
+    Args:
+        path: a checkpoint file, or a sharded checkpoint's folder.
+        target: a ``Runner`` or a ``ParamList`` with the checkpoint's slots.
+        optimizer: the optimizer whose history to restore (its kind and hyperparameters
+            must match the saved ones); ``None``: parameters only.
+        restore_rng: put the saved random generators back.
+        accept: ``accept(manifest, tensors)`` returns the caller's own problems with the
+            file (a resume that does not fit the run), checked with the rest.
+        follow_trainable: (a Runner target; what a resume asks for) take the file's
+            trainable set where it differs (the slots and the module's ``requires_grad``
+            are set as saved); otherwise a different frozen mask is an error.
+        host_state: keep the optimizer state in host memory even for a history on the
+            device (a sharded resume moves only this rank's ranges there).
+
+    Returns:
+        A ``Checkpoint``: the optimizer state, progress, loader state and moving average.
+
+    Raises:
+        CheckpointError: an unreadable, corrupt or ill-fitting file (every problem listed).
+    """
     op = "load_checkpoint"
     path = Path(path)
     params = params_of(op, target)
@@ -353,37 +369,3 @@ def _rebuild_state(entry: dict, tensors: dict, params: ParamList, opt, host: boo
 def saved_overrides(entry: dict) -> tuple:
     """A manifest's per-slot hyperparameters in ``OptState.overrides`` form."""
     return tuple((i, tuple(sorted(kv.items()))) for i, kv in entry.get("per_slot", []))
-
-
-def params_from_checkpoint(path: PathLike, op: str = "params_from_checkpoint", *, ema: bool = False) -> ParamList:
-    """The parameter list a checkpoint describes (its slots, names, frozen flags and ties),
-    holding the saved values (``ema=True``: the saved moving average where there is one):
-    what exporting a checkpoint needs without the model."""
-    manifest, tensors = read_checkpoint(path, op)
-    if ema:
-        if manifest.get("ema") is None:
-            raise CheckpointError(f"{op}: {path}: the checkpoint holds no moving average (train with ema_decay)")
-        for k in manifest["ema"]["storages"]:
-            tensors[f"storage.{k}"] = tensors[f"ema.{k}"]
-    try:
-        schema = ParameterSchema.from_manifest(manifest.get("slots"), manifest.get("representatives"))
-        storages: dict[int, Storage] = {}
-        views = []
-        for i in range(len(schema)):
-            k = schema.storages[i]
-            storage = storages.get(k)
-            if storage is None:
-                storage = storages[k] = Storage(tensors[f"storage.{k}"].clone())
-            views.append(Param.of_storage(storage, requires_grad=schema.requires_grad[i], name=schema.names[i]))
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{op}: {path}: malformed manifest ({type(e).__name__}: {e})") from None
-    return ParamList(views)
-
-
-def optimizer_of(manifest: dict) -> Optional[Optimizer]:
-    """The optimizer a checkpoint manifest records (with its saved rate), or ``None``."""
-    entry = manifest.get("optimizer")
-    if not entry:
-        return None
-    hyper = R.HYPERS[entry["kind"]](**entry["hyper"])
-    return Optimizer(hyper)

@@ -30,6 +30,12 @@ from .checkpoint import current_value
 from .tladam import AdamFile, read_torchlean_adam, write_torchlean_adam
 from .tlstate import STATE_FORMATS, read_torchlean_state, write_torchlean_state
 
+__all__ = [
+    "load", "Loaded", "detect_format", "write_torchlean_f32", "read_torchlean_f32", "encode_f32",
+    "write_torchlean_bits", "read_torchlean_bits", "write_torchlean_adam", "read_torchlean_adam", "AdamFile",
+    "write_torchlean_state", "read_torchlean_state",
+]
+
 MAGIC_F32, VERSION_F32 = b"TLPF32B", 2
 BITS_FORMAT = "torchlean_paramlist_bits_v1"
 
@@ -39,6 +45,7 @@ def _u64(n: int) -> bytes:
 
 
 def encode_f32(target) -> bytes:
+    """The ``TLPF32B`` bytes of ``target``'s parameters (what ``write_torchlean_f32`` writes)."""
     params = params_of("encode_f32", target)
     out = [MAGIC_F32, _u64(VERSION_F32), _u64(len(params))]
     for v in params:

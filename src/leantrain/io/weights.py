@@ -28,6 +28,8 @@ from ..params.paramlist import params_of
 from .checkpoint import current_value, dtype_name
 from ..errors import CheckpointError, shape_str, slot_label
 
+__all__ = ["export_state_dict", "import_state_dict", "save_weights", "load_weights"]
+
 
 def export_state_dict(target, *, ema: bool = False) -> dict[str, torch.Tensor]:
     """``{slot name: current value}`` on the CPU; aliased names share one tensor.

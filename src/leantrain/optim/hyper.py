@@ -115,6 +115,7 @@ class Hyper:
         return out
 
     def describe(self) -> str:
+        """The record as a constructor call, e.g. ``adamw(lr=0.001, weight_decay=0.01, ...)``."""
         args = ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items())
         return f"{self.kind}({args})"
 

@@ -105,10 +105,12 @@ class Optimizer:
 
     @property
     def kind(self) -> str:
+        """The rule's name: ``sgd``, ``adagrad``, ``rmsprop``, ``adam``, ``adamw``, ``adadelta`` or ``lion``."""
         return self.hyper.kind
 
     @property
     def lr(self) -> float:
+        """The base learning rate (a schedule overrides it per update or epoch)."""
         return self.hyper.lr
 
     @property

@@ -18,6 +18,7 @@ class SGDState:
     """Plain SGD keeps no per-tensor state."""
 
     def tensors(self) -> dict[str, torch.Tensor]:
+        """The record's tensors by field name (what a checkpoint stores for it)."""
         return {}
 
 
@@ -26,6 +27,7 @@ class MomentumState:
     buf: torch.Tensor
 
     def tensors(self) -> dict[str, torch.Tensor]:
+        """The record's tensors by field name (what a checkpoint stores for it)."""
         return {"buf": self.buf}
 
 
@@ -34,6 +36,7 @@ class AdagradState:
     sum: torch.Tensor
 
     def tensors(self) -> dict[str, torch.Tensor]:
+        """The record's tensors by field name (what a checkpoint stores for it)."""
         return {"sum": self.sum}
 
 
@@ -42,6 +45,7 @@ class RMSPropState:
     avg: torch.Tensor
 
     def tensors(self) -> dict[str, torch.Tensor]:
+        """The record's tensors by field name (what a checkpoint stores for it)."""
         return {"avg": self.avg}
 
 
@@ -58,6 +62,7 @@ class AdamState:
                                "beta2_power": (float, 0.0, 1.0)}
 
     def tensors(self) -> dict[str, torch.Tensor]:
+        """The record's tensors by field name (what a checkpoint stores for it)."""
         return {"m": self.m, "v": self.v}
 
 
@@ -67,6 +72,7 @@ class AdadeltaState:
     delta_avg: torch.Tensor
 
     def tensors(self) -> dict[str, torch.Tensor]:
+        """The record's tensors by field name (what a checkpoint stores for it)."""
         return {"square_avg": self.square_avg, "delta_avg": self.delta_avg}
 
 
@@ -75,6 +81,7 @@ class LionState:
     m: torch.Tensor
 
     def tensors(self) -> dict[str, torch.Tensor]:
+        """The record's tensors by field name (what a checkpoint stores for it)."""
         return {"m": self.m}
 
 

@@ -54,7 +54,7 @@ import torch.optim
 from .reference import FORMULAS as upstream
 from .fused import adam as fused_adam_kernel, by_device_dtype, fusable
 from .hyper import Adadelta, Adagrad, Adam, AdamW, Hyper, RMSProp, SGD
-from .lion import LionRule
+from .lion_rule import LionRule
 from .records import (  # noqa: F401  (re-exported: the rules' records live there)
     AdadeltaState, AdagradState, AdamState, LionState, MomentumState, RMSPropState, SGDState, clone_record,
     record_scalars, tensor_fields,
@@ -337,7 +337,7 @@ class AdadeltaRule:
 # formula, its torch.optim equivalent and whether it has a native (device) path;
 # checkpoints, the optimizer, ``check``, the command and the tests read everything from
 # here. A new optimizer: a Hyper record (hyper.py), a state record (records.py), a rule
-# here (or in a module of its own: lion.py), a constructor of the kind's name (optim/__init__.py).
+# here (or in a module of its own: lion_rule.py), a constructor of the kind's name (optim/__init__.py).
 RULES = (SGDRule, AdagradRule, RMSPropRule, AdamRule, AdadeltaRule, LionRule)
 
 _BY_HYPER = {h: rule for rule in RULES for h in rule.hypers}

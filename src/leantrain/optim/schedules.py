@@ -29,6 +29,8 @@ class Schedule:
     """Base class: a schedule maps a 0-based index to a learning rate."""
 
     def lr_at(self, t: int) -> float:  # pragma: no cover - abstract
+        """The learning rate at 0-based index ``t`` (an update, or an epoch for the loader
+        loop's default)."""
         raise NotImplementedError
 
     def max_rate(self) -> Optional[float]:
@@ -39,12 +41,15 @@ class Schedule:
 
 @dataclass(frozen=True)
 class Constant(Schedule):
+    """``lr`` at every index."""
+
     lr: float
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lr", check_rate("optim.constant", "lr", self.lr))
 
     def lr_at(self, t: int) -> float:
+        """``lr`` at every index."""
         return self.lr
 
     def max_rate(self) -> float:
@@ -65,6 +70,7 @@ class Step(Schedule):
         object.__setattr__(self, "gamma", _check_factor("optim.step", "gamma", self.gamma))
 
     def lr_at(self, t: int) -> float:
+        """``base * gamma ** (t // step_size)``."""
         return self.base * self.gamma ** (t // self.step_size)
 
     def max_rate(self) -> float:
@@ -83,6 +89,7 @@ class Exponential(Schedule):
         object.__setattr__(self, "gamma", _check_factor("optim.exponential", "gamma", self.gamma))
 
     def lr_at(self, t: int) -> float:
+        """``base * gamma ** t``."""
         return self.base * self.gamma**t
 
     def max_rate(self) -> float:
@@ -108,6 +115,9 @@ class WarmupCosine(Schedule):
             raise ConfigError(f"{op}: min must be <= peak, got min={self.min!r} > peak={self.peak!r}")
 
     def lr_at(self, t: int) -> float:
+        """``peak * (t + 1) / w`` during the warm-up, then ``min + (peak - min) * (1 + cos(pi * (t - w) / d)) / 2``,
+        then ``min`` from ``total_steps`` on (``w`` the warm-up, ``d`` the decay's length).
+        """
         if self.total_steps == 0 or t >= self.total_steps:
             return self.min
         w = min(self.warmup_steps, self.total_steps)

@@ -39,6 +39,7 @@ class Param:
     def of_storage(
         cls, storage: Storage, *, requires_grad: bool = True, name: Optional[str] = None
     ) -> "Param":
+        """A view of an existing ``storage`` (two views of one storage are a tie)."""
         view = cls.__new__(cls)
         view.storage, view.requires_grad, view.name = storage, bool(requires_grad), name
         return view
@@ -53,10 +54,12 @@ class Param:
 
     @property
     def shape(self) -> Shape:
+        """The storage's shape (``()`` for a scalar)."""
         return self.storage.shape
 
     @property
     def dtype(self) -> torch.dtype:
+        """The storage's dtype."""
         return self.storage.dtype
 
     def value(self) -> torch.Tensor:

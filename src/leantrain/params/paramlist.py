@@ -93,17 +93,21 @@ class ParamList:
 
     @property
     def shapes(self) -> list[Shape]:
+        """Each slot's shape, in slot order."""
         return [v.shape for v in self._views]
 
     @property
     def names(self) -> list[Optional[str]]:
+        """Each slot's name (``None`` where it has none), in slot order."""
         return [v.name for v in self._views]
 
     @property
     def dtypes(self) -> list[torch.dtype]:
+        """Each slot's dtype, in slot order."""
         return [v.dtype for v in self._views]
 
     def label(self, index: int) -> str:
+        """How messages name slot ``index``: ``slot 3 ('decoder.weight')``."""
         return slot_label(index, self._views[index].name)
 
     # ------------------------------------------------------------------ seed 1

@@ -34,6 +34,7 @@ class ParameterSchema:
 
     @classmethod
     def of_params(cls, params) -> "ParameterSchema":
+        """The schema of a parameter list: shapes, dtypes, names, frozen flags and ties."""
         shapes = tuple(tuple(s) for s in params.shapes)
         flags = tuple(params.requires_grad_array())
         reps = tuple(params.canonical_slot_indices())
@@ -135,15 +136,19 @@ class ParameterSchema:
         return self.representatives[i] if 0 <= i < len(self.representatives) else None
 
     def is_representative(self, i: int) -> bool:
+        """Whether slot ``i`` is trainable and the first slot of its storage (it owns the optimizer state)."""
         return self.representative(i) == i
 
     def optimizer_state_count(self) -> int:
+        """How many slots own optimizer state (one per trainable storage)."""
         return sum(self.is_representative(i) for i in range(len(self.shapes)))
 
     def trainable_count(self) -> int:
+        """How many slots are trainable (a tie counts once per slot)."""
         return sum(self.requires_grad)
 
     def has_aliases(self) -> bool:
+        """Whether any trainable slot shares its storage with an earlier one (a tie)."""
         return any(
             (r := self.representative(i)) is not None and r != i for i in range(len(self.shapes))
         )
@@ -175,4 +180,5 @@ class ParameterSchema:
         return out
 
     def is_well_formed(self) -> bool:
+        """Whether ``problems()`` finds nothing."""
         return not self.problems()

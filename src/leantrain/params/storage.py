@@ -43,10 +43,12 @@ class Storage:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The host tensor's shape."""
         return tuple(self.host.shape)
 
     @property
     def dtype(self) -> torch.dtype:
+        """The host tensor's dtype."""
         return self.host.dtype
 
     def write_host(self, value: torch.Tensor) -> None:

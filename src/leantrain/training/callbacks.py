@@ -43,6 +43,9 @@ class Callback:
     every_rank = False
 
     def on_begin(self, total: Optional[int], start: int) -> None:
+        """Before the first update: ``total`` updates the run will have made when it ends (``None`` when a
+        loader's length is unknown) and ``start``, the update it starts from (0, or a resume's step).
+        """
         return None
 
     def state_dict(self) -> Optional[dict]:
@@ -55,15 +58,21 @@ class Callback:
         return None
 
     def on_step(self, event: StepEvent) -> Optional[bool]:
+        """After each update. ``event.loss`` is set on logged steps only (logging never adds a host
+        read). Return ``True`` to stop the run after this step (a checkpoint is saved when configured).
+        """
         return None
 
     def on_epoch_end(self, event: StepEvent) -> Optional[bool]:
+        """After a loader epoch's last update; return ``True`` to stop."""
         return None
 
     def on_eval(self, step: int, results: dict) -> Optional[bool]:
+        """After each evaluation, with ``evaluate``'s results; return ``True`` to stop."""
         return None
 
     def on_end(self, report) -> None:
+        """Once, when the loop returns, with the ``TrainReport``."""
         return None
 
 

@@ -40,10 +40,26 @@ def eval_items(op: str, data: EvalData) -> Iterator[Sample]:
 def evaluate(
     runner: Runner, data: EvalData, metrics: Optional[Mapping[str, Metric]] = None, *, ema: bool = False
 ) -> dict[str, float]:
-    """``{"loss": mean item loss, name: metric, ..., "items": count}`` on ``data``;
-    ``ema=True``: with the moving average of the weights (``ema_decay``) in their place.
+    """The mean loss and metrics of ``runner`` on ``data``, in eval mode, with no gradient
+    and no buffer update; the runner's mode and the random generators are left as found.
+    Reads the results back to the host once (a device sync on CUDA), as asked.
 
-    Reads the results back to the host once (a device sync on CUDA), as asked."""
+    Args:
+        runner: the model to evaluate.
+        data: a sample list, a ``Dataset``, a ``DataLoader``, a torch DataLoader or any
+            iterable of batches, read lazily.
+        metrics: ``{name: fn(output, target) -> tensor}`` (``leantrain.metrics.accuracy``);
+            one value per example is averaged over examples, one per item over items.
+        ema: evaluate the moving average of the weights (``ema_decay``) in their place.
+
+    Returns:
+        ``{"loss": mean item loss, name: metric, ..., "items": count}`` (upstream's rule:
+        no item gives a loss of 0.0 with ``items == 0``).
+
+    Raises:
+        ConfigError: a bad metric, ``ema=True`` without a moving average.
+        DataError: a sample the model rejects.
+    """
     op = "evaluate"
     if not isinstance(runner, Runner):
         raise ConfigError(f"{op}: expected a Runner, got {type(runner).__name__}")

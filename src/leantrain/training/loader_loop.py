@@ -159,12 +159,32 @@ def train_loader(
 ) -> tuple[TrainReport, Loader]:
     """Train over a loader; returns the report and the loader to continue with.
 
-    ``loader`` is a ``DataLoader`` (seeded persistent shuffle; keep the returned one
-    to continue the sequence), a ``torch.utils.data.DataLoader`` (a collated ``(x, y)``
-    batch is one vectorised item), torchdata's ``StatefulDataLoader``, or any iterable
-    of batches, read lazily (``streams.py`` says how each kind resumes). ``before``/
-    ``after`` are mean losses over up to ``cfg.measure_batches`` batches, measured where
-    reading does not change what training reads (``None`` otherwise).
+    The loader is read lazily, one pass per epoch (``streams.py`` says how each kind
+    resumes); one update per loader batch, or per ``cfg.accumulate`` batches.
+    ``before``/``after`` are mean losses over up to ``cfg.measure_batches`` batches,
+    measured where reading does not change what training reads (``None`` otherwise).
+
+    Args:
+        runner: the model, its loss and its slots.
+        cfg: the loop's settings (epochs, ``max_steps``, optimizer, schedule and
+            ``schedule_per``, checkpoints, features).
+        loader: a ``DataLoader`` (seeded persistent shuffle; ``rank``/``world_size`` to
+            read one rank's share), a ``torch.utils.data.DataLoader`` (a collated ``(x,
+            y)`` batch or dict is one item), torchdata's ``StatefulDataLoader``, or any
+            iterable of batches.
+        log: called with each log line (``None``: no lines).
+        callback: called with each ``StepEvent``; returning ``True`` stops the run.
+        callbacks: ``Callback`` objects (loggers, early stopping, your own).
+
+    Returns:
+        ``(report, loader)``: the ``TrainReport`` and the loader to continue with (a
+        ``DataLoader`` carries its advanced order; others are returned as given).
+
+    Raises:
+        ConfigError: a setting that does not fit, a loader made for another rank.
+        DataError: a loader that yields nothing, a one-shot iterator with ``epochs > 1``,
+            a malformed batch.
+        CheckpointError: ``cfg.resume_from`` that does not fit this run (nothing changed).
     """
     op = "train_loader"
     check_inputs(op, runner, cfg, LoaderTrainConfig)

@@ -77,16 +77,22 @@ class Runner:
 
     @classmethod
     def from_module(cls, module: torch.nn.Module, loss: Union[str, LossFn] = "mse") -> "Runner":
+        """A runner over ``module``'s parameters and persistent buffers. ``loss``: ``"mse"``,
+        ``"cross_entropy"``, ``"model"`` (the output's own loss) or ``loss(output, target)``
+        returning a scalar tensor or a ``LossSum``. Raises ``ConfigError`` (an unknown loss, a
+        lazy module) or ``AliasError`` (parameters that partly share memory)."""
         return cls(module, loss)
 
     # ------------------------------------------------------------------ modes
     def train(self) -> "Runner":
+        """Train mode (the module's too): buffers advance and dropout draws. Returns the runner."""
         self.mode = "train"
         self.recheck()
         self.module.train()
         return self
 
     def eval(self) -> "Runner":
+        """Eval mode (the module's too): no buffer pass, no dropout. Returns the runner."""
         self.mode = "eval"
         self.recheck()
         self.module.eval()
@@ -164,6 +170,7 @@ class Runner:
 
     @property
     def has_buffer_updates(self) -> bool:
+        """Whether a step may advance buffers: train mode and at least one buffer slot."""
         return self.mode == "train" and bool(self.buffer_slots)
 
     # ------------------------------------------------------------------ loops
@@ -325,8 +332,8 @@ class Runner:
         )
 
     def mark_buffers_stale(self) -> None:
-        for i in self.buffer_slots:
-            s = self.params[i].storage
+        """Mark the buffers' host copies stale after a forward advanced their device mirrors."""
+        for s in (self.params[i].storage for i in self.buffer_slots):
             if s.mirror is not None and s.mirror.device == self.device:
                 s.host_current = False  # the forward pass advanced the mirror in place
 
@@ -368,9 +375,8 @@ class Runner:
                 return self.module(to_device(x, self.device))
 
     def mean_loss(self, samples: Iterable[Sample]) -> float:
-        """``(l1 + ... + ln) / n`` under the current parameters and mode (``LossSum``
-        items: the sum of totals over the sum of counts), reading ``samples`` one at a
-        time; buffers and generators left as found (see ``measure.mean_loss``)."""
+        """``(l1 + ... + ln) / n`` at the current parameters and mode (``LossSum``: totals over
+        counts), reading ``samples`` one at a time; buffers and generators left as found."""
         return mean_loss(self, samples)
 
     def loss_and_gradients(
@@ -386,9 +392,8 @@ class Runner:
         return self.loss_gradients(loss, leaves)
 
     def loss_gradients(self, loss: torch.Tensor, leaves) -> tuple[torch.Tensor, list[Optional[torch.Tensor]]]:
-        """(the detached loss, per-slot gradients of ``loss`` with respect to ``leaves``, a
-        binding's), dense in each leaf's layout (``backward.differentiate``), under the
-        loop's loss scale."""
+        """(the detached loss, per-slot gradients of ``loss`` for a binding's ``leaves``), dense
+        in each leaf's layout (``backward.differentiate``), under the loop's loss scale."""
         bound = self.bound
         return differentiate(loss, leaves, self.loop.loss_scale,
                              bound if bound is not None and bound.leaves is leaves else None,

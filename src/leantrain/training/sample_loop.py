@@ -78,6 +78,23 @@ def train_samples(
 
     Items are taken cyclically in stored order (never shuffled); a batch may wrap
     around the end. The runner keeps the trained parameters and stays in train mode.
+
+    Args:
+        runner: the model, its loss and its slots.
+        cfg: the loop's settings (optimizer, schedule, logging, checkpoints, features).
+        samples: the items, a list (each a sample the model takes in one forward).
+        log: called with each log line (``None``: no lines).
+        callback: called with each ``StepEvent``; returning ``True`` stops the run.
+        callbacks: ``Callback`` objects (loggers, early stopping, your own).
+
+    Returns:
+        The ``TrainReport``: losses before and after, the logged losses, steps,
+        evaluations, skipped steps and wall time.
+
+    Raises:
+        ConfigError: a setting that does not fit the runner or the data.
+        DataError: an empty or malformed sample list.
+        CheckpointError: ``cfg.resume_from`` that does not fit this run (nothing changed).
     """
     op = "train_samples"
     check_inputs(op, runner, cfg, TrainConfig)

@@ -177,17 +177,32 @@ def step_batch(
 ) -> OptState:
     """One optimizer update over the batch's mean gradient, without reading a loss.
 
-    ``use_native_singleton`` picks the update path for the whole loop (the state was
-    made for it): the native device path when true, the generic host path otherwise.
     Unlike upstream's seed-era loop, a native loop keeps list batches native too (the
     mean is taken on the device).
 
-    ``nonfinite="raise"`` checks the loss and gradients before updating (one flag read
-    per step, a sync on CUDA) and raises ``NonFiniteError`` with nothing changed;
-    ``"skip"`` never reads the host: the update is undone on the device where the flag
-    is set, and ``skipped`` (a device tensor) counts the skips. ``clip_grad_norm`` /
-    ``clip_grad_value`` clip the mean canonical gradients before the update (see
-    ``optim.clipping``).
+    Args:
+        runner: the model, its loss and its slots.
+        opt: the optimizer ``state`` belongs to.
+        state: the optimizer history (``opt.init(runner.params, native=...)``).
+        use_native_singleton: the update path for the whole loop (the state was made for
+            it): the native device path when true, the generic host path otherwise.
+        batch: a nonempty list of items, one structure (the accumulation contract).
+        accumulation: ``"exact"`` (item by item) or ``"vectorized"`` (stacked).
+        nonfinite: ``"raise"`` checks the loss and gradients before updating (one flag
+            read per step, a sync on CUDA); ``"skip"`` never reads the host: the update
+            is undone on the device where the flag is set.
+        skipped: a device tensor that counts the skipped updates (``"skip"``).
+        clip_grad_norm: clip the mean canonical gradients to this global L2 norm.
+        clip_grad_value: clip them elementwise to this value.
+
+    Returns:
+        The new optimizer state (the runner's parameters are updated in place).
+
+    Raises:
+        DataError: an empty or malformed batch, a sample the model rejects.
+        NonFiniteError: a non-finite loss, gradient or written buffer (``"raise"``);
+            nothing was updated, buffers included.
+        OptimizerStateError: ``state`` does not fit the slots or the path.
     """
     return _step("step_batch", runner, opt, state, use_native_singleton, batch, False, accumulation=accumulation,
                  nonfinite=nonfinite, skipped=skipped, clip_grad_norm=clip_grad_norm,
@@ -207,7 +222,8 @@ def step_batch_and_loss(
     clip_grad_norm: Optional[float] = None,
     clip_grad_value: Optional[float] = None,
 ) -> tuple[OptState, float]:
-    """One update and the batch's mean loss, measured before the update."""
+    """``step_batch``, also returning the batch's mean loss measured before the update
+    (one host read: a sync on CUDA). Same arguments and errors as ``step_batch``."""
     done = _step("step_batch_and_loss", runner, opt, state, use_native_singleton, batch, True,
                  accumulation=accumulation, nonfinite=nonfinite, skipped=skipped, clip_grad_norm=clip_grad_norm,
                  clip_grad_value=clip_grad_value)
