@@ -38,6 +38,7 @@ import torch.distributed as dist
 from . import distributed
 from ..data import DataLoader
 from ..errors import ConfigError, DataError
+from ..io.checkfile import checksum
 from .measure import loss_sums
 from .samples import LossSum
 
@@ -112,8 +113,6 @@ def global_count(runner, n: int) -> int:
 def fingerprint(batch: list) -> list:
     """What the ranks compare of a shared batch: per item, the CRC-32C of each tensor
     leaf's bytes (with its shape), in order. Reads the tensors back (once per loop)."""
-    from ..io.checkfile import checksum
-
     def leaf(x):
         if isinstance(x, torch.Tensor):
             return [tuple(x.shape), str(x.dtype), checksum(x.detach().to("cpu"))]
