@@ -204,7 +204,7 @@ def test_a_sharded_resume_moves_only_its_ranges_to_the_device(tmp_path):
     """A resumed state is read into host memory (``host_state``) and cut there: the
     device (here ``meta``, standing in for an accelerator's memory) receives rank 0's
     ranges of a 2-rank plan and no whole tensor (the sharded resume tests check the
-    values)."""
+    values). Without ``host_state`` the whole state lands on the device."""
     from leantrain.training.shard_plan import plan_for
     from leantrain.training.shard_state import sharded
 
@@ -213,12 +213,14 @@ def test_a_sharded_resume_moves_only_its_ranges_to_the_device(tmp_path):
     runner.params.to_device("cpu")
     cfg = lt.TrainConfig(steps=2, batch_size=3, optimizer=TABLE["adam"].make(), checkpoint_path=tmp_path / "a.ckpt")
     lt.train_samples(runner, cfg, sc.wide_data(), log=None)
-    ck = lt.load_checkpoint(tmp_path / "a.ckpt", runner, optimizer=cfg.optimizer, host_state=True)
-    for rec in ck.state.records().values():  # a native history, but its tensors stay in host memory
-        assert all(t.device.type == "cpu" for t in rec.tensors().values())
-    plan = plan_for("gradients", runner.params, 2)
     for v in runner.params.storages():
         v.mirror = torch.empty_like(v.host, device="meta")  # where each slot's working tensor now lives
+    devices = {}
+    for host_state in (False, True):
+        ck = lt.load_checkpoint(tmp_path / "a.ckpt", runner, optimizer=cfg.optimizer, host_state=host_state)
+        devices[host_state] = {t.device.type for rec in ck.state.records().values() for t in rec.tensors().values()}
+    assert devices == {False: {"meta"}, True: {"cpu"}}
+    plan = plan_for("gradients", runner.params, 2)
     cut = sharded(ck.state, plan, 0, runner.params)
     for r in plan.owned(0):
         for k, t in cut.slots[r.slot].tensors().items():
