@@ -69,7 +69,7 @@ def main() -> None:
         lt.train_samples(compiled, lt.TrainConfig(steps=1, optimizer=make_opt(), log_every=0, measure_loss=False,
                                                    compile=True), samples, log=lambda s: None)
         compile_s = time.perf_counter() - t
-        crit = lt.training.runner.LOSSES.get(loss, loss) if isinstance(loss, str) else loss
+        crit = lt.training.runner.runner.LOSSES.get(loss, loss) if isinstance(loss, str) else loss
         topt = make_torch_opt(hand_model.parameters())
 
         def run_eager():

@@ -43,8 +43,8 @@ def run(steps: int, exact: bool = False) -> float:
     opt = optim.sgd(0.01)
     state = opt.init(runner.params)
     data = batches()
-    from leantrain.training.step import update
-    from leantrain.training.step_options import StepOptions
+    from leantrain.training.update.step import update
+    from leantrain.training.update.options import StepOptions
 
     options = StepOptions(exact_reduction=exact)
 

@@ -75,7 +75,7 @@ def library() -> None:
 if __name__ == "__main__":
     print(traced(command).summary("the command"))
     print(traced(library).summary("train_loader"))
-    from leantrain.training import step
+    from leantrain.training.update import step
 
     fn = getattr(step, "update")
     print(f"step.update: {len(inspect.signature(fn).parameters)} parameters")

@@ -15,7 +15,8 @@ from torch import nn
 
 import leantrain as lt
 import token_cases as tc
-from leantrain.training import overlap, shard_comm, shard_overlap
+from leantrain.training.parallel import overlap
+from leantrain.training.parallel.sharding import comm as shard_comm, overlap as shard_overlap
 from optimizer_table import TABLE
 
 sys.path.insert(0, str(Path(__file__).parent / "zoo"))

@@ -28,7 +28,7 @@ def make():
 
 def train_and_checkpoint(path: str, kill_step: int, stage: str) -> None:
     from leantrain.io import atomic, sharded
-    from leantrain.training import shard_checkpoint
+    from leantrain.training.parallel.sharding import checkpoint as shard_checkpoint
 
     at = {"step": 0}  # the step whose save is running (set after each update)
     callback = lambda event: at.update(step=event.step)  # noqa: E731

@@ -113,7 +113,7 @@ def tensors(path):
 
 CTRL_C_AT = """
 import os, signal, sys
-from leantrain.training import session
+from leantrain.training.loops import session
 
 update = session.Session.update
 

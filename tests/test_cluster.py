@@ -26,7 +26,7 @@ ARGS = ["--epochs", "2", "--checkpoint-every", "10", "--log-every", "5"]
 # exist yet (it creates it first), so only the first launch dies: a deterministic crash point.
 KILLER = """
 import os, signal, sys
-from leantrain.training import session
+from leantrain.training.loops import session
 
 update = session.Session.update
 

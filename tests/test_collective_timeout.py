@@ -67,7 +67,7 @@ def test_a_stopped_rank_is_a_collective_error_in_seconds(tmp_path, how):
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent))
 HANGER = """
 import os, sys, threading
-from leantrain.training import session
+from leantrain.training.loops import session
 
 update = session.Session.update
 

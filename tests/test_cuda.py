@@ -37,7 +37,7 @@ def test_a_native_step_never_syncs(kind):
     opt = getattr(optim, kind)(0.01)
     state = opt.init(r.params, native=True)
     data = on_cuda(regression_batches(4, 5))
-    batches = lt.training.sample_loop.cyclic_batches("t", data, 2)
+    batches = lt.training.loops.sample_loop.cyclic_batches("t", data, 2)
     cfg = lt.TrainConfig(steps=6, batch_size=2, optimizer=opt, log_every=0, nonfinite="skip")
     lt.run_sample_steps(r, cfg, lambda: next(batches), lambda d: None, opt, state,
                         lambda t, s: s.with_lr(0.01), log=lambda s: None)  # warm-up (allocations)
@@ -84,9 +84,9 @@ def test_the_everyday_features_never_sync():
                          clip_grad_norm=0.5, autocast="float16", ema_decay=0.9)
     lt.train_samples(r, cfg, data)  # warm-up (allocations, the mirrors)
     state = opt.init(r.params, native=True)
-    batches = lt.training.sample_loop.cyclic_batches("t", data, 2)
-    session = lt.training.session.Session("t", r, cfg, "samples", log=lambda s: None)
-    r.ema = lt.training.ema.EMA(r.params, 0.9)
+    batches = lt.training.loops.sample_loop.cyclic_batches("t", data, 2)
+    session = lt.training.loops.session.Session("t", r, cfg, "samples", log=lambda s: None)
+    r.ema = lt.training.runner.ema.EMA(r.params, 0.9)
     with session.computing():
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")

@@ -6,7 +6,7 @@ import pytest
 from safetensors import safe_open
 
 import dist_cases as dc
-from leantrain.training import distributed
+from leantrain.training.parallel import distributed
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
 

@@ -81,7 +81,8 @@ def test_the_command_resume_auto(tmp_path, capsys):
 
 
 def test_a_failed_collective_names_the_rank_the_step_and_the_last_checkpoint(tmp_path, monkeypatch):
-    from leantrain.training import distributed, session
+    from leantrain.training.parallel import distributed
+    from leantrain.training.loops import session
 
     runner, cfg, go = dc.make("samples-sgd-f64")
     from dataclasses import replace

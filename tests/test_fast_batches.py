@@ -6,7 +6,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import leantrain as lt
-from leantrain.training.batches import fast_batches
+from leantrain.training.loops.batches import fast_batches
 
 
 def tensors(n=23):

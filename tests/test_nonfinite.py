@@ -26,7 +26,7 @@ def test_raise_names_the_step_and_changes_nothing(kind, mirrors, unchanged):
     if mirrors:
         r.to("cpu")
     opt = getattr(optim, kind)(0.01)
-    state = opt.init(r.params, native=lt.training.session.uses_native(r, opt))
+    state = opt.init(r.params, native=lt.training.loops.session.uses_native(r, opt))
     data = poisoned()
     state = lt.step_batch(r, opt, state, mirrors and opt.native, [data[0]])
     state = lt.step_batch(r, opt, state, mirrors and opt.native, [data[1]])
@@ -61,7 +61,7 @@ def test_skip_restores_adam_tensors_on_the_device(mirrors):
     if mirrors:
         r.to("cpu")
     opt = optim.adam(0.01)
-    native = lt.training.session.uses_native(r, opt)
+    native = lt.training.loops.session.uses_native(r, opt)
     state = opt.init(r.params, native=native)
     data = poisoned()
     state = lt.step_batch(r, opt, state, native, [data[0]], nonfinite="skip")

@@ -9,7 +9,7 @@ from torch import nn
 
 import leantrain as lt
 from leantrain.optim.rules import rule_for
-from leantrain.training.shard_plan import ALIGN, plan_shards
+from leantrain.training.parallel.sharding.plan import ALIGN, plan_shards
 from optimizer_table import TABLE
 import shard_cases as sc
 
@@ -179,9 +179,9 @@ def test_one_sharded_process_leaves_an_unused_slot_alone(sharding):
 def test_a_sharded_moving_average_holds_its_ranges_with_the_whole_average_bits():
     """Rank 0's share of a 2-rank plan, updated in one process: only its ranges are kept,
     each with the bits the whole average has there (the lerp, cut at multiples of 64)."""
-    from leantrain.training.ema import EMA
-    from leantrain.training.shard_ema import ShardedEMA
-    from leantrain.training.shard_plan import plan_for
+    from leantrain.training.runner.ema import EMA
+    from leantrain.training.parallel.sharding.ema import ShardedEMA
+    from leantrain.training.parallel.sharding.plan import plan_for
 
     torch.manual_seed(1)
     runner = lt.Runner.from_module(sc.Wide(), "mse")
@@ -205,8 +205,8 @@ def test_a_sharded_resume_moves_only_its_ranges_to_the_device(tmp_path):
     device (here ``meta``, standing in for an accelerator's memory) receives rank 0's
     ranges of a 2-rank plan and no whole tensor (the sharded resume tests check the
     values). Without ``host_state`` the whole state lands on the device."""
-    from leantrain.training.shard_plan import plan_for
-    from leantrain.training.shard_state import sharded
+    from leantrain.training.parallel.sharding.plan import plan_for
+    from leantrain.training.parallel.sharding.state import sharded
 
     torch.manual_seed(1)
     runner = lt.Runner.from_module(sc.Wide(), "mse")

@@ -111,8 +111,8 @@ def test_no_host_reads_between_log_points(monkeypatch, kind, mirrors):
         r.to("cpu")
     opt = getattr(optim, kind)(0.01)
     data = regression_batches(4, 3)
-    state = opt.init(r.params, native=lt.training.session.uses_native(r, opt))
-    batches = lt.training.sample_loop.cyclic_batches("t", data, 2)
+    state = opt.init(r.params, native=lt.training.loops.session.uses_native(r, opt))
+    batches = lt.training.loops.sample_loop.cyclic_batches("t", data, 2)
     reads = HostReads(monkeypatch)
 
     def run(**kw):
@@ -232,7 +232,7 @@ def test_the_quickstart_example_script_runs():
 
 
 def test_memory_watch_warns_once_when_exhaustion_is_projected():
-    from leantrain.training.memory import MemoryWatch, cadence
+    from leantrain.training.loops.memory import MemoryWatch, cadence
 
     class Fake(MemoryWatch):
         free = [1000, 900, 800, 700, 600]

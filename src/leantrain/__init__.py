@@ -34,15 +34,15 @@ from .params import (
     canonical_gradients,
     scale_gradient_pack,
 )
-from .training.callbacks import Callback, CSVLogger, EarlyStopping, JSONLLogger, ProgressBar, TensorBoardLogger
-from .training.config import LoaderTrainConfig, TrainConfig, TrainReport
-from .training.evaluation import evaluate
-from .training.loader_loop import run_loader_epochs, train_loader
-from .training.sample_loop import run_sample_steps, train_dataset, train_samples
-from .training.events import StepEvent
-from .training.runner import Runner
-from .training.samples import LossSum, split_rows
-from .training.step import mean_gradients, mean_loss_and_gradients, step_batch, step_batch_and_loss
+from .training.loops.callbacks import Callback, CSVLogger, EarlyStopping, JSONLLogger, ProgressBar, TensorBoardLogger
+from .training.loops.config import LoaderTrainConfig, TrainConfig, TrainReport
+from .training.loops.evaluation import evaluate
+from .training.loops.loader_loop import run_loader_epochs, train_loader
+from .training.loops.sample_loop import run_sample_steps, train_dataset, train_samples
+from .training.loops.events import StepEvent
+from .training.runner.runner import Runner
+from .samples import LossSum, split_rows
+from .training.update.step import mean_gradients, mean_loss_and_gradients, step_batch, step_batch_and_loss
 
 # The documented module paths ``leantrain.weights`` and ``leantrain.torchlean_io`` name
 # modules that live in ``leantrain.io``; both spellings import the same module object.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .training.samples import logits_of, target_of
+from .samples import logits_of, target_of
 
 __all__ = ["accuracy"]
 

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 import leantrain as lt
-from leantrain.training import distributed, overlap
+from leantrain.training.parallel import distributed, overlap
 from zoo_models import BY_NAME
 
 MODELS = ["gpt", "gpt_persistent_mask", "cnn_batchnorm", "lstm", "shared_twice", "frozen_backbone", "weight_norm"]

@@ -7,7 +7,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import overlap_worker as ow
-from leantrain.training import overlap
+from leantrain.training.parallel import overlap
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
 

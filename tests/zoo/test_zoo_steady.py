@@ -16,7 +16,7 @@ from torch import nn
 
 import leantrain as lt
 from leantrain import optim
-from leantrain.training import backward
+from leantrain.training.runner import backward
 from zoo_models import ZOO, BY_NAME
 
 

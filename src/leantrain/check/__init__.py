@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ConfigError
-from ..training.config import TrainConfig
-from ..training.runner import Runner, check_sample
-from ..training.step import mean_gradients
+from ..training.loops.config import TrainConfig
+from ..training.runner.runner import Runner, check_sample
+from ..training.update.step import mean_gradients
 from .checks import CHECKS, Probe
 
 

@@ -18,12 +18,12 @@ from typing import Callable
 import torch
 
 from ..params.packs import canonical_gradients
-from ..training.config import TrainConfig
-from ..training.runner import Runner
-from ..training.sample_loop import train_samples
-from ..training.step import mean_gradients, step_batch
+from ..training.loops.config import TrainConfig
+from ..training.runner.runner import Runner
+from ..training.loops.sample_loop import train_samples
+from ..training.update.step import mean_gradients, step_batch
 from .reference import fingerprint, reference_gradients, relative, torch_optimizer
-from ..training.samples import LossSum, add_losses, call_model, loss_target, to_device
+from ..samples import LossSum, add_losses, call_model, loss_target, to_device
 
 GRADIENT_TOLERANCE = 1e-5  # float32 sums in another order: ~1e-7 seen on the zoo
 HOST_READS = ("item", "tolist", "__float__", "__int__", "__bool__", "numpy", "cpu")

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..optim.rules import rule_for
-from ..training.samples import LossSum, add_losses, call_model, loss_target
+from ..samples import LossSum, add_losses, call_model, loss_target
 
 
 def torch_settings(h) -> Optional[tuple[type, dict]]:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from ..check import check
-from ..training.config import TrainConfig
-from ..training.runner import Runner
+from ..training.loops.config import TrainConfig
+from ..training.runner.runner import Runner
 from .runconfig import RunConfig, flag_values
 from .usermodel import build_task, collate_for
 

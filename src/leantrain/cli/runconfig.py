@@ -22,8 +22,8 @@ from typing import Any, Callable, Optional
 
 from .. import optim
 from ..errors import ConfigError
-from ..training.config import SCHEDULE_PER
-from ..training.shard_plan import SHARD_BY, SHARDING_MODES
+from ..training.loops.config import SCHEDULE_PER
+from ..training.parallel.sharding.plan import SHARD_BY, SHARDING_MODES
 from ..validate import is_int, is_number
 from .digits import PRESETS
 from .usage import natural, positive, seed as seed_arg

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..training.samples import LossSum
+from ..samples import LossSum
 
 CORPUS = Path(__file__).parent / "datasets" / "python_docs.txt"
 VOCAB, SEQ, WIDTH, HEADS, LAYERS = 128, 64, 64, 4, 2

@@ -26,13 +26,13 @@ from ..data import DataLoader, Dataset
 from ..io.sharded import INDEX, SHARD
 from ..io.atomic import atomic_write_bytes
 from ..metrics import accuracy
-from ..training import distributed
-from ..training.callbacks import Callback, JSONLLogger, ProgressBar
-from ..training.config import LoaderTrainConfig, TrainReport
-from ..training.evaluation import evaluate
-from ..training.events import StepEvent
-from ..training.loader_loop import train_loader
-from ..training.runner import Runner
+from ..training.parallel import distributed
+from ..training.loops.callbacks import Callback, JSONLLogger, ProgressBar
+from ..training.loops.config import LoaderTrainConfig, TrainReport
+from ..training.loops.evaluation import evaluate
+from ..training.loops.events import StepEvent
+from ..training.loops.loader_loop import train_loader
+from ..training.runner.runner import Runner
 from .plotting import plot_metrics
 from .runconfig import PRECISIONS, RunConfig, flag_values
 from .usage import EXIT_INTERRUPTED, UserError

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from ..data import Dataset
-from ..training.runner import LOSSES
+from ..training.runner.runner import LOSSES
 from ..collate import pad_tokens
 from .digits import PRESETS, digits_split, stack_minibatches
 from .text import text_split

@@ -1,0 +1,94 @@
+"""Reading batches from a loader: the loader loop's and ``evaluate``'s shared rules."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Iterable, Iterator, Optional, Union
+
+import torch
+
+from ...data import DataLoader
+from ...errors import DataError
+from ..runner.runner import Sample
+
+Loader = Union[DataLoader, Iterable]
+
+
+def as_list_batch(op: str, batch: object) -> list[Sample]:
+    """A loader batch: a list of samples, one collated ``(x, y)`` pair of tensors, or one
+    collated dict (a Hugging Face collator's ``BatchEncoding`` too): a list of one."""
+    if isinstance(batch, Mapping):
+        return [dict(batch)]
+    if isinstance(batch, (tuple, list)) and len(batch) == 2 and all(
+        isinstance(t, torch.Tensor) for t in batch
+    ):
+        return [(batch[0], batch[1])]
+    if isinstance(batch, (tuple, list)):
+        return [dict(s) if isinstance(s, Mapping) else s for s in batch]
+    raise DataError(
+        f"{op}: a loader batch must be a list of samples, one (x, y) pair of tensors or one dict of "
+        f"the model's inputs, got {type(batch).__name__}"
+    )
+
+
+def plain_tensor_loader(loader: object) -> bool:
+    """A plain ``torch.utils.data.DataLoader`` on a two-tensor ``TensorDataset`` (default
+    collate, no workers, no pinned memory, batched): each batch is one ``(x, y)`` pair."""
+    tdata = torch.utils.data
+    return (type(loader) is tdata.DataLoader and type(loader.dataset) is tdata.TensorDataset
+            and len(loader.dataset.tensors) == 2 and loader.collate_fn is tdata.default_collate
+            and loader.num_workers == 0 and not loader.pin_memory and loader.batch_sampler is not None)
+
+
+def fast_batches(loader: object, it: Optional[Iterator] = None) -> Optional[Iterator[tuple[torch.Tensor, torch.Tensor]]]:
+    """One pass over a plain ``torch.utils.data.DataLoader`` on a two-tensor
+    ``TensorDataset`` (default collate, no workers, no pinned memory) without its per-item
+    loop: the index lists come from the DataLoader's own iterator (so the shuffle and the
+    random draws are exactly those of iterating it) and each batch is gathered with one
+    indexing call per tensor, the bits ``default_collate`` stacks. ``it``: that iterator,
+    already started (and perhaps advanced); ``None`` for any other loader (iterate it as
+    it is)."""
+    if not plain_tensor_loader(loader):
+        return None
+    if it is None:
+        it = iter(loader)  # the DataLoader's own start: its seed draws and its sampler
+    if not hasattr(it, "_next_index"):
+        return None
+    x, y = loader.dataset.tensors
+
+    def gen() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            try:
+                idx = it._next_index()
+            except StopIteration:
+                return
+            index = torch.as_tensor(idx, dtype=torch.long)
+            yield x[index], y[index]
+
+    return gen()
+
+
+def loader_generators(loader: object) -> list[torch.Generator]:
+    """The generators iterating ``loader`` draws from (a torch DataLoader's own, its
+    sampler's, its batch sampler's and that one's sampler's), each once."""
+    found: dict[int, torch.Generator] = {}
+    sampler = getattr(loader, "sampler", None)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    inner = getattr(batch_sampler, "sampler", None)
+    for owner in (loader, sampler, batch_sampler, inner):
+        g = getattr(owner, "generator", None)
+        if isinstance(g, torch.Generator):
+            found.setdefault(id(g), g)
+    return list(found.values())
+
+
+def loader_samples(op: str, loader: Loader) -> Iterator[Sample]:
+    """The samples of one pass over ``loader``, read batch by batch as they are needed
+    (nothing kept): a leantrain DataLoader's items, or each raw batch's list batch. The
+    caller keeps the loader's generators as they were (``rng_preserved``) when the pass
+    must not change what training draws next."""
+    if isinstance(loader, DataLoader):
+        yield from loader.iter_items(op)
+        return
+    for raw in fast_batches(loader) or loader:
+        yield from as_list_batch(op, raw)

@@ -1,0 +1,220 @@
+"""Loop configurations and the training report (spec §4). Configuration is data:
+frozen dataclasses, validated when built."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional, Union
+
+from ...errors import ConfigError
+from ...optim import Optimizer, Schedule, sgd
+from ...optim.clipping import check_clip
+from ..runner.ema import check_decay
+from ..runner.precision import check_autocast
+from ..parallel.sharding.plan import SHARD_BY, SHARDING_MODES
+from ...validate import check_bool, check_choice, check_count
+
+ACCUMULATION_MODES = ("exact", "vectorized")
+NONFINITE_MODES = ("raise", "skip")
+
+PathArg = Union[str, os.PathLike]
+
+
+def _common(op: str, cfg) -> None:
+    if not isinstance(cfg.optimizer, Optimizer):
+        raise ConfigError(
+            f"{op}: optimizer must be built with leantrain.optim (e.g. optim.adam(1e-3)), "
+            f"got {type(cfg.optimizer).__name__}"
+        )
+    if cfg.scheduler is not None and not isinstance(cfg.scheduler, Schedule):
+        raise ConfigError(
+            f"{op}: scheduler must be a leantrain.optim schedule or None, got "
+            f"{type(cfg.scheduler).__name__}"
+        )
+    check_count(op, "log_every", cfg.log_every, 0)
+    check_count(op, "checkpoint_every", cfg.checkpoint_every, 0)
+    for name in ("checkpoint_path", "resume_from"):
+        value = getattr(cfg, name)
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise ConfigError(f"{op}: {name} must be a path or None, got {type(value).__name__}")
+    if cfg.resume_from == "auto" and cfg.checkpoint_path is None:
+        raise ConfigError(f"{op}: resume_from='auto' resumes from checkpoint_path: set one")
+    if cfg.checkpoint_every and cfg.checkpoint_path is None:
+        raise ConfigError(f"{op}: checkpoint_every={cfg.checkpoint_every} needs a checkpoint_path")
+    check_choice(op, "nonfinite", cfg.nonfinite, NONFINITE_MODES)
+    check_bool(op, "replica_check", cfg.replica_check)
+    check_choice(op, "accumulation", cfg.accumulation, ACCUMULATION_MODES)
+    check_count(op, "eval_every", cfg.eval_every, 1)
+    check_bool(op, "measure_loss", cfg.measure_loss)
+    check_bool(op, "exact_reduction", cfg.exact_reduction)
+    t = cfg.collective_timeout
+    if t is not None and not (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < 10**7):
+        raise ConfigError(f"{op}: collective_timeout must be seconds > 0 (below 10**7) or None, got {t!r}")
+    check_clip(op, cfg.clip_grad_norm, cfg.clip_grad_value)
+    check_decay(op, cfg.ema_decay)
+    check_autocast(op, cfg.autocast)
+    check_bool(op, "eval_ema", cfg.eval_ema)
+    check_bool(op, "compile", cfg.compile)
+    if cfg.sharding is not None and cfg.sharding not in SHARDING_MODES:
+        raise ConfigError(f"{op}: sharding must be one of {SHARDING_MODES} or None, got {cfg.sharding!r}")
+    check_choice(op, "shard_by", cfg.shard_by, SHARD_BY)
+    if cfg.eval_ema and cfg.ema_decay is None:
+        raise ConfigError(f"{op}: eval_ema evaluates the moving average: set ema_decay")
+    if cfg.exact_reduction and cfg.accumulation != "exact":
+        raise ConfigError(f"{op}: exact_reduction folds items one by one: it needs accumulation='exact'")
+    if cfg.eval_metrics is not None and (
+        not isinstance(cfg.eval_metrics, Mapping) or not all(callable(f) for f in cfg.eval_metrics.values())
+    ):
+        raise ConfigError(f"{op}: eval_metrics must map names to callables (output, target) -> tensor")
+    if cfg.eval_metrics and cfg.eval_data is None:
+        raise ConfigError(f"{op}: eval_metrics needs eval_data")
+    if cfg.eval_data is not None and hasattr(cfg.eval_data, "__len__") and len(cfg.eval_data) == 0:
+        raise ConfigError(f"{op}: eval_data is empty: an evaluation over nothing measures nothing")
+
+
+SCHEDULE_PER = ("epoch", "step")
+
+
+def lr_for(cfg, t: int) -> float:
+    """The scheduled rate at index ``t``, or the optimizer's own rate without a schedule."""
+    return cfg.scheduler.lr_at(t) if cfg.scheduler is not None else cfg.optimizer.lr
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoopOptions:
+    """Options both loops share beyond the upstream configs (keyword-only).
+
+    ``accumulation``: ``"exact"`` (item by item) or ``"vectorized"`` (stacked);
+    ``checkpoint_path``/``checkpoint_every``: save every N updates and at the end;
+    ``resume_from``: continue a run exactly from a checkpoint (``"auto"``: from
+    ``checkpoint_path`` when it exists, else start fresh: a restarted job picks up where
+    it stopped); ``replica_check``:
+    verify the ranks agree at the start (distributed); ``nonfinite``: ``"raise"`` or
+    ``"skip"`` for NaN/inf losses and gradients; ``eval_data``/``eval_every``/
+    ``eval_metrics``: evaluate (``leantrain.evaluate``) every ``eval_every`` steps
+    (in-memory loops) or epochs (loaders), results in ``TrainReport.evals`` and in
+    checkpoints; ``measure_loss=False`` skips the ``before``/``after`` passes;
+    ``exact_reduction``: under ``torch.distributed``, every rank folds all items' gradients
+    in item order, so any number of ranks gives the one-process bits (see distributed.py);
+    ``collective_timeout``: seconds a collective waits for the slowest rank before the
+    loop raises ``CollectiveError`` (``None``: the process group's own timeout);
+    ``clip_grad_norm``/``clip_grad_value``: clip the mean canonical gradients before each
+    update (one of them; ``torch.nn.utils.clip_grad_norm_``'s rule), the norm before
+    clipping reported on logged steps (``TrainReport.grad_norms``, ``StepEvent.grad_norm``);
+    ``ema_decay``: keep a moving average of the weights (``Runner.ema_values()``, saved in
+    checkpoints; see ema.py); ``eval_ema``: evaluate ``eval_data`` with the averaged weights;
+    ``autocast``: ``"bfloat16"`` or ``"float16"`` mixed precision (precision.py; float16
+    scales the loss and skips overflow steps whatever ``nonfinite`` says); ``compile``: each
+    item's loss and gradients through ``torch.compile`` (compiled.py: faster kernels that
+    may round differently, so exact only against itself); ``sharding``: ``"optimizer"``
+    (ZeRO stage 1: each rank keeps the optimizer state of its ranges only) or
+    ``"gradients"`` (stage 2: its ranges of the reduced gradient too), see
+    ``shard_step.py``; ``None``: every rank holds everything; ``shard_by``: ``"range"``
+    (each slot cut at multiples of 64 elements) or ``"slot"`` (whole slots per rank).
+    """
+
+    accumulation: str = "exact"
+    checkpoint_every: int = 0
+    checkpoint_path: Optional[PathArg] = None
+    resume_from: Optional[PathArg] = None
+    replica_check: bool = True
+    nonfinite: str = "raise"
+    eval_data: Optional[object] = None
+    eval_every: int = 1
+    eval_metrics: Optional[Mapping[str, Callable]] = None
+    measure_loss: bool = True
+    exact_reduction: bool = False
+    collective_timeout: Optional[float] = 300.0
+    clip_grad_norm: Optional[float] = None
+    clip_grad_value: Optional[float] = None
+    ema_decay: Optional[float] = None
+    eval_ema: bool = False
+    autocast: Optional[str] = None
+    compile: bool = False
+    sharding: Optional[str] = None
+    shard_by: str = "range"
+
+
+@dataclass(frozen=True)
+class TrainConfig(LoopOptions):
+    """In-memory training: ``steps`` optimizer updates of ``batch_size`` items each.
+
+    ``batch_size`` items are averaged into one update (it does not multiply the
+    number of updates); the schedule advances per step; a log line is printed when
+    ``step % log_every == 0`` (0 disables logging and its host reads).
+    """
+
+    steps: int
+    batch_size: int = 1
+    optimizer: Optimizer = field(default_factory=lambda: sgd(0.01))
+    scheduler: Optional[Schedule] = None
+    log_every: int = 1
+    mem_watch: int = 0
+
+    def __post_init__(self) -> None:
+        op = "TrainConfig"
+        check_count(op, "steps", self.steps, 0)
+        check_count(op, "batch_size", self.batch_size, 1)
+        check_count(op, "mem_watch", self.mem_watch, 0)
+        _common(op, self)
+
+
+@dataclass(frozen=True)
+class LoaderTrainConfig(LoopOptions):
+    """Loader training: ``epochs`` passes, read lazily (see ``streams.py``); one update
+    per ``accumulate`` loader batches (the list-batch mean over all their items; an
+    epoch's short tail group is its own mean); the step counter counts updates, across
+    epochs.
+
+    ``max_steps``: stop after that many updates (counted over the whole run, resumed
+    ones included), mid-epoch if need be: with an endless stream, ``epochs=1`` and
+    ``max_steps=N``. ``schedule_per``: ``"epoch"`` (upstream's rule: the schedule's
+    index is the epoch) or ``"step"`` (its index is the update, so ``warmup_cosine``
+    warms up over updates). ``measure_batches``: the ``before``/``after`` losses read at
+    most this many batches (``None``: one whole pass); they are measured only where a
+    pass does not change what training reads (see ``Stream.measurable``), else ``None``.
+    ``pieces``: cut every loader item along dimension 0 into at most this many items
+    (``split_rows``), so a collated batch is shared by the ranks under
+    ``torch.distributed`` (item ``j`` on rank ``j mod world``); a number that does not
+    depend on the world size keeps ``exact_reduction``'s bits the same on any number of
+    ranks. Pieces count as items in ``samples_seen``; ``before``/``after`` read uncut items."""
+
+    epochs: int
+    optimizer: Optimizer = field(default_factory=lambda: sgd(0.01))
+    scheduler: Optional[Schedule] = None
+    log_every: int = 1
+    accumulate: int = 1  # loader batches per update: their items' mean, a short tail its own
+    max_steps: Optional[int] = None
+    schedule_per: str = "epoch"
+    measure_batches: Optional[int] = None
+    pieces: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        op = "LoaderTrainConfig"
+        check_count(op, "epochs", self.epochs, 0)
+        check_count(op, "accumulate", self.accumulate, 1)
+        for name in ("max_steps", "measure_batches", "pieces"):
+            if getattr(self, name) is not None:
+                check_count(op, name, getattr(self, name), 1)
+        check_choice(op, "schedule_per", self.schedule_per, SCHEDULE_PER)
+        _common(op, self)
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    """Mean training loss before and after, plus what the run did.
+
+    ``losses`` holds the logged ``(step, loss)`` pairs (pre-update losses).
+    """
+
+    before: Optional[float]  # None with measure_loss=False
+    after: Optional[float]
+    steps: int = 0
+    samples_seen: int = 0
+    losses: tuple[tuple[int, float], ...] = ()
+    wall_time: float = 0.0
+    interrupted: bool = False
+    skipped_steps: int = 0
+    evals: tuple = ()  # (step, evaluate's results) per evaluation
+    grad_norms: tuple[tuple[int, float], ...] = ()  # (step, norm before clipping), logged steps

@@ -1,0 +1,103 @@
+"""``evaluate``: the mean loss and named metrics of a runner on held-out data.
+
+Runs in eval mode with no gradients and no buffer updates, restores the runner's mode
+and leaves the random generators as found (a torch DataLoader's too). The loss is the
+mean of the items' losses (upstream's rule: an empty set gives 0.0, reported with
+``items == 0``); a metric is averaged over every example when it returns one value per
+example, over items when it returns one value per item.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Union
+
+import torch
+
+from ...data import DataLoader, Dataset
+from ...errors import ConfigError
+from .batches import loader_generators, loader_samples
+from ..runner.binding import rng_preserved
+from ..runner.runner import Runner, Sample, check_sample
+from ...samples import LossSum, add_losses, call_model, checked_loss, loss_target
+
+Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+EvalData = Union[list, Dataset, DataLoader, Iterable]
+
+
+def eval_items(op: str, data: EvalData) -> Iterator[Sample]:
+    """The items of ``data``, read lazily: a sample list, a Dataset, a DataLoader or an
+    iterable of batches (a collated ``(x, y)`` batch is one item). Nothing is kept: memory
+    does not grow with the data."""
+    if isinstance(data, Dataset):
+        data = data.to_list()
+    if isinstance(data, (list, tuple)):
+        return (check_sample(op, s, i) for i, s in enumerate(data))
+    if isinstance(data, DataLoader) or isinstance(data, Iterable):
+        return loader_samples(op, data)
+    raise ConfigError(f"{op}: expected a sample list, a Dataset or a loader, got {type(data).__name__}")
+
+
+def evaluate(
+    runner: Runner, data: EvalData, metrics: Optional[Mapping[str, Metric]] = None, *, ema: bool = False
+) -> dict[str, float]:
+    """The mean loss and metrics of ``runner`` on ``data``, in eval mode, with no gradient
+    and no buffer update; the runner's mode and the random generators are left as found.
+    Reads the results back to the host once (a device sync on CUDA), as asked.
+
+    Args:
+        runner: the model to evaluate.
+        data: a sample list, a ``Dataset``, a ``DataLoader``, a torch DataLoader or any
+            iterable of batches, read lazily.
+        metrics: ``{name: fn(output, target) -> tensor}`` (``leantrain.metrics.accuracy``);
+            one value per example is averaged over examples, one per item over items.
+        ema: evaluate the moving average of the weights (``ema_decay``) in their place.
+
+    Returns:
+        ``{"loss": mean item loss, name: metric, ..., "items": count}`` (upstream's rule:
+        no item gives a loss of 0.0 with ``items == 0``).
+
+    Raises:
+        ConfigError: a bad metric, ``ema=True`` without a moving average.
+        DataError: a sample the model rejects.
+    """
+    op = "evaluate"
+    if not isinstance(runner, Runner):
+        raise ConfigError(f"{op}: expected a Runner, got {type(runner).__name__}")
+    if ema:
+        if runner.ema is None:
+            raise ConfigError(f"{op}: ema=True but the runner keeps no moving average (train with ema_decay)")
+        with runner.ema.applied(runner.params):
+            return evaluate(runner, data, metrics)
+    metrics = dict(metrics or {})
+    for name, fn in metrics.items():
+        if not isinstance(name, str) or not callable(fn) or name in ("loss", "items"):
+            raise ConfigError(f"{op}: metric {name!r}: expected a name (not 'loss' or 'items') and a callable")
+    items = eval_items(op, data)
+    sums = {name: [torch.zeros((), dtype=torch.float64, device=runner.device), 0] for name in metrics}
+    total, n = None, 0
+    with runner.in_mode("eval"):
+        with rng_preserved(runner.device, loader_generators(data)), torch.no_grad(), runner.binding(op) as bound, \
+                bound.scratch_buffers():
+            for sample in items:
+                n += 1
+                s = runner.inputs(sample)
+                with runner.autocast():
+                    out = call_model(runner.module, s)
+                    loss = checked_loss(op, runner.loss_fn(out, loss_target(s)))
+                total = loss if total is None else add_losses(total, loss)
+                for name, fn in metrics.items():
+                    value = fn(out, loss_target(s))
+                    if not isinstance(value, torch.Tensor):
+                        raise ConfigError(f"{op}: metric {name!r} returned {type(value).__name__}, expected a tensor")
+                    sums[name][0] += value.to(torch.float64).sum()
+                    sums[name][1] += value.numel()  # a 0-dim value per item counts 1; per example, each
+    if n == 0:
+        return {"loss": 0.0, **{name: 0.0 for name in metrics}, "items": 0.0}  # upstream's rule
+    if isinstance(total, LossSum):  # the sum of totals over the sum of counts
+        results = {"loss": float((total.total / total.count).item())}  # intentional sync: asked for
+    else:
+        results = {"loss": float((total * (1.0 / n)).item())}  # intentional sync: asked for
+    for name, (s, k) in sums.items():
+        results[name] = float(s.item()) / k if k else 0.0  # intentional sync
+    results["items"] = float(n)
+    return results

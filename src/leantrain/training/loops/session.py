@@ -1,0 +1,372 @@
+"""One training run: what the fixed-step and loader loops share.
+
+A ``Session`` starts the run (a fresh optimizer history and the ``before`` loss, or
+the state and progress of the checkpoint it resumes from), performs each update (the
+loss read back only when a log line is due), hears the callback after each update,
+keeps the logged losses and the skip counter, saves checkpoints on their cadence and
+when the run stops, and finishes with the ``after`` loss and the ``TrainReport``.
+The loops themselves only say what a batch is and in which order they come.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from ...errors import NonFiniteError
+from ..parallel.sharding.plan import ShardPlan
+from ..parallel.sharding.checkpoint import save_sharded
+from ..parallel.sharding.ema import ShardedEMA
+from ..parallel.rank_data import agree_on_batch
+from ..parallel.sharding.state import check_plan, loop_start
+from ...io.sharded import INDEX, check_folder
+from ...io.checkpoint import Checkpoint, check_destination, load_checkpoint, save_checkpoint
+from ...optim import OptState, Optimizer
+from ...optim.optimizer import GENERIC, NATIVE
+from ..parallel import distributed
+from .config import TrainReport
+from ..runner.runner import Runner, Sample
+from ..update.step import update
+from ..update.options import StepOptions
+from ..runner.loop_state import LoopState
+from .callbacks import Callback
+from .loop_checks import EXPECT_DEFAULTS, check_schedule, loop_callbacks, progress_problems, stateful, wants_stop
+from .evaluation import evaluate
+from ...metrics import BUILTIN as BUILTIN_METRICS
+from ..runner.ema import EMA, restored_ema
+from ..runner.precision import AUTOCAST, LossScaler, scaler_state_problems
+from .events import StepCallback, StepEvent
+
+Log = Callable[[str], None]
+ScheduleState = Callable[[int, OptState], OptState]
+
+
+def log_line(step: int, loss: float) -> str:
+    return f"step {step}: loss={loss:.6f}"
+
+
+def uses_native(runner: Runner, opt: Optimizer) -> bool:
+    """The loop's path, decided once: native when the optimizer has one and the
+    parameters live on device mirrors; never switched mid-run (not even for a short
+    last batch), so one history stays on one path."""
+    return opt.native and runner.params.has_mirrors()
+
+
+def resume_path(cfg):
+    """The checkpoint a run resumes from: ``cfg.resume_from``, or with ``"auto"`` the
+    checkpoint at ``cfg.checkpoint_path`` when one exists (``None``: start fresh)."""
+    if cfg.resume_from != "auto":
+        return cfg.resume_from
+    path = Path(cfg.checkpoint_path)
+    return path if path.is_file() or (path / INDEX).is_file() else None  # a folder: once its index exists
+
+
+def _silent(line: str) -> None:
+    return None
+
+
+class Session:
+    """The shared state of one run of a loop (``kind``: ``"samples"`` or ``"loader"``)."""
+
+    def __init__(self, op: str, runner: Runner, cfg, kind: str, *, log: Log = print,
+                 callback: Optional[StepCallback] = None, callbacks: Sequence[Callback] = ()) -> None:
+        self.op, self.runner, self.cfg, self.kind = op, runner, cfg, kind
+        scaler = LossScaler(runner.device) if cfg.autocast == "float16" else None
+        self.opt: Optimizer = cfg.optimizer
+        self.main = distributed.is_main()  # under torch.distributed only rank 0 logs and writes
+        self.user_log = log
+        # ``print`` and ``None`` (no log lines) are not the user's code: no recheck after them.
+        self.log: Log = _silent if log is None or not self.main else log if log is print else self._log
+        self.callback = callback
+        self.callbacks = loop_callbacks(op, cfg, callbacks, self.main)
+        # Whether the user's code may run after an update (a step callback, or a
+        # callback that does not declare ``reads_only``): the runner checks the module
+        # again after it (``Runner.recheck``).
+        self.user_hooks = callback is not None or not all(cb.reads_only for cb in self.callbacks)
+        self.evals: list[tuple[int, dict]] = []  # (step, evaluate's results), resumed ones first
+        self.started = time.perf_counter()
+        self.before = float("nan")
+        self.logged: list[tuple[int, float]] = []  # (step, pre-update loss), resumed ones first
+        self.grad_norms: list[tuple[int, float]] = []  # (step, norm before clipping) on logged steps
+        self.last_norm: Optional[float] = None  # the newest logged step's norm (None: not logged)
+        # The device-side count of skipped steps (skip mode), read once, at the end.
+        self.skipped = (torch.zeros((), device=runner.device)
+                        if cfg.nonfinite == "skip" or cfg.autocast == "float16" else None)
+        self.scaler: Optional[LossScaler] = scaler  # float16's dynamic loss scale
+        self.stopped = False
+        self.expect: dict = {}  # what a resume must match; saved in every progress
+        self.pending: Optional[tuple[dict, OptState, Optional[dict]]] = None  # the newest step
+        self.saved = True  # whether ``pending`` is on disk
+        self.saved_step: Optional[int] = None  # the step of the newest checkpoint written
+        self._options: Optional[StepOptions] = None  # how the updates run: built at the first one
+        self.shards: Optional[ShardPlan] = None  # sharding's plan, cut at the start
+        self.agreed = False  # whether the ranks compared their first batch (data parallel)
+
+    def _log(self, line: str) -> None:
+        self.user_log(line)
+        self.runner.recheck()  # the user's log function ran: check the module at the next step
+
+    @contextlib.contextmanager
+    def computing(self):
+        """The loop's state installed on the runner while the loop runs: its precision
+        (autocast, loss scale) and, with ``compile=True``, its compiled loss."""
+        cfg = self.cfg
+        state = LoopState(amp=AUTOCAST[cfg.autocast] if cfg.autocast else None,
+                          loss_scale=self.scaler.scale if self.scaler is not None else None,
+                          compiled=self.runner.compiled_loss() if cfg.compile else None)
+        with self.runner.looping(state):
+            yield
+
+    def options(self, state: OptState) -> StepOptions:
+        """The updates' options, built once per loop from the config (on the history's path)."""
+        o = self._options
+        if o is None or o.native != (state.path == NATIVE):
+            o = self._options = StepOptions.of(self.cfg, state.path == NATIVE, self.skipped, self.scaler,
+                                               self.shards)
+        return o
+
+    # ------------------------------------------------------------------ start
+    def start(self, measure: Callable[[], Optional[float]], expect: dict, loader_check=None
+              ) -> tuple[OptState, Optional[Checkpoint]]:
+        """A fresh history and the ``before`` loss (``measure()``, with ``measure_loss``), or, with
+        ``cfg.resume_from``, the checkpoint's state (its progress must match ``expect``,
+        and ``loader_check(manifest, tensors)`` find no problem)."""
+        check_schedule(self.op, self.cfg, self.runner)
+        if self.cfg.checkpoint_path is not None and self.cfg.sharding is None:
+            check_destination(self.op, self.cfg.checkpoint_path)  # a folder is refused now, not at the first save
+        elif self.cfg.checkpoint_path is not None:
+            check_folder(self.op, self.cfg.checkpoint_path)  # a sharded run saves a folder
+        self.expect = dict(expect, ema_decay=self.cfg.ema_decay, autocast=self.cfg.autocast)
+        self.resume_from = resume_path(self.cfg)
+        distributed.agree(self.op, dict(self.expect, resume=self.resume_from is not None))  # every rank, or none
+        # Nothing of the runner changes (its mode, its moving average) until the start is accepted.
+        if self.resume_from is None:
+            self._start_replicas()
+            self.shards, state = loop_start(self.op, self.cfg, self.runner, self.opt,
+                                            uses_native(self.runner, self.opt))
+            self.runner.train()
+            if self.cfg.ema_decay is not None:
+                self.runner.keep_ema(EMA(self.runner.params, self.cfg.ema_decay) if self.shards is None else
+                                     ShardedEMA(self.runner.params, self.cfg.ema_decay, self.shards,
+                                                distributed.rank_world()[0]))
+            self.before = measure() if self.cfg.measure_loss else None
+            return state, None
+        ck = self._resume(self.expect, loader_check)
+        self.runner.train()
+        if self.scaler is not None:
+            self.scaler.scale.fill_(ck.progress["loss_scale"])
+            self.scaler.tracker.fill_(ck.progress["scale_tracker"])
+        if self.cfg.ema_decay is not None and self.cfg.sharding is None:
+            self.runner.keep_ema(restored_ema(self.runner.params, ck.ema))
+        self._restore_callbacks(ck.progress.get("callbacks", []))
+        self.before = ck.progress["before"]
+        self.logged = [tuple(x) for x in ck.progress["losses"]]
+        self.grad_norms = [tuple(x) for x in ck.progress.get("grad_norms", [])]
+        self.evals = [(int(step), dict(results)) for step, results in ck.progress.get("evals", [])]
+        self._start_replicas()
+        self.shards, state = loop_start(self.op, self.cfg, self.runner, self.opt, ck.state.path == NATIVE,
+                                        ck.state)
+        if self.shards is not None and self.cfg.ema_decay is not None:  # cut from host memory
+            self.runner.keep_ema(ShardedEMA.cut(self.runner.params, ck.ema, self.shards, distributed.rank_world()[0]))
+        return state, ck
+
+    def _restore_callbacks(self, saved: list) -> None:
+        """Give the callbacks that keep state theirs back (the same kinds in the same
+        order as when saved); otherwise say that they start afresh."""
+        mine = stateful(self.callbacks)
+        kinds = [type(cb).__name__ for cb in mine]
+        if kinds == [kind for kind, _ in saved]:
+            for cb, (_, state) in zip(mine, saved):
+                cb.load_state_dict(state)
+        elif saved or mine:
+            warnings.warn(f"{self.op}: the checkpoint carries the state of the callbacks "
+                          f"{[k for k, _ in saved]}, this run's callbacks keeping state are {kinds}: "
+                          f"they start afresh", stacklevel=4)
+
+    def _resume(self, expect: dict, loader_check=None) -> Checkpoint:
+        """Load the checkpoint; whether it fits this run (its kind, ``expect``, the update
+        path, and ``loader_check``) is decided before anything is installed."""
+        path = self.resume_from
+        want_path = NATIVE if uses_native(self.runner, self.opt) else GENERIC
+
+        def fits(manifest: dict, tensors: dict) -> list[str]:
+            p = manifest.get("progress") or {}
+            if not isinstance(p, dict) or p.get("kind") != self.kind or not manifest.get("optimizer"):
+                return [f"not a {self.kind} training checkpoint with optimizer state"]
+            problems = progress_problems(self.kind, p)
+            if self.scaler is not None and p.get("autocast") == "float16":
+                problems += scaler_state_problems(p)
+            problems += [f"{key}: checkpoint has {p.get(key, EXPECT_DEFAULTS.get(key))!r}, this run has {value!r}"
+                         for key, value in expect.items() if p.get(key, EXPECT_DEFAULTS.get(key)) != value]
+            e = manifest.get("ema")
+            if self.cfg.ema_decay is not None and (e is None or e["decay"] != self.cfg.ema_decay):
+                problems.append(f"ema: checkpoint has {None if e is None else e['decay']!r}, "
+                                f"this run has ema_decay={self.cfg.ema_decay!r}")
+            if manifest["optimizer"].get("path") != want_path:
+                problems.append(f"the checkpoint's optimizer history is {manifest['optimizer'].get('path')}; "
+                                f"resume with parameters on the same kind of device")
+            if loader_check is not None:
+                problems += loader_check(manifest, tensors)
+            return problems
+
+        return load_checkpoint(path, self.runner, optimizer=self.opt, accept=fits, follow_trainable=True,
+                               host_state=self.cfg.sharding is not None)  # sharding moves its ranges only
+
+    # ----------------------------------------------------------------- steps
+    def update(self, state: OptState, batch: list[Sample], step: int) -> tuple[OptState, Optional[float]]:
+        """One update at index ``step``; the loss is read (one host read) only when a log
+        line is due."""
+        cfg = self.cfg
+        want = bool(cfg.log_every) and step % cfg.log_every == 0
+        if self.shards is not None:
+            check_plan(self.op, self.shards, self.runner.slot_map())
+        if not self.agreed and not self.runner.loop.local:
+            self.agreed = True
+            agree_on_batch(self.op, batch)  # the ranks read the same data (once per loop)
+        try:
+            done = update(self.op, self.runner, self.opt, state, batch, self.options(state), want)
+        except NonFiniteError as e:
+            raise NonFiniteError(f"step {step}: {e}") from None
+        except RuntimeError as e:
+            self._collective_failed(e, f"step {step}")
+        state = done.state
+        if cfg.ema_decay is not None:
+            self.runner.ema.update(self.runner.params)  # after the step, on the device
+        self.last_norm = None
+        if not want:
+            return state, None
+        if done.norm is None:
+            value = float(done.loss.item())  # intentional sync: a log line is due
+        else:  # intentional sync, one read for both: a log line is due
+            value, self.last_norm = torch.stack([done.loss.detach().double(), done.norm.double()]).tolist()
+            self.grad_norms.append((step, self.last_norm))
+        self.logged.append((step, value))
+        self.log(log_line(step, value))
+        return state, value
+
+    def _collective_failed(self, e: RuntimeError, where: str) -> None:
+        """Re-raise ``e``; under torch.distributed as a ``CollectiveError`` saying where it
+        happened and which checkpoint survives (a peer died, stopped or timed out)."""
+        group = distributed.active()
+        if group is None:
+            raise e
+        last = (f"{self.cfg.checkpoint_path} (step {self.saved_step})" if self.saved_step is not None
+                else "none saved yet")
+        raise distributed.CollectiveError(
+            f"{self.op}: rank {group[0]} of {group[1]}, {where}: a collective operation failed "
+            f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); last good checkpoint: {last}"
+        ) from e
+
+    def _start_replicas(self) -> None:
+        try:
+            distributed.start_replicas(self.runner, self.cfg.replica_check)
+        except RuntimeError as e:
+            if isinstance(e, distributed.ReplicaError):
+                raise
+            self._collective_failed(e, "start")
+
+    def begin(self, total: Optional[int], start: int) -> None:
+        """Tell the callbacks the run's length in updates (``None``: unknown) and its start."""
+        for cb in self.callbacks:
+            cb.on_begin(total, start)
+
+    def after_update(self, event: StepEvent, progress: dict, loader_state: Optional[dict] = None) -> bool:
+        """Hear the callbacks (and evaluate when due, in-memory loops); save on the
+        cadence, or when asked to stop. True: stop."""
+        stop = self.callback is not None and wants_stop(self.op, "the step callback", self.callback(event))
+        for cb in self.callbacks:
+            stop = wants_stop(self.op, f"{type(cb).__name__}.on_step", cb.on_step(event)) or stop
+        if self.user_hooks:
+            self.runner.recheck()  # the user's code ran: check the module at the next step
+        if self.kind == "samples" and self.cfg.eval_data is not None and event.step % self.cfg.eval_every == 0:
+            stop = self.evaluate(event.step) or stop
+        self.pending, self.saved = (dict(progress, step=event.step), event.state, loader_state), False
+        every = self.cfg.checkpoint_every
+        if self.cfg.checkpoint_path and (stop or (every and event.step % every == 0)):
+            self.save()
+        self.stopped = stop
+        return stop
+
+    def end_epoch(self, event: StepEvent, epoch: int) -> bool:
+        """After a loader epoch's last update: the callbacks, and an evaluation when one
+        is due (``eval_every`` counts epochs here). True: stop (saved first)."""
+        stop = False
+        for cb in self.callbacks:
+            stop = wants_stop(self.op, f"{type(cb).__name__}.on_epoch_end", cb.on_epoch_end(event)) or stop
+        if self.user_hooks:
+            self.runner.recheck()
+        if self.cfg.eval_data is not None and (epoch + 1) % self.cfg.eval_every == 0:
+            stop = self.evaluate(event.step) or stop
+        if stop:
+            self.stopped = True
+            if self.cfg.checkpoint_path:
+                self.save()
+        return stop
+
+    def evaluate(self, step: int) -> bool:
+        """Evaluate on ``cfg.eval_data``, keep the results, tell the callbacks."""
+        results = evaluate(self.runner, self.cfg.eval_data, self.cfg.eval_metrics, ema=self.cfg.eval_ema)
+        self.evals.append((step, results))
+        stop = False
+        for cb in self.callbacks:
+            stop = wants_stop(self.op, f"{type(cb).__name__}.on_eval", cb.on_eval(step, results)) or stop
+        metrics = (self.cfg.eval_metrics or {}).values()
+        if self.user_hooks or any(fn not in BUILTIN_METRICS for fn in metrics):
+            self.runner.recheck()  # the user's metrics or callbacks ran
+        return stop
+
+    def save(self) -> None:
+        """Write the newest step's checkpoint (rank 0 only)."""
+        if self.pending is None:
+            return
+        if self.runner.params.has_mirrors():
+            self.runner.recheck()  # saving syncs mirrors to the host: check again at the next step
+        progress, state, loader_state = self.pending
+        if self.shards is not None:  # every rank writes its file, rank 0 the index (shard_checkpoint.py)
+            if callable(loader_state):
+                loader_state = loader_state()
+            save_sharded(self.cfg.checkpoint_path, self.runner, self.shards, distributed.rank_world()[0], state,
+                         progress=self._progress(progress), loader_state=loader_state,
+                         ema=self.runner.ema if self.cfg.ema_decay is not None else None)
+        elif self.main:
+            if callable(loader_state):
+                loader_state = loader_state()  # the loader's position, asked for when a file is written
+            save_checkpoint(self.cfg.checkpoint_path, self.runner, state=state, progress=self._progress(progress),
+                            loader_state=loader_state, ema=self.runner.ema if self.cfg.ema_decay is not None else None)
+        self.saved, self.saved_step = True, progress["step"]
+
+    def _progress(self, progress: dict) -> dict:
+        """A checkpoint's progress record: the step's, with the run's history."""
+        return dict(self.expect, **progress, kind=self.kind, before=self.before,
+                    losses=list(self.logged), evals=[[k, r] for k, r in self.evals],
+                    **({"grad_norms": list(self.grad_norms)} if self.grad_norms else {}),
+                    **self._callback_states(), **(self.scaler.state() if self.scaler is not None else {}))
+
+    def _callback_states(self) -> dict:
+        states = [[type(cb).__name__, cb.state_dict()] for cb in stateful(self.callbacks)]
+        return {"callbacks": states} if states else {}
+
+    # ---------------------------------------------------------------- finish
+    def finish(self, measure: Callable[[], Optional[float]], steps: int, seen: int) -> TrainReport:
+        """The final checkpoint (unless the newest step is saved), the ``after`` loss
+        (``measure()``), the module synced to the trained values, and the report."""
+        if self.cfg.checkpoint_path and not self.saved:
+            self.save()
+        if isinstance(self.runner.ema, ShardedEMA):
+            self.runner.keep_ema(self.runner.ema.whole(self.runner.params))  # every rank: the whole average
+        after = measure() if self.cfg.measure_loss else None
+        self.runner.sync()  # intentional, once: the module shows the trained values
+        skipped = 0 if self.skipped is None else int(self.skipped.item())  # intentional, end of run
+        report = TrainReport(
+            self.before, after, steps, seen, tuple(self.logged), time.perf_counter() - self.started,
+            interrupted=self.stopped, skipped_steps=skipped, evals=tuple(self.evals),
+            grad_norms=tuple(self.grad_norms),
+        )
+        for cb in self.callbacks:
+            cb.on_end(report)
+        return report

@@ -1,0 +1,203 @@
+"""Data parallelism on ``torch.distributed`` (gloo on CPU, NCCL on CUDA).
+
+When a process group of more than one rank is initialised, every list batch is
+split across ranks by a fixed rule: **item j goes to rank j mod world_size**. Every
+rank advances buffers on *all* items (so buffers stay identical everywhere and equal
+to a single-process run), differentiates its own items and sums their gradient packs
+left to right; all-reduces of flat gradient buckets, each started while the last
+item's backward still runs (``overlap.py``), give the global sum; every rank
+multiplies by ``1/N`` (N = items in the whole batch) and takes the same optimizer
+step. The loss joins the all-reduce only when a step asked for it.
+Rank 0 writes logs and checkpoints. Because batches are defined globally, a
+checkpoint resumes under any world size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from typing import Iterator, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ...errors import ConfigError, LeantrainError
+from ...samples import LossSum
+
+
+class ReplicaError(LeantrainError, RuntimeError):
+    """The ranks do not hold the same parameters."""
+
+
+class CollectiveError(LeantrainError, RuntimeError):
+    """A collective operation failed mid-run (a rank died or timed out)."""
+
+
+DEFAULT_TIMEOUT = 300.0  # seconds a collective may wait for the slowest rank
+
+# The group leantrain's collectives run on while a loop runs (None: the default group).
+_group = None
+
+
+@contextlib.contextmanager
+def collectives(timeout: Optional[float]) -> Iterator[None]:
+    """Run the enclosed loop's collectives on a group of every rank whose operations
+    fail after ``timeout`` seconds (``None``: the default group and its own timeout),
+    so a stopped or dead peer is an error in minutes, not a hang of torch's default."""
+    global _group
+    if active() is None or timeout is None:
+        yield
+        return
+    group = dist.new_group(timeout=datetime.timedelta(seconds=timeout))  # every rank calls this
+    previous, _group = _group, group
+    failed = False
+    try:
+        yield
+    except BaseException:
+        failed = True  # a group whose peer is gone may not tear down cleanly: leave it
+        raise
+    finally:
+        _group = previous
+        if not failed:
+            dist.destroy_process_group(group)
+
+
+def group():
+    """The process group leantrain's collectives use now (``None``: the default group)."""
+    return _group
+
+
+def active() -> Optional[tuple[int, int]]:
+    """``(rank, world_size)`` when a process group of more than one rank is running."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def rank_world() -> tuple[int, int]:
+    """``(rank, world_size)``, ``(0, 1)`` when not distributed."""
+    return active() or (0, 1)
+
+
+def is_main() -> bool:
+    """True on rank 0, or when not distributed: the process that logs and writes files."""
+    group = active()
+    return group is None or group[0] == 0
+
+
+def my_items(batch: Sequence, rank: int, world: int) -> list:
+    """This rank's share of a list batch: items ``rank, rank + world, ...``."""
+    return list(batch[rank::world])
+
+
+def gather_items(
+    mine: list[tuple[torch.Tensor, list]], n: int, rank: int, world: int, leaves: list
+) -> tuple[list[torch.Tensor], list[list]]:
+    """Every item's loss and gradient pack, in item order, on every rank (item ``j`` was
+    differentiated on rank ``j mod world``): one all-gather per gradient dtype, one for
+    the losses (as float64, exact for every narrower float). Costs ``ceil(n/world)`` item
+    gradients per rank sent to every rank, against one all-reduce of one pack. A
+    ``LossSum`` item's total and count travel together (as float64: exact for every
+    narrower float and for counts below 2**53)."""
+    rows = -(-n // world)
+    buckets: dict[tuple, list[tuple[int, torch.Tensor]]] = {}
+    for i, t in enumerate(leaves):
+        if t is not None:
+            buckets.setdefault((t.device, t.dtype), []).append((i, t))
+    items: list[list] = [[None] * len(leaves) for _ in range(n)]
+    for (device, dtype), members in buckets.items():
+        width = sum(t.numel() for _, t in members)
+        local = torch.zeros(rows, width, dtype=dtype, device=device)
+        for row, (_, grads) in enumerate(mine):
+            local[row] = torch.cat([(t.new_zeros(()).expand(t.shape) if grads[i] is None else grads[i]).reshape(-1)
+                                    for i, t in members])  # an unused slot sends zeros
+        gathered = [torch.empty_like(local) for _ in range(world)]
+        dist.all_gather(gathered, local, group=_group)
+        for j in range(n):
+            flat, offset = gathered[j % world][j // world], 0
+            for i, t in members:
+                items[j][i] = flat[offset: offset + t.numel()].view(t.shape)
+                offset += t.numel()
+    device = next((t.device for t in leaves if t is not None), torch.device("cpu"))
+    local = torch.zeros(rows, 2, dtype=torch.float64, device=device)
+    for row, (loss, _) in enumerate(mine):  # (total, count) of a LossSum; (loss, -1) of a scalar loss
+        sums = isinstance(loss, LossSum)
+        local[row, 0] = (loss.total if sums else loss).detach().to(torch.float64)
+        local[row, 1] = torch.as_tensor(loss.count, device=device).to(torch.float64) if sums else -1.0
+    gathered = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(gathered, local, group=_group)
+    if mine:
+        sums = isinstance(mine[0][0], LossSum)
+    else:  # a rank without items learns the kind from rank 0's first row
+        sums = bool(gathered[0][0, 1] >= 0)  # intentional sync: on a rank without items only
+    rows_of = [gathered[j % world][j // world] for j in range(n)]
+    if sums:
+        return [LossSum(r[0], r[1]) for r in rows_of], items  # the counts stay on the device
+    return [r[0] for r in rows_of], items
+
+
+def broadcast_parameters(params) -> None:
+    """Copy rank 0's values into every rank's working tensors (host or mirror)."""
+    with torch.no_grad():
+        for s in params.storages():
+            w = s.working()
+            dist.broadcast(w, src=0, group=_group)
+            if w is s.mirror:
+                s.host_current = False  # the mirror was written: the host copy may be stale
+
+
+def check_replicas(params, op: str = "check_replicas") -> None:
+    """Raise ``ReplicaError`` unless every rank holds bit-identical parameters.
+
+    Reads every value to the host once (a sync on CUDA): run at start and after resume.
+    """
+    from ...io.checkfile import checksum
+    from ...io.checkpoint import current_value
+
+    sums = [checksum(current_value(s)) for s in params.storages()]
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, sums, group=_group)
+    for rank, other in enumerate(gathered):
+        if other != gathered[0]:
+            bad = [k for k, (a, b) in enumerate(zip(gathered[0], other)) if a != b]
+            raise ReplicaError(f"{op}: rank {rank} differs from rank 0 at storages {bad}")
+
+
+def agree(op: str, what: dict) -> None:
+    """Raise on every rank (the same ``ConfigError``) unless all ranks run the same loop:
+    ``what`` (the number of items, the batch size, the settings a resume compares) is
+    gathered from each; otherwise one rank would fail and another train alone."""
+    group = active()
+    if group is None:
+        return
+    everyone: list = [None] * group[1]
+    dist.all_gather_object(everyone, what, group=_group)
+    if any(other != everyone[0] for other in everyone):
+        differ = sorted({k for other in everyone for k in set(other) | set(everyone[0])
+                         if other.get(k) != everyone[0].get(k)})
+        shown = "; ".join(f"rank {r}: " + ", ".join(f"{k}={o.get(k)!r}" for k in differ) for r, o in enumerate(everyone))
+        raise ConfigError(f"{op}: the ranks run different loops ({shown}); give every rank the same data and settings")
+
+
+def start_replicas(runner, check: bool = True) -> None:
+    """At the start of a loop (and after a resume): broadcast from rank 0, then verify."""
+    if active() is None:
+        return
+    broadcast_parameters(runner.params)
+    if check:
+        check_replicas(runner.params, "distributed start")
+
+
+def init_from_env(device: str = "cpu", timeout: Optional[float] = DEFAULT_TIMEOUT) -> bool:
+    """Initialise the process group from torchrun's environment, its collectives failing
+    after ``timeout`` seconds (``None``: torch's default); False when not launched by
+    torchrun (or with one process)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or (dist.is_available() and dist.is_initialized()):
+        return active() is not None
+    backend = "nccl" if device == "cuda" else "gloo"
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    extra = {} if timeout is None else {"timeout": datetime.timedelta(seconds=timeout)}
+    dist.init_process_group(backend=backend, **extra)
+    return True

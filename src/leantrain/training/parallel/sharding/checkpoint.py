@@ -1,0 +1,64 @@
+"""Saving a sharded run: every rank writes its file, then rank 0 the index (``io/sharded.py``).
+
+Every rank calls ``save_sharded`` at the same step (a collective): the generation name
+and the records' scalars are agreed first, then each rank writes the state pieces it
+owns; rank 0 adds what all ranks hold whole (parameters, buffers, moving average,
+generator and loader states) and, once every rank's file is on disk, the index.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import torch.distributed as dist
+
+from .. import distributed
+from .plan import ShardPlan
+from ....io.checkfile import checksum
+from ....io.checkpoint import contents
+from ....io.sharded import check_folder, write_index, write_shard
+from ....optim import OptState
+from ....optim.records import record_scalars
+
+
+def _everyone(value, world: int) -> list:
+    if world == 1:
+        return [value]
+    out: list = [None] * world
+    dist.all_gather_object(out, value, group=distributed.group())
+    return out
+
+
+def save_sharded(path, runner, plan: ShardPlan, rank: int, state: OptState, *, progress: dict,
+                 loader_state: Optional[dict], ema) -> Path:
+    """Write a sharded checkpoint of a sharded run into the folder ``path`` (``ema``: the
+    run's ``ShardedEMA``, or ``None``)."""
+    op = "save_checkpoint"
+    folder = check_folder(op, path)
+    folder.mkdir(parents=True, exist_ok=True)
+    world = plan.world
+    generation = _everyone(f"g{int(progress.get('step', 0)) % 10**8:08d}-{os.urandom(4).hex()}", world)[0]
+    owned = [r for r in plan.owned(rank) if state.slots[r.slot] is not None]
+    mine = {str(r.slot): {"type": type(state.slots[r.slot]).__name__, "scalars": record_scalars(state.slots[r.slot]),
+                          "tensors": sorted(state.slots[r.slot].tensors())} for r in owned}
+    records: dict = {}
+    for part in _everyone(mine, world):
+        for k, entry in part.items():
+            records.setdefault(k, entry)
+    pieces = {(f"state.{r.slot}.{k}", r.start): t for r in owned for k, t in state.slots[r.slot].tensors().items()}
+    if ema is not None and ema.count:  # the moving average: each rank's ranges, as pieces
+        pieces.update({(f"ema.{k}", r.start): ema.values[k] for k, r in ema.ranges.items()})
+    whole, manifest = {}, None
+    if rank == 0:
+        manifest, whole = contents(op, runner.params, state, progress, loader_state, True, None, records=records)
+        if ema is not None:
+            manifest["ema"] = {"decay": ema.decay, "count": ema.count, "storages": ema.trainable if ema.count else []}
+        manifest["checksums"] = {n: checksum(t) for n, t in whole.items()}
+    files = _everyone(write_shard(folder, generation, rank, world, whole, pieces), world)
+    if rank == 0:
+        write_index(folder, manifest, world, generation, sorted(files, key=lambda f: f["rank"]))
+    if world > 1:
+        dist.barrier(group=distributed.group())  # the index is written before any rank goes on
+    return folder

@@ -1,0 +1,139 @@
+"""Sharding's reduce-scatter overlapped with the last item's backward.
+
+The schedule of ``overlap.py`` (DDP's): a rank sums all its items but the last one
+first; during the last backward a hook on each trained leaf writes ``partial + g`` (the
+fold's own operation, so the same bits) and a bucket of leaves (reverse slot order, one
+device and dtype, 1 MiB then 25 MiB) is sent as soon as it is complete, strictly in
+bucket order, so every rank issues the same collectives in the same order. A bucket's
+send is an ``all_to_all_single``: to each rank, that rank's ranges of the bucket's
+slots. When the backward ends the rest is sent, every transfer awaited, and each range
+summed over the ranks in rank order (``shard_comm``'s rule): the ranges
+``shard_comm.reduce_scatter`` gives, bit for bit, with the communication under the
+backward.
+
+Memory: the partial sums are this step's own (the fold's), so ``partial + g`` is written
+into them (``add_``: the same bits), and a bucket's sums are let go once its send buffer
+holds them. At most ``IN_FLIGHT`` bytes of sends are outstanding: past that the oldest
+bucket is awaited and summed (in bucket order, as ``finish`` would) and its buffers let
+go, so the reduce-scatter's buffers stay bounded whatever the model's size, while the
+backward still runs ahead of the transfers.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from .. import distributed
+from ...update.accumulate import sum_hooked
+from ..overlap import BucketPlan, step_buckets
+from .comm import piece
+from .plan import ShardPlan
+
+
+IN_FLIGHT = 2 * 25 * 2**20  # bytes of sends a step leaves outstanding (two of DDP's large buckets)
+
+
+class ShardReducer:
+    """The buckets of one step and their asynchronous all-to-alls."""
+
+    def __init__(self, plan: ShardPlan, rank: int, bucket_plan: BucketPlan, partial: Optional[list]) -> None:
+        self.plan, self.rank, self.leaves, self.partial = plan, rank, bucket_plan.leaves, partial
+        buckets = bucket_plan.buckets
+        self.members = [[i for i, _, _ in members] for *_, members in buckets]
+        self.kinds = [(device, dtype) for device, dtype, *_ in buckets]
+        self.bucket_of = {i: b for b, ms in enumerate(self.members) for i in ms}
+        self.missing = [len(ms) for ms in self.members]
+        self.sums: dict = {}
+        self.sent: list = []  # per bucket in order: (work, received, this rank's size, bytes sent)
+        self.done = 0  # buckets awaited and summed, in order
+        self.out: list = [None] * len(self.leaves)  # this rank's summed ranges, per slot
+
+    def fill(self, i: int, g: Optional[torch.Tensor]) -> None:
+        """Slot ``i``'s summed gradient (``partial[i] + g`` written into the partial sum,
+        or the one that exists)."""
+        if i in self.sums:
+            return
+        before = None if self.partial is None else self.partial[i]
+        with torch.no_grad():
+            self.sums[i] = before.add_(g) if g is not None and before is not None else (g if g is not None else before)
+        b = self.bucket_of[i]
+        self.missing[b] -= 1
+        while len(self.sent) < len(self.members) and self.missing[len(self.sent)] == 0:
+            self._send(len(self.sent))
+
+    def _send(self, b: int) -> None:
+        device, dtype = self.kinds[b]
+        parts, splits = [], []
+        for r in range(self.plan.world):
+            sent = 0
+            for i in self.members[b]:
+                own = self.plan.range_of(i, r)
+                if own is None or own.size == 0:
+                    continue
+                g = self.sums[i]
+                parts.append(torch.zeros(own.size, dtype=dtype, device=device) if g is None
+                             else piece(g.detach(), own, self.plan.sizes[i]))
+                sent += own.size
+            splits.append(sent)
+        mine = splits[self.rank]
+        received = torch.empty(mine * self.plan.world, dtype=dtype, device=device)
+        send = torch.cat(parts) if parts else torch.zeros(0, dtype=dtype, device=device)
+        del parts
+        for i in self.members[b]:  # the send buffer holds them now: let the sums go
+            self.sums[i] = None
+            if self.partial is not None:
+                self.partial[i] = None
+        work = dist.all_to_all_single(received, send, [mine] * self.plan.world, splits, group=distributed.group(),
+                                      async_op=True)
+        self.sent.append((work, received, mine, send.numel() * send.element_size()))
+        while sum(x[3] for x in self.sent[self.done:]) > IN_FLIGHT and self.done < b:
+            self._complete(self.done)  # the oldest transfer first: bounded buffers
+
+    def hook(self, i: int):
+        def on_gradient(g: torch.Tensor) -> None:
+            self.fill(i, g)
+            return None  # the gradient itself is left as autograd made it
+
+        return on_gradient
+
+    def finish(self, grads: Optional[list]) -> list:
+        """Fill what the hooks did not (from ``grads``, or zeros without items), send the
+        rest in order, wait, and sum each range over the ranks in rank order."""
+        for i, t in enumerate(self.leaves):
+            if t is not None and i not in self.sums:
+                self.fill(i, grads[i] if grads is not None else None)
+        while self.done < len(self.sent):
+            self._complete(self.done)
+        return self.out
+
+    def _complete(self, b: int) -> None:
+        """Await bucket ``b`` (the oldest outstanding) and sum each of this rank's ranges
+        over the ranks in rank order; its buffers go."""
+        work, received, mine, _ = self.sent[b]
+        self.sent[b] = (None, None, 0, 0)
+        self.done += 1
+        work.wait()
+        chunks = received.split(mine) if mine else [received] * self.plan.world
+        summed = chunks[0] + chunks[1] if mine else received
+        for c in chunks[2:] if mine else ():
+            summed.add_(c)  # left to right over the ranks
+        offset = 0
+        for i in self.members[b]:
+            own = self.plan.range_of(i, self.rank)
+            if own is not None:
+                self.out[i] = summed[offset: offset + own.size]
+                offset += own.size
+
+
+def overlapped_ranges(runner, leaves, scratch, mine: list, own: Optional[list], plan: ShardPlan, rank: int):
+    """This rank's items' loss sum and the reduce-scattered ranges, the last item's
+    backward overlapping the sends (exact accumulation; ``None`` loss without items)."""
+    buckets, _ = step_buckets(runner, leaves)
+    if not mine:
+        return None, ShardReducer(plan, rank, buckets, None).finish(None)
+    reducer, loss, grads = sum_hooked(runner, mine, leaves, scratch, own,
+                                      lambda partial: ShardReducer(plan, rank, buckets, partial))
+    return loss, reducer.finish(grads)

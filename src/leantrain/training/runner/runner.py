@@ -1,0 +1,400 @@
+"""The runner: a model, a loss and the parameter list it trains (spec §6).
+
+The module stays the user's: its Parameter objects, ties, buffers and ``state_dict()``
+keys are the same after every call; only the trained values, the buffers the contract
+advances and (gradual unfreezing) the trainable set the user changes move. Each call
+binds the module for its own length (``binding.py``): a tied Parameter's later
+occurrences get their own leaves over the same memory, summed in slot order. A
+parameter or buffer replaced on the module is refused at the next call (``ConfigError``
+naming the slot); a ``requires_grad`` turned on or off there is followed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterable, Optional, Sequence, Union
+
+import torch
+
+from .ema import EMA
+from .backward import differentiate
+from .compiled import compiler_error, is_compiler_error, make_compiled
+from .binding import MODEL_ERRORS, Binding, same_rng
+from .loop_state import LoopState, RunnerStats, Steady
+from .measure import mean_loss
+from ...samples import (  # noqa: F401  (re-exported: LOSSES, LossFn)
+    LOSSES, LossFn, LossSum, Sample, call_model, check_sample, checked_loss, describe, loss_target, to_device,
+)
+from ...errors import ConfigError, DataError, slot_label
+from ...params.module_slots import module_entries
+from ...params.paramlist import ParamList
+from ...params.storage import canonical_device
+
+
+class Runner:
+    """Wraps ``module`` and ``loss``; owns ``params`` (parameters, then persistent
+    buffers as frozen slots: the entries of ``module.state_dict()``)."""
+
+    def __init__(self, module: torch.nn.Module, loss: Union[str, LossFn] = "mse") -> None:
+        if isinstance(loss, str):
+            if loss not in LOSSES:
+                raise ConfigError(
+                    f"Runner: unknown loss {loss!r}; expected one of {sorted(LOSSES)} or a callable"
+                )
+            loss_fn = LOSSES[loss]
+        elif callable(loss):
+            loss_fn = loss
+        else:
+            raise ConfigError(f"Runner: loss must be a name or a callable, got {type(loss).__name__}")
+        self.params = ParamList.from_module(module)  # validates the module first
+        self.module = module
+        self.loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom")
+        self.loss_fn: LossFn = loss_fn
+        entries = module_entries(module)
+        # Where each slot lives in the module, and which slots are buffers: what a
+        # Binding reads and rebinds for one call.
+        self.locations = [loc for _, _, loc in entries]
+        self._originals = [t for _, t, _ in entries]  # the module's own objects, per slot
+        self.buffer_slots = [i for i, loc in enumerate(self.locations) if not loc.is_parameter]
+        self._scratch_locations = [loc for _, _, loc in module_entries(module, persistent=False)]
+        self._device_copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.bound: Optional[Binding] = None  # the Binding in force during a call
+        self.ema: Optional[EMA] = None  # the weights' moving average the newest loop with ema_decay kept
+        self.loop = LoopState()  # what the running loop installed (``looping``); outside loops, nothing
+        self.stats = RunnerStats()
+        self._compiled_loss: Optional[Callable] = None  # made by the first compile=True loop, then kept
+        # Facts learned about the model (reported by bindings): whether a train-mode
+        # forward writes any buffer (by the tensors' version counters), and whether it
+        # draws random numbers (dropout; data parallel asks). None until seen.
+        self.buffer_writes: Optional[bool] = None
+        self.draws: Optional[bool] = None
+        self.sums_losses: Optional[bool] = None  # whether the loss is a LossSum (data parallel agrees on it once)
+        hosts = [v.storage.host.device for v in self.params]
+        self.device: torch.device = hosts[0] if hosts else torch.device("cpu")
+        self._index_slots()
+        self.mode = "train"
+        module.train()
+
+    @classmethod
+    def from_module(cls, module: torch.nn.Module, loss: Union[str, LossFn] = "mse") -> "Runner":
+        """A runner over ``module``'s parameters and persistent buffers. ``loss``: ``"mse"``,
+        ``"cross_entropy"``, ``"model"`` (the output's own loss) or ``loss(output, target)``
+        returning a scalar tensor or a ``LossSum``. Raises ``ConfigError`` (an unknown loss, a
+        lazy module) or ``AliasError`` (parameters that partly share memory)."""
+        return cls(module, loss)
+
+    # ------------------------------------------------------------------ modes
+    def train(self) -> "Runner":
+        """Train mode (the module's too): buffers advance and dropout draws. Returns the runner."""
+        self.mode = "train"
+        self.recheck()
+        self.module.train()
+        return self
+
+    def eval(self) -> "Runner":
+        """Eval mode (the module's too): no buffer pass, no dropout. Returns the runner."""
+        self.mode = "eval"
+        self.recheck()
+        self.module.eval()
+        return self
+
+    @contextlib.contextmanager
+    def in_mode(self, mode: str):
+        """The block in ``mode`` (``"train"``/``"eval"``), then the mode put back; unlike
+        ``train()``/``eval()`` it keeps what a loop checked (a mode changes no slot,
+        binding or layout). For a loop's own evaluations."""
+        saved = self.mode
+        self.mode = mode
+        self.module.train(mode == "train")
+        try:
+            yield self
+        finally:
+            self.mode = saved
+            self.module.train(saved == "train")
+
+    def to(self, device: Union[str, torch.device]) -> "Runner":
+        """Compute on ``device``: every storage gets a mirror there (host stays the owner)."""
+        self.device = canonical_device(device)
+        self.recheck()
+        self.params.to_device(self.device)
+        self._index_slots()
+        return self
+
+    def sync(self) -> None:
+        """Copy newer device values back into the module's own tensors (a device sync
+        when a mirror is newer; the loops call it once, when they return)."""
+        for s in self.params.storages():
+            s.sync_to_host()
+
+    def autocast(self):
+        """``torch.autocast`` on the runner's device when a loop asked for it, else nothing."""
+        amp = self.loop.amp
+        return contextlib.nullcontext() if amp is None else torch.autocast(self.device.type, dtype=amp)
+
+    def keep_ema(self, ema: Optional[EMA]) -> None:
+        """The moving average a loop with ``ema_decay`` keeps (it outlives the loop)."""
+        self.ema = ema
+
+    def compiled_loss(self) -> Callable:
+        """The compiled loss of a sample (``compiled.py``), made on first use and kept."""
+        if self._compiled_loss is None:
+            self._compiled_loss = make_compiled(self.module, self.loss_fn)
+        return self._compiled_loss
+
+    # --------------------------------------------------- facts about the model
+    def learned_buffer_writes(self, wrote: bool) -> None:
+        """A binding saw a forward write a buffer (``True``), or write none (``False``,
+        kept only until a write is seen)."""
+        if wrote:
+            self.buffer_writes = True
+        elif self.buffer_writes is None:
+            self.buffer_writes = False
+
+    def learned_draws(self, states: list) -> bool:
+        """Generator states around one forward per item: the model draws random numbers
+        if the first and last differ (returned)."""
+        self.draws = not same_rng(states[0], states[-1])
+        return self.draws
+
+    def entered(self, binding: Optional[Binding]) -> None:
+        """A binding took effect (``None``: it ended)."""
+        self.bound = binding
+
+    def ema_values(self) -> list[torch.Tensor]:
+        """Per slot, the moving average of the trained weights a loop with ``ema_decay``
+        keeps (frozen slots and buffers: their current value); copies, on the storages'
+        devices."""
+        if self.ema is None:
+            raise ConfigError("Runner.ema_values: no moving average: train with ema_decay=... first")
+        return self.ema.slot_values(self.params)
+
+    @property
+    def has_buffer_updates(self) -> bool:
+        """Whether a step may advance buffers: train mode and at least one buffer slot."""
+        return self.mode == "train" and bool(self.buffer_slots)
+
+    # ------------------------------------------------------------------ loops
+    @contextlib.contextmanager
+    def looping(self, state: LoopState):
+        """Install ``state`` for the enclosed loop; what was there comes back afterwards,
+        even when the loop raised."""
+        outer, self.loop = self.loop, state
+        try:
+            yield state
+        finally:
+            self.loop = outer
+
+    @contextlib.contextmanager
+    def steady(self):
+        """For the length of a training loop: what a step checks about the module, the
+        slots and the optimizer state is checked at the first step and reused by the
+        next ones, until ``recheck()``. The loops call ``recheck()`` after any code of
+        the user's runs between steps (a callback, a log line, an evaluation, a
+        checkpoint), so a parameter replaced, frozen or re-tied there is seen at the
+        next step, as outside a loop."""
+        loop = self.loop
+        outer, loop.steady = loop.steady, Steady()
+        try:
+            yield self
+        finally:
+            loop.steady = outer
+
+    def recheck(self) -> None:
+        """Forget what the current loop checked: the next step checks everything again."""
+        if self.loop.steady is not None:
+            self.loop.steady.clear()
+
+    def slot_map(self) -> list[Optional[int]]:
+        """``params.canonical_slot_indices()``; computed once per steady stretch of a loop
+        (read only: callers must not modify it)."""
+        steady = self.loop.steady
+        if steady is None:
+            return self.params.canonical_slot_indices()
+        if steady.slot_map is None:
+            steady.slot_map = self.params.canonical_slot_indices()
+        return steady.slot_map
+
+    # --------------------------------------------------------------- binding
+    def binding(self, op: str = "Runner") -> Binding:
+        """The module bound at the current values for one call (use as a context).
+
+        Checks first that the module still holds the objects the slots were read from
+        (in a loop: at its first step and after each ``recheck()``; a binding that swaps
+        nothing in, the usual case, is then reused as it is).
+        """
+        if self.bound is not None:
+            return self.bound
+        steady = self.loop.steady
+        if steady is not None:
+            b = steady.binding
+            if b is None:
+                b = self._bind(op)
+                if not b.swaps:
+                    steady.binding = b
+            return b
+        return self._bind(op)
+
+    def _bind(self, op: str) -> Binding:
+        views, dev = self.params, self.device
+        slots_map = self.slot_map()
+        leaves: list[Optional[torch.Tensor]] = [None] * len(views)
+        working = list(self._originals)
+        swaps: list = []
+        leaf_ids: set[int] = set()
+        for i, (table, attr, orig, trainable, on_device) in enumerate(self._slot_info):
+            if table.get(attr) is not orig:
+                raise self._changed(op, i)
+            if trainable is not None and orig.requires_grad is not trainable:
+                self._follow_requires_grad()  # rare: the trainable set changed; bind it afresh
+                return self._bind(op)
+            s = views[i].storage
+            m = s.mirror
+            if m is None and on_device:
+                w = orig  # the common case: the module's own tensor, nothing to bind
+            elif m is not None and m.device == dev:
+                w = m
+            elif orig.device == dev:
+                s.sync_to_host()  # a mirror elsewhere may be newer (a sync, rare)
+                w = orig
+            else:
+                w = s.make_mirror(dev)  # a host-to-device upload, never a read back
+            if slots_map[i] is not None:
+                if id(w) in leaf_ids or not w.requires_grad:
+                    # A later occurrence of a tie gets its own leaf over the same memory,
+                    # so its gradient is its own occurrence's (summed later in slot order).
+                    w = w.detach().requires_grad_(True)
+                leaf_ids.add(id(w))
+                leaves[i] = w
+            elif w.requires_grad:
+                w = w.detach()  # a frozen view of a trainable storage passes no gradient
+            if w is not orig:
+                working[i] = w
+                swaps.append((self.locations[i], w, orig))
+        for j, loc in enumerate(self._scratch_locations):
+            cur = loc.current()
+            if cur is not None and cur.device != dev:
+                src, copy = self._device_copies.get(j, (None, None))
+                if src is not cur:
+                    copy = cur.to(dev)
+                    self._device_copies[j] = (cur, copy)
+                swaps.append((loc, copy, cur))
+        self.stats.bindings += 1
+        return Binding(self, leaves, working, swaps)
+
+    def _follow_requires_grad(self) -> None:
+        """Slots follow a ``requires_grad`` changed on the module: one turned on trains with
+        a fresh optimizer history (as torch.optim); one turned off gets no update."""
+        changed = [i for i, (table, attr, orig, trainable, _) in enumerate(self._slot_info)
+                   if trainable is not None and table.get(attr) is orig and orig.requires_grad is not trainable]
+        for i in changed:
+            self.params[i].requires_grad = bool(self._originals[i].requires_grad)
+        self._index_slots()
+        if self.loop.steady is not None:
+            self.loop.steady.clear()  # the trainable set changed: its map and layout too
+
+    def follow_requires_grad(self, mask) -> None:
+        """Each slot's flag from ``mask``, each module Parameter's ``requires_grad`` to
+        whether any of its slots trains (``load_checkpoint(follow_trainable=True)``)."""
+        wants: dict[int, bool] = {}
+        for i, flag in enumerate(mask):
+            self.params[i].requires_grad = bool(flag)
+            if self.locations[i].is_parameter:
+                wants[id(self._originals[i])] = wants.get(id(self._originals[i]), False) or bool(flag)
+        for i, orig in enumerate(self._originals):
+            if self.locations[i].is_parameter and orig.requires_grad != wants[id(orig)]:
+                orig.requires_grad_(wants[id(orig)])
+        self._index_slots()
+        self.recheck()
+
+    def _index_slots(self) -> None:
+        """Per slot, what ``binding`` reads each call: the module's table and name, the
+        original object, its requires_grad at build (parameters), and whether it lives
+        on the runner's device."""
+        self._slot_info = [
+            (
+                loc.owner._parameters if loc.is_parameter else loc.owner._buffers,
+                loc.attr,
+                orig,
+                bool(orig.requires_grad) if loc.is_parameter else None,
+                orig.device == self.device,
+            )
+            for loc, orig in zip(self.locations, self._originals)
+        ]
+
+    def _changed(self, op: str, i: int) -> ConfigError:
+        where = slot_label(i, self.params[i].name)
+        kind = "parameter" if self.locations[i].is_parameter else "buffer"
+        what = f"the module's {kind} was replaced (or removed)"
+        return ConfigError(
+            f"{op}: {where}: {what} after the Runner was built, so the Runner would train "
+            f"something else than the module holds; build a new Runner (and optimizer state) "
+            f"for the changed module"
+        )
+
+    def mark_buffers_stale(self) -> None:
+        """Mark the buffers' host copies stale after a forward advanced their device mirrors."""
+        for s in (self.params[i].storage for i in self.buffer_slots):
+            if s.mirror is not None and s.mirror.device == self.device:
+                s.host_current = False  # the forward pass advanced the mirror in place
+
+    def inputs(self, sample: Sample) -> Sample:
+        """``sample`` with its tensors on the runner's device (copies only where needed)."""
+        return to_device(sample, self.device)
+
+    # ------------------------------------------------------------ evaluation
+    def loss(self, sample: Sample):
+        """The loss of one item at the current parameters (buffers may advance): a
+        floating-point scalar tensor, or a ``LossSum``."""
+        s = self.inputs(sample)
+        with self.binding("Runner.loss"):
+            try:
+                with self.autocast():
+                    compiled = self.loop.compiled
+                    if compiled is not None and torch.is_grad_enabled():
+                        loss = compiled(s)  # compile=True (compiled.py)
+                    else:
+                        loss = self.loss_fn(call_model(self.module, s), loss_target(s))
+            except MODEL_ERRORS as e:
+                if is_compiler_error(e):
+                    raise compiler_error(e) from e
+                raise DataError(f"Runner.loss: the model or loss rejected the sample ({describe(s)}): "
+                                f"{str(e).splitlines()[0]}") from e
+        return checked_loss("Runner.loss", loss)
+
+    def update_buffers(self, sample: Sample) -> None:
+        """Advance buffers (e.g. BatchNorm statistics) on ``sample``; train mode only."""
+        sample = check_sample("Runner.update_buffers", sample)
+        with self.binding("Runner.update_buffers") as bound:
+            bound.advance_buffers("Runner.update_buffers", [sample], force=True)
+
+    @torch.no_grad()
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's output at the current parameters (no gradients, buffers unchanged)."""
+        with self.binding("Runner.predict") as bound, bound.scratch_buffers():
+            with self.autocast():
+                return self.module(to_device(x, self.device))
+
+    def mean_loss(self, samples: Iterable[Sample]) -> float:
+        """``(l1 + ... + ln) / n`` at the current parameters and mode (``LossSum``: totals over
+        counts), reading ``samples`` one at a time; buffers and generators left as found."""
+        return mean_loss(self, samples)
+
+    def loss_and_gradients(
+        self, sample: Sample, leaves: Sequence[Optional[torch.Tensor]]
+    ) -> tuple[torch.Tensor, list[Optional[torch.Tensor]]]:
+        """Loss and per-slot gradients of one item (``None`` at frozen slots); call it
+        inside ``binding()`` with that binding's ``leaves``. A ``LossSum``'s total is
+        differentiated; it comes back with its total detached."""
+        loss = self.loss(sample)
+        if isinstance(loss, LossSum):
+            total, grads = self.loss_gradients(loss.total, leaves)
+            return LossSum(total, loss.count), grads
+        return self.loss_gradients(loss, leaves)
+
+    def loss_gradients(self, loss: torch.Tensor, leaves) -> tuple[torch.Tensor, list[Optional[torch.Tensor]]]:
+        """(the detached loss, per-slot gradients of ``loss`` for a binding's ``leaves``), dense
+        in each leaf's layout (``backward.differentiate``), under the loop's loss scale."""
+        bound = self.bound
+        return differentiate(loss, leaves, self.loop.loss_scale,
+                             bound if bound is not None and bound.leaves is leaves else None,
+                             force_public=self.loop.compiled is not None)

@@ -1,0 +1,115 @@
+"""An update's mean loss and gradients (spec §7.1), as one typed value.
+
+``sum * (1/n)`` is the contract. For float32 dense gradients the multiply is deferred
+into the non-finite check's own pass over them (``check``): the same float32 product,
+so the same bits, one pass fewer over every gradient. ``Mean`` owns that pending
+factor, so no phase between accumulation and the check needs to know about it: the
+gradients are read through ``gradients()`` (which applies a factor still pending) or
+``check()`` (which applies it in the kernel's pass, or first when the kernel unscales by
+a loss scale); ``held()`` gives them as held, for checks of layout and device only.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from ...samples import LossSum
+
+Pack = list[Optional[torch.Tensor]]
+
+_FLAGS: dict = {}  # per device: (a reusable flag, a unit scale)
+_FACTORS: dict = {}  # per (device, 1/n): the float32 factor as a one-element tensor
+
+
+class Mean:
+    """The mean loss (a device scalar) and per-slot mean gradients of one update."""
+
+    __slots__ = ("loss", "_grads", "_pending")
+
+    def __init__(self, loss: torch.Tensor, grads: Pack, pending: Optional[float] = None) -> None:
+        self.loss = loss
+        self._grads = grads
+        self._pending = pending  # 1/n not yet multiplied into the float32 gradients
+
+    @classmethod
+    def of_sums(cls, loss, grads: Pack, n: int, defer: bool = False) -> "Mean":
+        """The mean of ``n`` items from their sums (owned tensors: scaled in place). One
+        item is its own mean (``g * (1/1)`` is ``g``: no pass). ``defer``: leave the
+        multiply of float32 dense gradients to ``check``. A ``LossSum`` (the items'
+        totals and counts added) divides by its count instead: the gradient of (sum of
+        totals) / (sum of counts). A tensor count is never read back: its reciprocal is
+        taken on its device (in binary64, then rounded to float32, as ``1.0/n``)."""
+        if isinstance(loss, LossSum):
+            count = loss.count
+            if isinstance(count, torch.Tensor):  # a tensor count is never read back (on any device)
+                factor = count.to(loss.total.device, torch.float64).reciprocal().float().reshape(1)
+                value = loss.total * factor[0]
+                if defer and all(g is None or (g.dtype == torch.float32 and g.layout == torch.strided) for g in grads):
+                    return cls(value, grads, factor)
+                for g in grads:
+                    if g is not None:
+                        g.mul_(factor)
+                return cls(value, grads)
+            loss, n = loss.total, count
+        if n == 1:
+            return cls(loss, grads)
+        inv = 1.0 / n
+        if defer and all(g is None or (g.dtype == torch.float32 and g.layout == torch.strided) for g in grads):
+            return cls(loss * inv, grads, inv)
+        for g in grads:
+            if g is not None:
+                g.mul_(inv)
+        return cls(loss * inv, grads)
+
+    def held(self) -> Pack:
+        """The gradients as held (perhaps still without ``1/n``): for layout and device
+        checks only."""
+        return self._grads
+
+    def gradients(self) -> Pack:
+        """The mean gradients (``None``: no item used the slot, or it is frozen)."""
+        if self._pending is not None:
+            for g in self._grads:
+                if g is not None:
+                    g.mul_(self._pending)
+            self._pending = None
+        return self._grads
+
+    def check(self, buffers: Sequence[torch.Tensor] = (), inv_scale: Optional[torch.Tensor] = None
+              ) -> torch.Tensor:
+        """A one-element device flag: 1.0 when the loss, any gradient or any of ``buffers``
+        (those the step's buffer pass wrote) is NaN or infinite. Nothing is read to the host.
+
+        One fused kernel (the one ``GradScaler`` uses) with a unit scale, which leaves the
+        values bit for bit; with ``inv_scale`` (float16 loss scaling) the gradients are
+        unscaled by it in the same pass, and a pending ``1/n`` is multiplied in there.
+        """
+        loss, device = self.loss, self.loss.device
+        pair = _FLAGS.get(device)
+        if pair is None:
+            pair = _FLAGS[device] = (torch.zeros(1, device=device), torch.ones(1, device=device))
+        found, unit = pair
+        found.zero_()  # reused every step: stream order keeps the last step's reads before this
+        # the values of a sparse gradient are what it holds (unscaled in place with it)
+        if self._pending is not None and inv_scale is not None:
+            self.gradients()  # one kernel takes one factor: the 1/n first, then the loss scale's
+        grads = [g if g.layout == torch.strided else g._values() for g in self._grads if g is not None]
+        if self._pending is not None:
+            factor = self._pending if isinstance(self._pending, torch.Tensor) else _FACTORS.get((device, self._pending))
+            if factor is None:
+                if len(_FACTORS) > 64:
+                    _FACTORS.clear()
+                factor = _FACTORS[(device, self._pending)] = torch.full((1,), self._pending, dtype=torch.float32,
+                                                                        device=device)
+            inv_scale = factor  # float32(1/n): the factor ``g.mul_(1/n)`` multiplies float32 by
+            self._pending = None
+        if inv_scale is None:
+            torch._amp_foreach_non_finite_check_and_unscale_([loss.detach().view(1)] + grads + list(buffers),
+                                                             found, unit)
+            return found
+        if grads:
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv_scale)
+        torch._amp_foreach_non_finite_check_and_unscale_([loss.detach().view(1)] + list(buffers), found, unit)
+        return found

@@ -1,0 +1,68 @@
+"""How a loop's updates run: one typed, frozen record built once per loop.
+
+The loops build it from their config when their optimizer history is known
+(``StepOptions.of``); ``step_batch`` builds one per call from its keyword arguments
+(``StepOptions.checked``). The step reads it; nothing forwards its fields one by one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from ...optim.clipping import check_clip
+from ...optim.layout import GENERIC, NATIVE
+from ...validate import check_choice
+from ..loops.config import ACCUMULATION_MODES, NONFINITE_MODES
+from ..runner.precision import LossScaler
+from ..parallel.sharding.plan import ShardPlan
+
+
+@dataclass(frozen=True, eq=False)
+class StepOptions:
+    """``native``: the update path of the history (device mirrors) or the host path;
+    ``accumulation``: ``"exact"`` (the left-to-right fold) or ``"vectorized"``;
+    ``nonfinite``: ``"raise"`` (one flag read per step) or ``"skip"`` (undone on the
+    device); ``exact_reduction``: data parallel folds every item in order; clipping by
+    norm or by value (at most one); ``skipped``: a device counter the skipped steps are
+    added to; ``scaler``: float16 loss scaling (its steps skip an overflow); ``shards``:
+    the shard plan of a sharded loop."""
+
+    native: bool = False
+    accumulation: str = "exact"
+    nonfinite: str = "raise"
+    exact_reduction: bool = False
+    clip_grad_norm: Optional[float] = None
+    clip_grad_value: Optional[float] = None
+    skipped: Optional[torch.Tensor] = None
+    scaler: Optional[LossScaler] = None
+    shards: Optional[ShardPlan] = None  # sharding's plan (shard_plan.py), made by the loop
+    # derived in __post_init__: the path's name, whether clipping, whether skipping
+    path: str = field(init=False, default=GENERIC)
+    clipping: bool = field(init=False, default=False)
+    skips: bool = field(init=False, default=False)
+
+    @classmethod
+    def checked(cls, op: str, **kw) -> "StepOptions":
+        """Options from a public call's arguments, each checked (``op`` names the call)."""
+        options = cls(**kw)
+        check_choice(op, "accumulation", options.accumulation, ACCUMULATION_MODES)
+        check_choice(op, "nonfinite", options.nonfinite, NONFINITE_MODES)
+        check_clip(op, options.clip_grad_norm, options.clip_grad_value)
+        return options
+
+    @classmethod
+    def of(cls, cfg, native: bool, skipped: Optional[torch.Tensor] = None,
+           scaler: Optional[LossScaler] = None, shards: Optional[ShardPlan] = None) -> "StepOptions":
+        """A loop's options, from its (already validated) config."""
+        return cls(native, cfg.accumulation, cfg.nonfinite, cfg.exact_reduction, cfg.clip_grad_norm,
+                   cfg.clip_grad_value, skipped, scaler, shards)
+
+    def __post_init__(self) -> None:
+        # Read by every update: plain fields, computed once (not properties).
+        object.__setattr__(self, "path", NATIVE if self.native else GENERIC)
+        object.__setattr__(self, "clipping", self.clip_grad_norm is not None or self.clip_grad_value is not None)
+        # a non-finite step is skipped on the device (float16 scaling always skips)
+        object.__setattr__(self, "skips", self.nonfinite == "skip" or self.scaler is not None)
