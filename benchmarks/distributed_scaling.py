@@ -43,10 +43,13 @@ def run(steps: int, exact: bool = False) -> float:
     opt = optim.sgd(0.01)
     state = opt.init(runner.params)
     data = batches()
-    from leantrain.training.update.step import update
-    from leantrain.training.update.options import StepOptions
+    from types import SimpleNamespace
 
-    options = StepOptions(exact_reduction=exact)
+    from leantrain.training.parallel.strategy import choose
+    from leantrain.training.update.options import StepOptions
+    from leantrain.training.update.step import update
+
+    options = StepOptions(reduction=choose(SimpleNamespace(exact_reduction=exact)))
 
     def step(state):
         return update("bench", runner, opt, state, data, options).state

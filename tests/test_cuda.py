@@ -86,7 +86,7 @@ def test_the_everyday_features_never_sync():
     state = opt.init(r.params, native=True)
     batches = lt.training.loops.sample_loop.cyclic_batches("t", data, 2)
     session = lt.training.loops.session.Session("t", r, cfg, "samples", log=lambda s: None)
-    r.ema = lt.training.runner.ema.EMA(r.params, 0.9)
+    r.keep_ema(lt.training.runner.ema.EMA(r.params, 0.9))
     with session.computing():
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")

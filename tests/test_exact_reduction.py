@@ -82,7 +82,9 @@ def test_the_command_resume_auto(tmp_path, capsys):
 
 def test_a_failed_collective_names_the_rank_the_step_and_the_last_checkpoint(tmp_path, monkeypatch):
     from leantrain.training.parallel import distributed
+    from leantrain.training.parallel.data_parallel import DataParallel
     from leantrain.training.loops import session
+    from leantrain.training.update.reduction import Reduction
 
     runner, cfg, go = dc.make("samples-sgd-f64")
     from dataclasses import replace
@@ -90,12 +92,16 @@ def test_a_failed_collective_names_the_rank_the_step_and_the_last_checkpoint(tmp
     cfg = replace(cfg, checkpoint_path=tmp_path / "run.ckpt", checkpoint_every=2, log_every=0)
     real = session.update
 
+    class RankOneOfTwo(Reduction):  # one process's updates, failures reported as data parallel's
+        failed = DataParallel.failed
+
     def flaky(op, runner, opt, state, *rest):
         if state.steps == 5:  # the sixth update: its all-reduce fails, as when a peer dies
-            monkeypatch.setattr(distributed, "active", lambda: (1, 2))
+            monkeypatch.setattr(distributed, "rank_world", lambda: (1, 2))
             raise RuntimeError("Connection closed by peer")
         return real(op, runner, opt, state, *rest)
 
+    monkeypatch.setattr(session, "choose", lambda cfg, local=False: RankOneOfTwo())
     monkeypatch.setattr(session, "update", flaky)
     with pytest.raises(distributed.CollectiveError,
                        match=r"rank 1 of 2, step 5: a collective operation failed \(Connection closed by peer\); "

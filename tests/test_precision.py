@@ -98,7 +98,7 @@ def test_float16_is_the_grad_scaler_loop_with_skips_and_backoff():
 
 
 def test_the_scale_grows_after_the_interval():
-    from leantrain.training.runner.runner.precision import LossScaler
+    from leantrain.training.runner.precision import LossScaler
 
     s = LossScaler(torch.device("cpu"), scale=8.0, growth_interval=3)
     clean, overflow = torch.zeros(1), torch.ones(1)

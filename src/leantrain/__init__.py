@@ -42,7 +42,7 @@ from .training.loops.sample_loop import run_sample_steps, train_dataset, train_s
 from .training.loops.events import StepEvent
 from .training.runner.runner import Runner
 from .samples import LossSum, split_rows
-from .training.update.step import mean_gradients, mean_loss_and_gradients, step_batch, step_batch_and_loss
+from .training.loops.calls import mean_gradients, mean_loss_and_gradients, step_batch, step_batch_and_loss
 
 # The documented module paths ``leantrain.weights`` and ``leantrain.torchlean_io`` name
 # modules that live in ``leantrain.io``; both spellings import the same module object.

@@ -10,7 +10,7 @@ from torch import nn
 import leantrain as lt
 from leantrain import optim
 from leantrain.params import ParamList
-from leantrain.training.runner.runner.backward import own_gradients
+from leantrain.training.runner.backward import own_gradients
 from layout_models import LAYOUT_BY_NAME, SPARSE
 from oracle import OPTIMIZERS, assert_same_state, module_fingerprint
 

@@ -17,7 +17,7 @@ from typing import Callable
 from ..errors import ConfigError
 from ..training.loops.config import TrainConfig
 from ..training.runner.runner import Runner, check_sample
-from ..training.update.step import mean_gradients
+from ..training.loops.calls import mean_gradients
 from .checks import CHECKS, Probe
 
 

@@ -21,7 +21,7 @@ from ..params.packs import canonical_gradients
 from ..training.loops.config import TrainConfig
 from ..training.runner.runner import Runner
 from ..training.loops.sample_loop import train_samples
-from ..training.update.step import mean_gradients, step_batch
+from ..training.loops.calls import mean_gradients, step_batch
 from .reference import fingerprint, reference_gradients, relative, torch_optimizer
 from ..samples import LossSum, add_losses, call_model, loss_target, to_device
 

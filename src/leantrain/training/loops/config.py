@@ -14,9 +14,7 @@ from ..runner.ema import check_decay
 from ..runner.precision import check_autocast
 from ..parallel.sharding.plan import SHARD_BY, SHARDING_MODES
 from ...validate import check_bool, check_choice, check_count
-
-ACCUMULATION_MODES = ("exact", "vectorized")
-NONFINITE_MODES = ("raise", "skip")
+from ..update.options import ACCUMULATION_MODES, NONFINITE_MODES
 
 PathArg = Union[str, os.PathLike]
 

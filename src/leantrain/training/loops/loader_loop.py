@@ -28,7 +28,7 @@ from .callbacks import Callback
 from .events import StepCallback, StepEvent
 from ..parallel import distributed
 from .loop_checks import check_inputs
-from ..parallel.rank_data import global_mean_loss, rank_local
+from ..parallel.rank_data import rank_local
 from .session import Log, ScheduleState, Session
 from .streams import Stream
 from ...io.checkpoint import loader_record
@@ -98,7 +98,7 @@ def _epochs(cfg: LoaderTrainConfig, stream: Stream, state: OptState, schedule_st
         for b, raw in enumerate(stream.epoch(at.epoch, skip), start=skip):
             group += cut(as_list_batch(op, raw), cfg.pieces)
             if (b + 1) % cfg.accumulate == 0:
-                if not session.runner.loop.local:  # rank-local data: every rank has its own items
+                if not session.reduction.local:  # rank-local data: every rank has its own items
                     warn_idle_ranks(op, cfg, group, at, start)
                 state, at, event, stop = _group_update(cfg, session, stream, state, group, at, b, schedule_state)
                 group = []
@@ -199,13 +199,12 @@ def train_loader(
     local = rank_local(op, loader, cfg.accumulate, cfg.pieces)  # each rank reads its own items (rank_data.py)
     stream = Stream(op, loader)
     with distributed.collectives(cfg.collective_timeout):  # fail, not hang, on a lost peer
-        session = Session(op, runner, cfg, "loader", log=log, callback=callback, callbacks=callbacks)
+        session = Session(op, runner, cfg, "loader", log=log, callback=callback, callbacks=callbacks, local=local)
         with session.computing():  # autocast and the loss scale, for this loop only
-            runner.loop.local = local
             partition = local and not isinstance(loader, DataLoader)  # a sampler's depends on the world size
             expect = {"n_samples": stream.size(), "accumulate": cfg.accumulate,
                       **({"world": distributed.rank_world()[1]} if partition else {})}
-            state, ck = session.start(lambda: _measure(op, runner, stream, cfg), expect,
+            state, ck = session.start(lambda: _measure(session, stream, cfg), expect,
                                       lambda manifest, tensors: stream.problems(loader_record(manifest, tensors)))
             start = Progress()
             if ck is not None:
@@ -217,19 +216,18 @@ def train_loader(
                 runner, cfg, stream.loader, cfg.optimizer, state, lambda t, s: s.with_lr(lr_for(cfg, t)),
                 start=start, session=session, stream=stream,
             )
-            return session.finish(lambda: _measure(op, runner, stream, cfg), steps, seen), loader
+            return session.finish(lambda: _measure(session, stream, cfg), steps, seen), loader
 
 
-def _measure(op: str, runner: Runner, stream: Stream, cfg: LoaderTrainConfig) -> Optional[float]:
+def _measure(session: Session, stream: Stream, cfg: LoaderTrainConfig) -> Optional[float]:
     """The mean loss over one measuring pass (at most ``cfg.measure_batches`` batches),
     read batch by batch with the loader's generators put back afterwards; ``None``
     where a pass would change what training reads (a stream, a stateful loader)."""
     if not cfg.measure_loss or not stream.measurable():
         return None
+    runner = session.runner
     with rng_preserved(runner.device, loader_generators(stream.loader)):
-        if runner.loop.local and distributed.active() is not None:  # every rank's own items
-            return global_mean_loss(runner, stream.samples(cfg.measure_batches))
-        return runner.mean_loss(stream.samples(cfg.measure_batches))
+        return session.reduction.mean_loss(runner, stream.samples(cfg.measure_batches))  # rank-local: all ranks
 
 
 def _total_steps(loader: Loader, cfg: LoaderTrainConfig) -> Optional[int]:

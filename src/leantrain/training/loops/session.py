@@ -19,28 +19,24 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ...errors import NonFiniteError
-from ..parallel.sharding.plan import ShardPlan
-from ..parallel.sharding.checkpoint import save_sharded
-from ..parallel.sharding.ema import ShardedEMA
-from ..parallel.rank_data import agree_on_batch
-from ..parallel.sharding.state import check_plan, loop_start
+from ...io.checkpoint import Checkpoint, check_destination, load_checkpoint
 from ...io.sharded import INDEX, check_folder
-from ...io.checkpoint import Checkpoint, check_destination, load_checkpoint, save_checkpoint
+from ...metrics import BUILTIN as BUILTIN_METRICS
 from ...optim import OptState, Optimizer
 from ...optim.optimizer import GENERIC, NATIVE
-from ..parallel import distributed
-from .config import TrainReport
-from ..runner.runner import Runner, Sample
-from ..update.step import update
-from ..update.options import StepOptions
+from ..parallel.strategy import choose
 from ..runner.loop_state import LoopState
-from .callbacks import Callback
-from .loop_checks import EXPECT_DEFAULTS, check_schedule, loop_callbacks, progress_problems, stateful, wants_stop
-from .evaluation import evaluate
-from ...metrics import BUILTIN as BUILTIN_METRICS
-from ..runner.ema import EMA, restored_ema
 from ..runner.precision import AUTOCAST, LossScaler, scaler_state_problems
+from ..runner.runner import Runner, Sample
+from ..update.options import StepOptions
+from ..update.reduction import Reduction
+from ..update.step import update
+from .callbacks import Callback
+from .config import TrainReport
+from .evaluation import evaluate
 from .events import StepCallback, StepEvent
+from .loop_checks import EXPECT_DEFAULTS, check_schedule, loop_callbacks, progress_problems, stateful, wants_stop
+from .record import RunRecord
 
 Log = Callable[[str], None]
 ScheduleState = Callable[[int, OptState], OptState]
@@ -71,14 +67,19 @@ def _silent(line: str) -> None:
 
 
 class Session:
-    """The shared state of one run of a loop (``kind``: ``"samples"`` or ``"loader"``)."""
+    """The shared state of one run of a loop (``kind``: ``"samples"`` or ``"loader"``).
+    ``local``: under ``torch.distributed``, each rank's batches hold its own items
+    (``parallel/rank_data.py``)."""
 
     def __init__(self, op: str, runner: Runner, cfg, kind: str, *, log: Log = print,
-                 callback: Optional[StepCallback] = None, callbacks: Sequence[Callback] = ()) -> None:
+                 callback: Optional[StepCallback] = None, callbacks: Sequence[Callback] = (),
+                 local: bool = False) -> None:
         self.op, self.runner, self.cfg, self.kind = op, runner, cfg, kind
         scaler = LossScaler(runner.device) if cfg.autocast == "float16" else None
         self.opt: Optimizer = cfg.optimizer
-        self.main = distributed.is_main()  # under torch.distributed only rank 0 logs and writes
+        # How the processes share each update, chosen once for the run (the seam: parallel/).
+        self.reduction: Reduction = choose(cfg, local=local)
+        self.main = self.reduction.main  # under torch.distributed only rank 0 logs and writes
         self.user_log = log
         # ``print`` and ``None`` (no log lines) are not the user's code: no recheck after them.
         self.log: Log = _silent if log is None or not self.main else log if log is print else self._log
@@ -88,12 +89,8 @@ class Session:
         # callback that does not declare ``reads_only``): the runner checks the module
         # again after it (``Runner.recheck``).
         self.user_hooks = callback is not None or not all(cb.reads_only for cb in self.callbacks)
-        self.evals: list[tuple[int, dict]] = []  # (step, evaluate's results), resumed ones first
+        self.record = RunRecord()  # what the run measured and logged, resumed entries first
         self.started = time.perf_counter()
-        self.before = float("nan")
-        self.logged: list[tuple[int, float]] = []  # (step, pre-update loss), resumed ones first
-        self.grad_norms: list[tuple[int, float]] = []  # (step, norm before clipping) on logged steps
-        self.last_norm: Optional[float] = None  # the newest logged step's norm (None: not logged)
         # The device-side count of skipped steps (skip mode), read once, at the end.
         self.skipped = (torch.zeros((), device=runner.device)
                         if cfg.nonfinite == "skip" or cfg.autocast == "float16" else None)
@@ -104,8 +101,16 @@ class Session:
         self.saved = True  # whether ``pending`` is on disk
         self.saved_step: Optional[int] = None  # the step of the newest checkpoint written
         self._options: Optional[StepOptions] = None  # how the updates run: built at the first one
-        self.shards: Optional[ShardPlan] = None  # sharding's plan, cut at the start
-        self.agreed = False  # whether the ranks compared their first batch (data parallel)
+
+    @property
+    def logged(self) -> list[tuple[int, float]]:
+        """(step, pre-update loss) of the logged updates, resumed ones first."""
+        return self.record.logged
+
+    @property
+    def last_norm(self) -> Optional[float]:
+        """The newest logged update's gradient norm before clipping (``None``: not logged)."""
+        return self.record.last_norm
 
     def _log(self, line: str) -> None:
         self.user_log(line)
@@ -127,7 +132,7 @@ class Session:
         o = self._options
         if o is None or o.native != (state.path == NATIVE):
             o = self._options = StepOptions.of(self.cfg, state.path == NATIVE, self.skipped, self.scaler,
-                                               self.shards)
+                                               self.reduction)
         return o
 
     # ------------------------------------------------------------------ start
@@ -143,36 +148,27 @@ class Session:
             check_folder(self.op, self.cfg.checkpoint_path)  # a sharded run saves a folder
         self.expect = dict(expect, ema_decay=self.cfg.ema_decay, autocast=self.cfg.autocast)
         self.resume_from = resume_path(self.cfg)
-        distributed.agree(self.op, dict(self.expect, resume=self.resume_from is not None))  # every rank, or none
+        self.reduction.agree_on_start(self.op, dict(self.expect, resume=self.resume_from is not None))
         # Nothing of the runner changes (its mode, its moving average) until the start is accepted.
         if self.resume_from is None:
             self._start_replicas()
-            self.shards, state = loop_start(self.op, self.cfg, self.runner, self.opt,
-                                            uses_native(self.runner, self.opt))
+            state = self.reduction.start(self.op, self.cfg, self.runner, self.opt, uses_native(self.runner, self.opt))
             self.runner.train()
             if self.cfg.ema_decay is not None:
-                self.runner.keep_ema(EMA(self.runner.params, self.cfg.ema_decay) if self.shards is None else
-                                     ShardedEMA(self.runner.params, self.cfg.ema_decay, self.shards,
-                                                distributed.rank_world()[0]))
-            self.before = measure() if self.cfg.measure_loss else None
+                self.runner.keep_ema(self.reduction.ema(self.runner, self.cfg.ema_decay))
+            self.record.before = measure() if self.cfg.measure_loss else None
             return state, None
         ck = self._resume(self.expect, loader_check)
         self.runner.train()
         if self.scaler is not None:
             self.scaler.scale.fill_(ck.progress["loss_scale"])
             self.scaler.tracker.fill_(ck.progress["scale_tracker"])
-        if self.cfg.ema_decay is not None and self.cfg.sharding is None:
-            self.runner.keep_ema(restored_ema(self.runner.params, ck.ema))
         self._restore_callbacks(ck.progress.get("callbacks", []))
-        self.before = ck.progress["before"]
-        self.logged = [tuple(x) for x in ck.progress["losses"]]
-        self.grad_norms = [tuple(x) for x in ck.progress.get("grad_norms", [])]
-        self.evals = [(int(step), dict(results)) for step, results in ck.progress.get("evals", [])]
+        self.record = RunRecord.resumed(ck.progress)
         self._start_replicas()
-        self.shards, state = loop_start(self.op, self.cfg, self.runner, self.opt, ck.state.path == NATIVE,
-                                        ck.state)
-        if self.shards is not None and self.cfg.ema_decay is not None:  # cut from host memory
-            self.runner.keep_ema(ShardedEMA.cut(self.runner.params, ck.ema, self.shards, distributed.rank_world()[0]))
+        state = self.reduction.start(self.op, self.cfg, self.runner, self.opt, ck.state.path == NATIVE, ck.state)
+        if self.cfg.ema_decay is not None:
+            self.runner.keep_ema(self.reduction.ema(self.runner, self.cfg.ema_decay, ck.ema))
         return state, ck
 
     def _restore_callbacks(self, saved: list) -> None:
@@ -215,7 +211,7 @@ class Session:
             return problems
 
         return load_checkpoint(path, self.runner, optimizer=self.opt, accept=fits, follow_trainable=True,
-                               host_state=self.cfg.sharding is not None)  # sharding moves its ranges only
+                               host_state=self.reduction.host_state)  # sharding moves its ranges only
 
     # ----------------------------------------------------------------- steps
     def update(self, state: OptState, batch: list[Sample], step: int) -> tuple[OptState, Optional[float]]:
@@ -223,11 +219,7 @@ class Session:
         line is due."""
         cfg = self.cfg
         want = bool(cfg.log_every) and step % cfg.log_every == 0
-        if self.shards is not None:
-            check_plan(self.op, self.shards, self.runner.slot_map())
-        if not self.agreed and not self.runner.loop.local:
-            self.agreed = True
-            agree_on_batch(self.op, batch)  # the ranks read the same data (once per loop)
+        self.reduction.check_step(self.op, self.runner, batch)
         try:
             done = update(self.op, self.runner, self.opt, state, batch, self.options(state), want)
         except NonFiniteError as e:
@@ -237,36 +229,31 @@ class Session:
         state = done.state
         if cfg.ema_decay is not None:
             self.runner.ema.update(self.runner.params)  # after the step, on the device
-        self.last_norm = None
+        record = self.record
+        record.last_norm = None
         if not want:
             return state, None
         if done.norm is None:
             value = float(done.loss.item())  # intentional sync: a log line is due
         else:  # intentional sync, one read for both: a log line is due
-            value, self.last_norm = torch.stack([done.loss.detach().double(), done.norm.double()]).tolist()
-            self.grad_norms.append((step, self.last_norm))
-        self.logged.append((step, value))
+            value, record.last_norm = torch.stack([done.loss.detach().double(), done.norm.double()]).tolist()
+            record.grad_norms.append((step, record.last_norm))
+        record.logged.append((step, value))
         self.log(log_line(step, value))
         return state, value
 
     def _collective_failed(self, e: RuntimeError, where: str) -> None:
         """Re-raise ``e``; under torch.distributed as a ``CollectiveError`` saying where it
         happened and which checkpoint survives (a peer died, stopped or timed out)."""
-        group = distributed.active()
-        if group is None:
-            raise e
         last = (f"{self.cfg.checkpoint_path} (step {self.saved_step})" if self.saved_step is not None
                 else "none saved yet")
-        raise distributed.CollectiveError(
-            f"{self.op}: rank {group[0]} of {group[1]}, {where}: a collective operation failed "
-            f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); last good checkpoint: {last}"
-        ) from e
+        self.reduction.failed(self.op, e, where, last)
 
     def _start_replicas(self) -> None:
         try:
-            distributed.start_replicas(self.runner, self.cfg.replica_check)
+            self.reduction.start_replicas(self.runner, self.cfg.replica_check)
         except RuntimeError as e:
-            if isinstance(e, distributed.ReplicaError):
+            if type(e).__name__ == "ReplicaError":  # the replicas differ: that message, as it is
                 raise
             self._collective_failed(e, "start")
 
@@ -311,7 +298,7 @@ class Session:
     def evaluate(self, step: int) -> bool:
         """Evaluate on ``cfg.eval_data``, keep the results, tell the callbacks."""
         results = evaluate(self.runner, self.cfg.eval_data, self.cfg.eval_metrics, ema=self.cfg.eval_ema)
-        self.evals.append((step, results))
+        self.record.evals.append((step, results))
         stop = False
         for cb in self.callbacks:
             stop = wants_stop(self.op, f"{type(cb).__name__}.on_eval", cb.on_eval(step, results)) or stop
@@ -327,24 +314,14 @@ class Session:
         if self.runner.params.has_mirrors():
             self.runner.recheck()  # saving syncs mirrors to the host: check again at the next step
         progress, state, loader_state = self.pending
-        if self.shards is not None:  # every rank writes its file, rank 0 the index (shard_checkpoint.py)
-            if callable(loader_state):
-                loader_state = loader_state()
-            save_sharded(self.cfg.checkpoint_path, self.runner, self.shards, distributed.rank_world()[0], state,
-                         progress=self._progress(progress), loader_state=loader_state,
-                         ema=self.runner.ema if self.cfg.ema_decay is not None else None)
-        elif self.main:
-            if callable(loader_state):
-                loader_state = loader_state()  # the loader's position, asked for when a file is written
-            save_checkpoint(self.cfg.checkpoint_path, self.runner, state=state, progress=self._progress(progress),
-                            loader_state=loader_state, ema=self.runner.ema if self.cfg.ema_decay is not None else None)
+        # the loader's position (a function: asked for when a file is written)
+        self.reduction.save(self.cfg.checkpoint_path, self.runner, state, self._progress(progress), loader_state,
+                            self.runner.ema if self.cfg.ema_decay is not None else None)
         self.saved, self.saved_step = True, progress["step"]
 
     def _progress(self, progress: dict) -> dict:
         """A checkpoint's progress record: the step's, with the run's history."""
-        return dict(self.expect, **progress, kind=self.kind, before=self.before,
-                    losses=list(self.logged), evals=[[k, r] for k, r in self.evals],
-                    **({"grad_norms": list(self.grad_norms)} if self.grad_norms else {}),
+        return dict(self.expect, **progress, kind=self.kind, **self.record.progress(),
                     **self._callback_states(), **(self.scaler.state() if self.scaler is not None else {}))
 
     def _callback_states(self) -> dict:
@@ -357,15 +334,14 @@ class Session:
         (``measure()``), the module synced to the trained values, and the report."""
         if self.cfg.checkpoint_path and not self.saved:
             self.save()
-        if isinstance(self.runner.ema, ShardedEMA):
-            self.runner.keep_ema(self.runner.ema.whole(self.runner.params))  # every rank: the whole average
+        self.reduction.finish(self.runner)
         after = measure() if self.cfg.measure_loss else None
         self.runner.sync()  # intentional, once: the module shows the trained values
         skipped = 0 if self.skipped is None else int(self.skipped.item())  # intentional, end of run
+        r = self.record
         report = TrainReport(
-            self.before, after, steps, seen, tuple(self.logged), time.perf_counter() - self.started,
-            interrupted=self.stopped, skipped_steps=skipped, evals=tuple(self.evals),
-            grad_norms=tuple(self.grad_norms),
+            r.before, after, steps, seen, tuple(r.logged), time.perf_counter() - self.started,
+            interrupted=self.stopped, skipped_steps=skipped, evals=tuple(r.evals), grad_norms=tuple(r.grad_norms),
         )
         for cb in self.callbacks:
             cb.on_end(report)

@@ -1,6 +1,7 @@
-"""The gradients of a list batch under data parallel (``torch.distributed``).
+"""Data parallel (``torch.distributed``): the ``DataParallel`` reduction and its gradients.
 
-Each rank differentiates its share of the items (item ``j`` on rank ``j mod world``).
+Each rank differentiates its share of the items (item ``j`` on rank ``j mod world``,
+or with rank-local data the items it read, ``rank_data.py``).
 The default all-reduces the ranks' sums bucket by bucket while the last backward runs
 (``overlap.py``); ``exact_reduction`` gathers every item's gradient and folds them in
 item order, as one process does. With a model that draws random numbers, every item
@@ -15,12 +16,82 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from . import distributed, overlap
+from . import distributed, overlap, rank_data
+from ..runner.runner import Runner
 from ..update.accumulate import fold, item_gradients, sum_hooked
 from ..update.mean import Mean
-from ...samples import LossSum
+from ..update.reduction import Reduction
 from ...errors import DataError
-from ..runner.runner import Runner
+from ...samples import LossSum
+
+
+class DataParallel(Reduction):
+    """Every rank computes its share of each update's items; the mean is all-reduced
+    bucket by bucket under the last backward (the default) or, with ``exact``, every
+    item's gradient is gathered and folded in item order (the one-process bits).
+    ``local``: each rank's batches hold its own items (``rank_data.py``)."""
+
+    ranks = True
+    host_state = False
+
+    def __init__(self, exact: bool = False, local: bool = False) -> None:
+        self.exact, self.local = exact, local
+        self.name = "data parallel" + (" (exact reduction)" if exact else "") + (", rank-local data" if local else "")
+        self.main = distributed.is_main()  # only rank 0 logs and writes
+
+    def draw_states(self, runner: Runner) -> Optional[list]:
+        # where each item's random draws start in one process (dropout); rank-local data draws its own
+        return [] if runner.mode == "train" and runner.draws is not False and not self.local else None
+
+    def count(self, runner: Runner, n: int) -> int:
+        """The update's items over all ranks."""
+        return rank_data.global_count(runner, n) if self.local else n
+
+    def shares(self, batch: list, states: Optional[list]) -> tuple[list, Optional[list]]:
+        """This rank's items of the update and the generator states they start from."""
+        rank, world = distributed.rank_world()
+        mine = batch if self.local else distributed.my_items(batch, rank, world)
+        return mine, None if states is None else distributed.my_items(states[:-1], rank, world)
+
+    def mean(self, runner: Runner, leaves, scratch, batch, o, want_loss: bool, states: Optional[list]) -> Mean:
+        n = self.count(runner, len(batch))
+        mine, own = self.shares(batch, states)
+        if self.exact:
+            return exact_gradients(runner, leaves, scratch, mine, n, *distributed.rank_world(), own)
+        loss, grads = overlapped_sums(runner, leaves, scratch, mine, o.accumulation, want_loss, own)
+        if loss is None:
+            loss = torch.zeros((), device=runner.device)  # not asked for: never read
+        return Mean.of_sums(loss, grads, n, o.scaler is None)
+
+    def after(self, runner: Runner, advanced: bool) -> None:
+        if advanced and self.local:
+            rank_data.broadcast_buffers(runner)  # each rank advanced them on its own items: rank 0's, as DDP
+
+    def agree_on_start(self, op: str, what: dict) -> None:
+        distributed.agree(op, what)  # every rank, or none
+
+    def start_replicas(self, runner: Runner, check: bool) -> None:
+        distributed.start_replicas(runner, check)
+
+    def check_step(self, op: str, runner: Runner, batch: list) -> None:
+        if not self.local and not self._agreed:
+            self._agreed = True
+            rank_data.agree_on_batch(op, batch)  # the ranks read the same data (once per loop)
+
+    _agreed = False
+
+    def mean_loss(self, runner: Runner, samples) -> Optional[float]:
+        if self.local:
+            return rank_data.global_mean_loss(runner, samples)  # every rank's own items
+        return runner.mean_loss(samples)
+
+    def failed(self, op: str, e: RuntimeError, where: str, last: str):
+        rank, world = distributed.rank_world()
+        raise distributed.CollectiveError(
+            f"{op}: rank {rank} of {world}, {where}: a collective operation failed "
+            f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); last good checkpoint: {last}"
+        ) from e
+
 
 def exact_gradients(runner: Runner, leaves, scratch, mine: list, n: int, rank: int, world: int,
                     own: Optional[list] = None) -> Mean:
@@ -81,16 +152,9 @@ def sums_losses(runner: Runner, loss) -> bool:
     if runner.sums_losses is None:
         flag = torch.tensor([-1.0 if loss is None else float(isinstance(loss, LossSum))], device=runner.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=distributed.group())
-        runner.sums_losses = bool(flag.item() > 0)  # intentional sync: once per runner, to agree on the loss kind
+        runner.learned_loss_kind(bool(flag.item() > 0))  # intentional sync: once per runner, to agree on the loss kind
     if loss is not None and isinstance(loss, LossSum) != runner.sums_losses:
         raise DataError(f"data parallel step: the loss returned {type(loss).__name__} where earlier steps (or other "
                         f"ranks) returned {'LossSum' if runner.sums_losses else 'a scalar'}: one loss, one kind")
     return runner.sums_losses
 
-
-def item_states(runner: Runner, bound, op: str, batch, recorded: Optional[list]) -> Optional[list]:
-    """The per-item generator states of a data-parallel step: those the buffer pass
-    recorded, or a pass of their own; ``None`` when the model draws nothing."""
-    if recorded is None:
-        return bound.draw_states(op, batch)
-    return recorded if runner.learned_draws(recorded) else None

@@ -36,7 +36,6 @@ from typing import Any, Optional, Protocol, Sequence
 
 import torch
 
-from ..parallel import distributed
 from .backward import all_plain
 from ...errors import ConfigError, DataError, slot_label
 from ...params.dense import kernel_strides
@@ -196,20 +195,21 @@ class Binding:
         return wrote
 
     def advance_buffers(
-        self, op: str, batch: Sequence, force: bool = False, states: Optional[list] = None
+        self, op: str, batch: Sequence, force: bool = False, states: Optional[list] = None, probe: bool = False
     ) -> tuple[bool, Optional[BufferSnapshot]]:
         """The buffer pass: one no-gradient forward per item, in order (train mode).
 
         Returns whether the pass ran, and a snapshot of the buffers before it when it
         changed any (``None`` otherwise). Runs once the model is known to write buffers,
-        under ``torch.distributed`` until that is known (every rank runs every item, so
-        every rank learns the same), or when ``force``d. A model error restores the buffers and the generators and raises.
+        with ``probe`` until that is known (the loop's reduction says so where several ranks
+        compute an update: every rank runs every item, so every rank learns the same), or
+        when ``force``d. A model error restores the buffers and the generators and raises.
         ``states``: a list that receives the generators' state before each item and after
         the last (what data parallel needs to draw each item's numbers, see ``draw_states``).
         """
         runner = self.runner
         if not runner.has_buffer_updates or not (
-            force or runner.buffer_writes or (distributed.active() is not None and runner.buffer_writes is None)
+            force or runner.buffer_writes or (probe and runner.buffer_writes is None)
         ):
             return False, None
         bufs = self._buffers()
@@ -258,6 +258,14 @@ class Binding:
         finally:
             set_rng_state(runner.device, states[0])  # the gradient passes draw from here
         return states if runner.learned_draws(states) else None
+
+    def item_states(self, op: str, batch: Sequence, recorded: Optional[list]) -> Optional[list]:
+        """Each item's generator states for a step that needs them: those the buffer pass
+        ``recorded``, or a pass of their own (``draw_states``); ``None`` when the model
+        draws nothing."""
+        if recorded is None:
+            return self.draw_states(op, batch)
+        return recorded if self.runner.learned_draws(recorded) else None
 
     def one_item(self, op: str, sample) -> tuple[torch.Tensor, list, Optional[BufferSnapshot]]:
         """One item in train mode as plain PyTorch runs it: one forward on the real

@@ -7,9 +7,7 @@ the runner puts back what was there when the loop ends, even when it raised:
   the float16 loss scale, a device tensor each loss is multiplied by;
 * ``compiled``: the compiled loss of a ``compile=True`` loop (``compiled.py``);
 * ``steady``: what the steps check once and reuse while no user code runs
-  (``Runner.steady``, ``Runner.recheck``);
-* ``local``: under ``torch.distributed``, each rank's batches are its own items (a
-  ``DistributedSampler``, ``rank_data.py``).
+  (``Runner.steady``, ``Runner.recheck``).
 
 Nothing else writes these fields: the modules that compute them return values the loop
 puts in the record. ``RunnerStats`` counts the work a runner did (bindings, layouts,
@@ -47,7 +45,6 @@ class LoopState:
     loss_scale: Optional[torch.Tensor] = None
     compiled: Optional[Callable] = None
     steady: Optional[Steady] = None
-    local: bool = False  # each rank reads its own items (rank_data.py)
 
 
 @dataclass

@@ -156,6 +156,22 @@ class Runner:
         self.draws = not same_rng(states[0], states[-1])
         return self.draws
 
+    def learned_loss_kind(self, sums: bool) -> None:
+        """The ranks agreed whether the loss is a ``LossSum`` (data parallel asks once)."""
+        self.sums_losses = sums
+
+    def counted_layout(self) -> None:
+        """A step built an optimizer update layout (``stats.layouts``)."""
+        self.stats.layouts += 1
+
+    def counted_buffer_pass(self, ran: bool) -> None:
+        """A step ran the buffer pass, or not (``stats.buffer_passes``)."""
+        self.stats.buffer_passes += ran
+
+    def counted_redo(self) -> None:
+        """A step was redone with the buffer pass (``stats.redone_steps``)."""
+        self.stats.redone_steps += 1
+
     def entered(self, binding: Optional[Binding]) -> None:
         """A binding took effect (``None``: it ended)."""
         self.bound = binding

@@ -1,11 +1,11 @@
 """An update's mean loss and gradients (spec §7.1), as one typed value.
 
 ``sum * (1/n)`` is the contract. For float32 dense gradients the multiply is deferred
-into the non-finite check's own pass over them (``check``): the same float32 product,
+into the non-finite check's own pass over them (``flag_nonfinite``): the same float32 product,
 so the same bits, one pass fewer over every gradient. ``Mean`` owns that pending
 factor, so no phase between accumulation and the check needs to know about it: the
 gradients are read through ``gradients()`` (which applies a factor still pending) or
-``check()`` (which applies it in the kernel's pass, or first when the kernel unscales by
+``flag_nonfinite()`` (which flags non-finite values and applies it in the kernel's pass, or first when the kernel unscales by
 a loss scale); ``held()`` gives them as held, for checks of layout and device only.
 """
 
@@ -37,7 +37,7 @@ class Mean:
     def of_sums(cls, loss, grads: Pack, n: int, defer: bool = False) -> "Mean":
         """The mean of ``n`` items from their sums (owned tensors: scaled in place). One
         item is its own mean (``g * (1/1)`` is ``g``: no pass). ``defer``: leave the
-        multiply of float32 dense gradients to ``check``. A ``LossSum`` (the items'
+        multiply of float32 dense gradients to ``flag_nonfinite``. A ``LossSum`` (the items'
         totals and counts added) divides by its count instead: the gradient of (sum of
         totals) / (sum of counts). A tensor count is never read back: its reciprocal is
         taken on its device (in binary64, then rounded to float32, as ``1.0/n``)."""
@@ -77,7 +77,7 @@ class Mean:
             self._pending = None
         return self._grads
 
-    def check(self, buffers: Sequence[torch.Tensor] = (), inv_scale: Optional[torch.Tensor] = None
+    def flag_nonfinite(self, buffers: Sequence[torch.Tensor] = (), inv_scale: Optional[torch.Tensor] = None
               ) -> torch.Tensor:
         """A one-element device flag: 1.0 when the loss, any gradient or any of ``buffers``
         (those the step's buffer pass wrote) is NaN or infinite. Nothing is read to the host.

@@ -1,23 +1,25 @@
 """How a loop's updates run: one typed, frozen record built once per loop.
 
 The loops build it from their config when their optimizer history is known
-(``StepOptions.of``); ``step_batch`` builds one per call from its keyword arguments
-(``StepOptions.checked``). The step reads it; nothing forwards its fields one by one.
+(``StepOptions.of``), with the ``Reduction`` they chose when they started; the public
+one-update calls build one per call (``StepOptions.checked``). The step reads it;
+nothing forwards its fields one by one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
 from ...optim.clipping import check_clip
 from ...optim.layout import GENERIC, NATIVE
 from ...validate import check_choice
-from ..loops.config import ACCUMULATION_MODES, NONFINITE_MODES
 from ..runner.precision import LossScaler
-from ..parallel.sharding.plan import ShardPlan
+
+ACCUMULATION_MODES = ("exact", "vectorized")
+NONFINITE_MODES = ("raise", "skip")
 
 
 @dataclass(frozen=True, eq=False)
@@ -25,20 +27,19 @@ class StepOptions:
     """``native``: the update path of the history (device mirrors) or the host path;
     ``accumulation``: ``"exact"`` (the left-to-right fold) or ``"vectorized"``;
     ``nonfinite``: ``"raise"`` (one flag read per step) or ``"skip"`` (undone on the
-    device); ``exact_reduction``: data parallel folds every item in order; clipping by
-    norm or by value (at most one); ``skipped``: a device counter the skipped steps are
-    added to; ``scaler``: float16 loss scaling (its steps skip an overflow); ``shards``:
-    the shard plan of a sharded loop."""
+    device); clipping by norm or by value (at most one); ``skipped``: a device counter the
+    skipped steps are added to; ``scaler``: float16 loss scaling (its steps skip an
+    overflow); ``reduction``: how the processes share the update (``reduction.py``; one
+    process when not given)."""
 
     native: bool = False
     accumulation: str = "exact"
     nonfinite: str = "raise"
-    exact_reduction: bool = False
     clip_grad_norm: Optional[float] = None
     clip_grad_value: Optional[float] = None
     skipped: Optional[torch.Tensor] = None
     scaler: Optional[LossScaler] = None
-    shards: Optional[ShardPlan] = None  # sharding's plan (shard_plan.py), made by the loop
+    reduction: Any = None  # a Reduction (reduction.py, which reads this record); None: one process
     # derived in __post_init__: the path's name, whether clipping, whether skipping
     path: str = field(init=False, default=GENERIC)
     clipping: bool = field(init=False, default=False)
@@ -55,10 +56,10 @@ class StepOptions:
 
     @classmethod
     def of(cls, cfg, native: bool, skipped: Optional[torch.Tensor] = None,
-           scaler: Optional[LossScaler] = None, shards: Optional[ShardPlan] = None) -> "StepOptions":
+           scaler: Optional[LossScaler] = None, reduction: Any = None) -> "StepOptions":
         """A loop's options, from its (already validated) config."""
-        return cls(native, cfg.accumulation, cfg.nonfinite, cfg.exact_reduction, cfg.clip_grad_norm,
-                   cfg.clip_grad_value, skipped, scaler, shards)
+        return cls(native, cfg.accumulation, cfg.nonfinite, cfg.clip_grad_norm, cfg.clip_grad_value, skipped,
+                   scaler, reduction)
 
     def __post_init__(self) -> None:
         # Read by every update: plain fields, computed once (not properties).

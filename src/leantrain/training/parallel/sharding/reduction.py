@@ -1,0 +1,119 @@
+"""Sharding's reduction (ZeRO stages 1 and 2): the ``Sharded`` strategy a loop chooses.
+
+The update's items are shared as data parallel shares them; the ranks' sums are then
+reduce-scattered by the shard plan (``step.py``), each rank updates the ranges it owns
+with the optimizer's own rules and gathers the rest. The run's history holds this
+rank's ranges only (``state.py``), its moving average too (``ema.py``), and every rank
+writes its pieces of a checkpoint folder (``checkpoint.py``). With ``exact`` the mean
+is data parallel's exact fold (the one-process bits). A sharded loop in one process
+(no process group) runs the same plan with one rank.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ...runner.runner import Runner
+from ...update.apply import clipped, skipping
+from ...update.mean import Mean
+from ...update.reduction import Reduction
+from ...update.accumulate import sum_items
+from ...update.vectorized import stacked_loss_and_gradients
+from .. import distributed
+from ..data_parallel import DataParallel
+from . import comm, step as shard_step
+from .checkpoint import save_sharded
+from .ema import ShardedEMA
+from .overlap import overlapped_ranges
+from .plan import ShardPlan
+from .state import check_plan, loop_start
+
+
+class Sharded(DataParallel):
+    """``sharding="optimizer"`` or ``"gradients"`` over the ranks running (one or more)."""
+
+    host_state = True  # a resume reads the state into host memory and moves this rank's ranges only
+
+    def __init__(self, exact: bool = False, local: bool = False) -> None:
+        super().__init__(exact, local)
+        self.ranks = distributed.active() is not None
+        self.local = local and self.ranks
+        self.name = "sharded" + (" (exact reduction)" if exact else "")
+        self.plan: Optional[ShardPlan] = None  # cut when the loop starts
+        self.rank = distributed.rank_world()[0]
+
+    # ------------------------------------------------------------ one update
+    def mean(self, runner: Runner, leaves, scratch, batch, o, want_loss: bool, states: Optional[list]) -> Mean:
+        if self.exact:
+            if not self.ranks:
+                return Reduction.mean(self, runner, leaves, scratch, batch, o, want_loss, states)
+            return super().mean(runner, leaves, scratch, batch, o, want_loss, states)
+        # this rank's items summed, then reduce-scattered by the plan; the loss summed in rank order
+        n = self.count(runner, len(batch))
+        mine, own = self.shares(batch, states)
+        plan, rank, world = self.plan, self.rank, self.plan.world
+        whole = not shard_step.keeps_ranges(plan, o.clip_grad_norm)
+        if world > 1 and o.accumulation == "exact":  # the reduce-scatter under the last backward
+            loss, grads = overlapped_ranges(runner, leaves, scratch, mine, own, plan, rank)
+            grads = shard_step.whole_of(plan, rank, runner.params, grads) if whole else grads
+        else:
+            loss, grads = None, [None] * len(leaves)
+            if mine and o.accumulation == "vectorized":
+                loss, grads = stacked_loss_and_gradients(runner, mine, leaves, scale=1.0)
+            elif mine:
+                loss, grads = sum_items(runner, mine, leaves, scratch, None, own)
+            grads = shard_step.reduced(plan, rank, runner.params, grads, whole=whole)
+        return Mean.of_sums(shard_step.reduced_loss(runner, loss, want_loss, world), grads, n, o.scaler is None)
+
+    def agree(self, found: torch.Tensor, o) -> None:
+        if shard_step.keeps_ranges(self.plan, o.clip_grad_norm):
+            comm.flag_any(found, self.plan.world)  # each rank checked its ranges: one verdict for all
+
+    def apply(self, runner: Runner, opt, state, grads, found, snapshot, o):
+        """Clipping on whole gradients (``"optimizer"`` clipping by norm) or on the owned
+        ranges, the owned ranges updated, then gathered (``step.py``)."""
+        skipping(found, snapshot, o)
+        plan, rank = self.plan, self.rank
+        sums, norm, presummed = None, None, False
+        if not shard_step.keeps_ranges(plan, o.clip_grad_norm):  # whole gradients: clip_grad_norm_'s bits
+            grads, norm = clipped(runner, grads, o)
+            presummed = True
+        elif o.clipping:
+            sums = shard_step.canonical_ranges(plan, rank, grads)
+            norm = shard_step.clip_ranges(plan, rank, sums, o.clip_grad_norm, o.clip_grad_value,
+                                          [v.storage.working() for v in runner.params])
+        state = shard_step.apply(runner, opt, state, plan, rank, grads, found if o.skips else None, presummed, sums)
+        if o.scaler is not None:
+            o.scaler.update(found)
+        return state, norm
+
+    # ------------------------------------------------------------ a loop's run
+    def start(self, op: str, cfg, runner: Runner, opt, native: bool, whole=None):
+        self.plan, state = loop_start(op, cfg, runner, opt, native, whole)
+        return state
+
+    def ema(self, runner: Runner, decay: float, saved=None):
+        if saved is None:
+            return ShardedEMA(runner.params, decay, self.plan, self.rank)
+        return ShardedEMA.cut(runner.params, saved, self.plan, self.rank)  # cut from host memory
+
+    def check_step(self, op: str, runner: Runner, batch: list) -> None:
+        check_plan(op, self.plan, runner.slot_map())
+        super().check_step(op, runner, batch)
+
+    def save(self, path, runner: Runner, state, progress: dict, loader_state, ema) -> None:
+        # every rank writes its file, rank 0 the index (checkpoint.py)
+        if callable(loader_state):
+            loader_state = loader_state()
+        save_sharded(path, runner, self.plan, self.rank, state, progress=progress, loader_state=loader_state, ema=ema)
+
+    def finish(self, runner: Runner) -> None:
+        if isinstance(runner.ema, ShardedEMA):
+            runner.keep_ema(runner.ema.whole(runner.params))  # every rank: the whole average
+
+    def failed(self, op: str, e: RuntimeError, where: str, last: str):
+        if not self.ranks:
+            raise e
+        super().failed(op, e, where, last)

@@ -1,0 +1,131 @@
+"""The seam between one update and parallelism: a ``Reduction``, chosen once per loop.
+
+How the processes of a run share an update is one object, chosen when a loop (or a
+public one-update call) starts, the way Lightning's ``Strategy`` and torchtitan's
+build-time ``parallelize`` choose it; the update never asks which one it got. An update
+reads the same for every strategy (``step.update``):
+
+    check the batch, the history, the mean (``reduction.mean``), the sparse check,
+    ``reduction.agree`` on the non-finite flag, raise if set, ``reduction.apply``,
+    ``reduction.after``.
+
+The session asks the same object how a run starts (its optimizer history, the moving
+average), what happens before each update (``check_step``), how a checkpoint is written,
+how the run finishes and how a failure is reported.
+
+``Reduction`` itself is **one process**: the items' left-to-right fold times ``1/n``,
+applied by the optimizer as it is. ``parallel/`` holds the others (data parallel,
+overlapped or exact, rank-local or not; sharding), each a subclass that overrides where
+ranks take part; ``parallel.strategy.choose`` picks one. Nothing in this floor imports
+``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, NoReturn, Optional, Sequence
+
+import torch
+
+from ...io.checkpoint import save_checkpoint
+from ...optim import OptState, Optimizer
+from ..runner.binding import BufferSnapshot
+from ..runner.ema import EMA, restored_ema
+from ..runner.runner import Runner, Sample
+from .accumulate import sum_items
+from .apply import apply, clipped
+from .mean import Mean, Pack
+from .options import StepOptions
+from .vectorized import stacked_loss_and_gradients
+
+
+class Reduction:
+    """One process (the base every parallel strategy refines)."""
+
+    #: the strategy's name, for messages and the run's report
+    name = "one process"
+    #: more than one process computes each update: a model's buffer writes are probed on
+    #: every step until known (every rank learns alike), and a step is never redone on one
+    #: rank alone
+    ranks = False
+    #: each rank's batches hold its own items only (rank-local data)
+    local = False
+    #: this process logs and writes the run's one-file checkpoints
+    main = True
+    #: a resumed optimizer state is read into host memory (each rank moves its share)
+    host_state = False
+
+    # ------------------------------------------------------------ one update
+    def draw_states(self, runner: Runner) -> Optional[list]:
+        """A list that receives each item's generator state (an item computed on another
+        rank draws what it draws in one process), or ``None``: not needed."""
+        return None
+
+    def mean(self, runner: Runner, leaves, scratch, batch: Sequence[Sample], o: StepOptions, want_loss: bool,
+             states: Optional[list]) -> Mean:
+        """The update's mean loss and gradients at one parameter point. The loss is
+        always computed here (one process has it for free); ``want_loss`` matters where
+        it costs a collective."""
+        n = len(batch)
+        if o.accumulation == "vectorized":
+            return Mean(*stacked_loss_and_gradients(runner, batch, leaves, scale=1.0 / n))
+        return Mean.of_sums(*sum_items(runner, batch, leaves, scratch), n, o.scaler is None)
+
+    def agree(self, found: torch.Tensor, o: StepOptions) -> None:
+        """Make the non-finite flag one verdict for every rank (one process: its own)."""
+        return None
+
+    def apply(self, runner: Runner, opt: Optimizer, state: OptState, grads: Pack, found: torch.Tensor,
+              snapshot: Optional[BufferSnapshot], o: StepOptions) -> tuple[OptState, Optional[torch.Tensor]]:
+        """Clip as asked and run the optimizer; returns the state and the norm before
+        clipping (clipping by norm)."""
+        grads, norm = clipped(runner, grads, o)
+        return apply(runner, opt, state, grads, found, snapshot, o), norm
+
+    def after(self, runner: Runner, advanced: bool) -> None:
+        """After an applied update (``advanced``: its buffer pass wrote buffers)."""
+        return None
+
+    # ------------------------------------------------------------ a loop's run
+    def agree_on_start(self, op: str, what: dict) -> None:
+        """Every rank starts the same run (one process: nothing to compare)."""
+        return None
+
+    def start_replicas(self, runner: Runner, check: bool) -> None:
+        """The ranks' parameters made alike before the first update."""
+        return None
+
+    def start(self, op: str, cfg, runner: Runner, opt: Optimizer, native: bool,
+              whole: Optional[OptState] = None) -> OptState:
+        """The loop's optimizer history: fresh, or ``whole`` (a resumed checkpoint's)."""
+        return whole if whole is not None else opt.init(runner.params, native=native)
+
+    def ema(self, runner: Runner, decay: float, saved=None):
+        """The loop's moving average: fresh, or a checkpoint's ``saved`` record."""
+        return EMA(runner.params, decay) if saved is None else restored_ema(runner.params, saved)
+
+    def check_step(self, op: str, runner: Runner, batch: list) -> None:
+        """What is checked before each update of a loop (one process: nothing)."""
+        return None
+
+    def save(self, path, runner: Runner, state: OptState, progress: dict, loader_state, ema) -> None:
+        """Write one checkpoint (``loader_state`` may be a function asked only when a
+        file is written)."""
+        if self.main:
+            if callable(loader_state):
+                loader_state = loader_state()
+            save_checkpoint(path, runner, state=state, progress=progress, loader_state=loader_state, ema=ema)
+
+    def mean_loss(self, runner: Runner, samples: Iterable[Sample]) -> Optional[float]:
+        """A measured mean loss over ``samples`` (this process's)."""
+        return runner.mean_loss(samples)
+
+    def finish(self, runner: Runner) -> None:
+        """What a run does when its loop ends, before its ``after`` loss."""
+        return None
+
+    def failed(self, op: str, e: RuntimeError, where: str, last: str) -> NoReturn:
+        """Re-raise a runtime error met inside the loop (one process: as it is)."""
+        raise e
+
+
+ONE_PROCESS = Reduction()
