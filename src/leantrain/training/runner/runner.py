@@ -22,11 +22,11 @@ from .compiled import compiler_error, is_compiler_error, make_compiled
 from .binding import MODEL_ERRORS, Binding, same_rng
 from .loop_state import LoopState, RunnerStats, Steady
 from .measure import mean_loss
+from .module_view import ModuleView
 from ...samples import (  # noqa: F401  (re-exported: LOSSES, LossFn)
     LOSSES, LossFn, LossSum, Sample, call_model, check_sample, checked_loss, describe, loss_target, to_device,
 )
-from ...errors import ConfigError, DataError, slot_label
-from ...params.module_slots import module_entries
+from ...errors import ConfigError, DataError
 from ...params.paramlist import ParamList
 from ...params.storage import canonical_device
 
@@ -50,14 +50,11 @@ class Runner:
         self.module = module
         self.loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom")
         self.loss_fn: LossFn = loss_fn
-        entries = module_entries(module)
         # Where each slot lives in the module, and which slots are buffers: what a
-        # Binding reads and rebinds for one call.
-        self.locations = [loc for _, _, loc in entries]
-        self._originals = [t for _, t, _ in entries]  # the module's own objects, per slot
-        self.buffer_slots = [i for i, loc in enumerate(self.locations) if not loc.is_parameter]
-        self._scratch_locations = [loc for _, _, loc in module_entries(module, persistent=False)]
-        self._device_copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # Binding reads and rebinds for one call (module_view.py).
+        self.view = ModuleView(module)
+        self.locations = self.view.locations
+        self.buffer_slots = self.view.buffer_slots
         self.bound: Optional[Binding] = None  # the Binding in force during a call
         self.ema: Optional[EMA] = None  # the weights' moving average the newest loop with ema_decay kept
         self.loop = LoopState()  # what the running loop installed (``looping``); outside loops, nothing
@@ -71,7 +68,7 @@ class Runner:
         self.sums_losses: Optional[bool] = None  # whether the loss is a LossSum (data parallel agrees on it once)
         hosts = [v.storage.host.device for v in self.params]
         self.device: torch.device = hosts[0] if hosts else torch.device("cpu")
-        self._index_slots()
+        self.view.index(self.device)
         self.mode = "train"
         module.train()
 
@@ -117,7 +114,7 @@ class Runner:
         self.device = canonical_device(device)
         self.recheck()
         self.params.to_device(self.device)
-        self._index_slots()
+        self.view.index(self.device)
         return self
 
     def sync(self) -> None:
@@ -251,101 +248,30 @@ class Runner:
         return self._bind(op)
 
     def _bind(self, op: str) -> Binding:
-        views, dev = self.params, self.device
-        slots_map = self.slot_map()
-        leaves: list[Optional[torch.Tensor]] = [None] * len(views)
-        working = list(self._originals)
-        swaps: list = []
-        leaf_ids: set[int] = set()
-        for i, (table, attr, orig, trainable, on_device) in enumerate(self._slot_info):
-            if table.get(attr) is not orig:
-                raise self._changed(op, i)
-            if trainable is not None and orig.requires_grad is not trainable:
-                self._follow_requires_grad()  # rare: the trainable set changed; bind it afresh
-                return self._bind(op)
-            s = views[i].storage
-            m = s.mirror
-            if m is None and on_device:
-                w = orig  # the common case: the module's own tensor, nothing to bind
-            elif m is not None and m.device == dev:
-                w = m
-            elif orig.device == dev:
-                s.sync_to_host()  # a mirror elsewhere may be newer (a sync, rare)
-                w = orig
-            else:
-                w = s.make_mirror(dev)  # a host-to-device upload, never a read back
-            if slots_map[i] is not None:
-                if id(w) in leaf_ids or not w.requires_grad:
-                    # A later occurrence of a tie gets its own leaf over the same memory,
-                    # so its gradient is its own occurrence's (summed later in slot order).
-                    w = w.detach().requires_grad_(True)
-                leaf_ids.add(id(w))
-                leaves[i] = w
-            elif w.requires_grad:
-                w = w.detach()  # a frozen view of a trainable storage passes no gradient
-            if w is not orig:
-                working[i] = w
-                swaps.append((self.locations[i], w, orig))
-        for j, loc in enumerate(self._scratch_locations):
-            cur = loc.current()
-            if cur is not None and cur.device != dev:
-                src, copy = self._device_copies.get(j, (None, None))
-                if src is not cur:
-                    copy = cur.to(dev)
-                    self._device_copies[j] = (cur, copy)
-                swaps.append((loc, copy, cur))
+        binding = self.view.bind(self, op)
         self.stats.bindings += 1
-        return Binding(self, leaves, working, swaps)
+        return binding
 
-    def _follow_requires_grad(self) -> None:
+    def follow_changed_requires_grad(self) -> None:
         """Slots follow a ``requires_grad`` changed on the module: one turned on trains with
         a fresh optimizer history (as torch.optim); one turned off gets no update."""
-        changed = [i for i, (table, attr, orig, trainable, _) in enumerate(self._slot_info)
-                   if trainable is not None and table.get(attr) is orig and orig.requires_grad is not trainable]
-        for i in changed:
-            self.params[i].requires_grad = bool(self._originals[i].requires_grad)
-        self._index_slots()
+        for i in self.view.changed_requires_grad():
+            self.params[i].requires_grad = bool(self.view.originals[i].requires_grad)
+        self.view.index(self.device)
         if self.loop.steady is not None:
             self.loop.steady.clear()  # the trainable set changed: its map and layout too
 
     def follow_requires_grad(self, mask) -> None:
         """Each slot's flag from ``mask``, each module Parameter's ``requires_grad`` to
         whether any of its slots trains (``load_checkpoint(follow_trainable=True)``)."""
-        wants: dict[int, bool] = {}
         for i, flag in enumerate(mask):
             self.params[i].requires_grad = bool(flag)
-            if self.locations[i].is_parameter:
-                wants[id(self._originals[i])] = wants.get(id(self._originals[i]), False) or bool(flag)
-        for i, orig in enumerate(self._originals):
-            if self.locations[i].is_parameter and orig.requires_grad != wants[id(orig)]:
+        wants = self.view.trainable_wanted(mask)
+        for i, orig in enumerate(self.view.originals):
+            if self.view.locations[i].is_parameter and orig.requires_grad != wants[id(orig)]:
                 orig.requires_grad_(wants[id(orig)])
-        self._index_slots()
+        self.view.index(self.device)
         self.recheck()
-
-    def _index_slots(self) -> None:
-        """Per slot, what ``binding`` reads each call: the module's table and name, the
-        original object, its requires_grad at build (parameters), and whether it lives
-        on the runner's device."""
-        self._slot_info = [
-            (
-                loc.owner._parameters if loc.is_parameter else loc.owner._buffers,
-                loc.attr,
-                orig,
-                bool(orig.requires_grad) if loc.is_parameter else None,
-                orig.device == self.device,
-            )
-            for loc, orig in zip(self.locations, self._originals)
-        ]
-
-    def _changed(self, op: str, i: int) -> ConfigError:
-        where = slot_label(i, self.params[i].name)
-        kind = "parameter" if self.locations[i].is_parameter else "buffer"
-        what = f"the module's {kind} was replaced (or removed)"
-        return ConfigError(
-            f"{op}: {where}: {what} after the Runner was built, so the Runner would train "
-            f"something else than the module holds; build a new Runner (and optimizer state) "
-            f"for the changed module"
-        )
 
     def mark_buffers_stale(self) -> None:
         """Mark the buffers' host copies stale after a forward advanced their device mirrors."""

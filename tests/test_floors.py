@@ -1,0 +1,120 @@
+"""The architecture, checked: training/ is four floors that import only downward.
+
+runner/ (one call's view of the model) <- update/ (one update as phases, the
+``Reduction`` seam) <- parallel/ (collectives, data parallel, sharding) <- loops/ (the
+session and the drivers). Every import counts: at the top, inside functions and under
+``TYPE_CHECKING``. The import graph of the whole package has no cycle, and nothing in
+runner/ or update/ imports ``torch.distributed`` or sharding.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "src" / "leantrain"
+FLOORS = ["runner", "update", "parallel", "loops"]  # bottom to top
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> list[tuple[str, int]]:
+    """(absolute module imported, line) for every import in the file, wherever it stands."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.append((target, node.lineno))
+            # ``from pkg import module``: the module itself is imported too
+            found += [(f"{target}.{a.name}", node.lineno) for a in node.names
+                      if (PKG.parent / Path(*f"{target}.{a.name}".split("."))).with_suffix(".py").exists()
+                      or (PKG.parent / Path(*f"{target}.{a.name}".split(".")) / "__init__.py").exists()]
+    return found
+
+
+FILES = sorted(PKG.rglob("*.py"))
+MODULES = {module_name(p) for p in FILES}
+
+
+def floor_of(module: str):
+    parts = module.split(".")
+    if len(parts) >= 3 and parts[:2] == ["leantrain", "training"] and parts[2] in FLOORS:
+        return FLOORS.index(parts[2])
+    return None
+
+
+def test_training_is_the_four_floors_and_nothing_else():
+    loose = [p.name for p in (PKG / "training").glob("*.py") if p.name != "__init__.py"]
+    assert loose == [], f"modules outside the floors: {loose}"
+    assert sorted(p.name for p in (PKG / "training").iterdir() if p.is_dir() and p.name != "__pycache__") == \
+        sorted(FLOORS)
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if floor_of(module_name(p)) is not None],
+                         ids=lambda p: str(p.relative_to(PKG)))
+def test_a_floor_imports_only_its_own_and_lower_floors(path):
+    mine = floor_of(module_name(path))
+    upward = [(t, line) for t, line in imports(path) if (floor_of(t) or -1) > mine]
+    assert upward == [], f"{path.relative_to(PKG)} imports a higher floor: {upward}"
+
+
+@pytest.mark.parametrize("floor", ["runner", "update"])
+def test_the_lower_floors_know_nothing_of_parallelism(floor):
+    bad = []
+    for path in (PKG / "training" / floor).rglob("*.py"):
+        for target, line in imports(path):
+            if "distributed" in target or "shard" in target or target.endswith(".parallel") or ".parallel." in target:
+                bad.append(f"{path.relative_to(PKG)}:{line} {target}")
+    assert bad == []
+
+
+def graph() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {m: set() for m in MODULES}
+    for path in FILES:
+        me = module_name(path)
+        for target, _ in imports(path):
+            # an import of a.b.c loads a and a.b: count the deepest module of ours it names
+            while target and target not in MODULES:
+                target = target.rpartition(".")[0]
+            if target and target != me and not me.startswith(target + ".") and not target == "leantrain":
+                edges[me].add(target)
+    return edges
+
+
+def test_the_package_has_no_import_cycle():
+    edges, state, cycles = graph(), {}, []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [])
+    assert cycles == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles[:10])
+
+
+def test_no_module_passes_400_lines():
+    long = {str(p.relative_to(PKG)): n for p in FILES if (n := len(p.read_text().splitlines())) > 400}
+    assert long == {}
