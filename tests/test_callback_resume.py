@@ -41,16 +41,47 @@ def test_loggers_hold_each_record_once_after_a_resume(tmp_path):
     lt.train_samples(_runner(), _cfg(tmp_path), _data(),
                      callbacks=[lt.JSONLLogger(path), lt.CSVLogger(csv_path), Crash(4)], log=lambda s: None)
     with path.open("a") as f:  # written after the last checkpoint, before the interruption, and torn
-        f.write(json.dumps({"kind": "step", "step": 4, "loss": 1.0}) + "\n" + '{"kind": "st')
+        f.write(json.dumps({"kind": "step", "step": 5, "loss": 1.0}) + "\n" + '{"kind": "st')
     lt.train_samples(_runner(), _cfg(tmp_path, resume_from=tmp_path / "c.ckpt"), _data(),
                      callbacks=[lt.JSONLLogger(path), lt.CSVLogger(csv_path), Crash(6)], log=lambda s: None)
     records = [json.loads(line) for line in path.read_text().splitlines()]
     steps = [r["step"] for r in records if r["kind"] == "step"]
     evals = [r["step"] for r in records if r["kind"] == "eval"]
-    assert steps == list(range(6)) and evals == list(range(1, 7))
+    assert steps == list(range(1, 7)) and evals == list(range(1, 7))  # updates counted from 1
+    assert records[0]["kind"] == "meta" and [r["kind"] for r in records].count("meta") == 1
     rows = csv_path.read_text().splitlines()
-    assert rows[0] == "kind,step,epoch,name,value"
-    assert [r.split(",")[1] for r in rows[1:] if r.startswith("step,") and ",loss," in r] == [str(k) for k in range(6)]
+    assert rows[0] == "kind,step,epoch,name,value" and rows[1] == "meta,0,,format,2"
+    assert [r.split(",")[1] for r in rows[1:] if r.startswith("step,") and ",loss," in r] == [
+        str(k) for k in range(1, 7)]
+
+
+def test_an_older_metrics_file_resumes_and_plots_with_its_steps_from_0(tmp_path):
+    """A file written before step records counted from 1 (no meta record): a resume trims
+    it by its own numbering, and plot reads its step k as update k + 1."""
+    from leantrain.cli.plotting import _points, read_metrics
+    from leantrain.training.loops.callbacks import step_offset
+
+    path = tmp_path / "m.jsonl"
+    lt.train_samples(_runner(), _cfg(tmp_path), _data(), callbacks=[lt.JSONLLogger(path), Crash(4)],
+                     log=lambda s: None)
+    lines = path.read_text().splitlines()
+    older = [json.loads(x) for x in lines[1:]]
+    for r in older:
+        if r["kind"] == "step":
+            r["step"] -= 1  # as the older leantrain wrote it
+    older.append({"kind": "step", "step": 4, "loss": 1.0})  # after the checkpoint at update 4: dropped
+    path.write_text("".join(json.dumps(r) + "\n" for r in older))
+    lt.train_samples(_runner(), _cfg(tmp_path, resume_from=tmp_path / "c.ckpt"), _data(),
+                     callbacks=[lt.JSONLLogger(path), Crash(6)], log=lambda s: None)
+    records = read_metrics(path)
+    assert step_offset(records) == 1 and not any(r["kind"] == "meta" for r in records)
+    steps = [r["step"] for r in records if r["kind"] == "step"]
+    assert steps == [0, 1, 2, 3, 5, 6]  # the older file's own numbering up to the checkpoint, then the new run's
+    fresh = tmp_path / "new.jsonl"
+    lt.train_samples(_runner(), _cfg(tmp_path / "f"), _data(), callbacks=[lt.JSONLLogger(fresh), Crash(4)],
+                     log=lambda s: None)
+    assert step_offset(read_metrics(fresh)) == 0
+    assert [x for x, _ in _points(fresh, read_metrics(fresh), "step", "step", "loss")] == [1, 2, 3, 4]
 
 
 def test_the_callbacks_state_must_match_or_it_starts_afresh_with_a_warning(tmp_path):

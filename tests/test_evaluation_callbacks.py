@@ -142,14 +142,18 @@ def test_loggers_write_files_that_parse_back(tmp_path):
                          eval_every=4, eval_metrics={"accuracy": lt.metrics.accuracy})
     report = lt.train_samples(r, cfg, class_data(3), log=lambda s: None,
                               callbacks=[lt.JSONLLogger(tmp_path / "m.jsonl"), lt.CSVLogger(tmp_path / "m.csv")])
-    records = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
-    assert [(x["kind"], x["step"]) for x in records] == [("step", 0), ("step", 2), ("eval", 4)]
+    meta, *records = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert meta == {"kind": "meta", "format": 2, "step": 0}
+    # every record counts updates from 1: the loss logged before update 1, before update 3, the eval after 4
+    assert [(x["kind"], x["step"]) for x in records] == [("step", 1), ("step", 3), ("eval", 4)]
     assert [x["loss"] for x in records[:2]] == [loss for _, loss in report.losses]
+    assert [k for k, _ in report.losses] == [0, 2]  # the log line's 0-based index (TorchLean's format)
     assert records[2]["accuracy"] == report.evals[0][1]["accuracy"]
     rows = list(csv.DictReader((tmp_path / "m.csv").open()))
+    assert (rows[0]["kind"], rows[0]["name"], rows[0]["value"]) == ("meta", "format", "2")
     assert [(r["kind"], r["step"], r["name"]) for r in rows if r["name"] in ("loss", "accuracy")] == [
-        ("step", "0", "loss"), ("step", "2", "loss"), ("eval", "4", "loss"), ("eval", "4", "accuracy")]
-    assert float(rows[0]["value"]) == report.losses[0][1]
+        ("step", "1", "loss"), ("step", "3", "loss"), ("eval", "4", "loss"), ("eval", "4", "accuracy")]
+    assert float(rows[1]["value"]) == report.losses[0][1]
 
 
 def test_the_progress_bar_shows_the_run(tmp_path):

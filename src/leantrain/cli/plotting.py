@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..training.loops.callbacks import step_offset
 from ..validate import is_number
 
 
@@ -84,7 +85,8 @@ def plot_metrics(metrics: str | Path, out: str | Path) -> Path:
 
     out = output_path(out)
     records = read_metrics(metrics)
-    steps = _points(metrics, records, "step", "step", "loss")
+    offset = step_offset(records)  # older files number step records from 0
+    steps = [(x + offset, y) for x, y in _points(metrics, records, "step", "step", "loss")]
     epochs = [(e + 1, a) for e, a in _points(metrics, records, "epoch", "epoch", "test_accuracy")]
     shown = "test accuracy"
     if not epochs:
@@ -95,7 +97,7 @@ def plot_metrics(metrics: str | Path, out: str | Path) -> Path:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
     if steps:
         ax1.plot(*zip(*steps), color="tab:blue", linewidth=1.2)
-    ax1.set_xlabel("optimizer step")
+    ax1.set_xlabel("update")
     ax1.set_ylabel("training loss (pre-update)")
     ax1.set_yscale("log")
     ax1.grid(alpha=0.3)

@@ -155,12 +155,16 @@ class ProgressBar(Callback):
 
 
 class JSONLLogger(Callback):
-    """One JSON object per line: ``{"kind": "step", "step", "epoch", "loss", "lr"}`` on
-    logged steps (``step`` is the update's index, as in the log line; ``grad_norm`` when
-    clipping by norm), ``{"kind": "eval", "step", ...results}`` after each evaluation,
-    and ``{"kind": "epoch", "step", "epoch"}`` after a loader epoch's last update, with
-    the results of the evaluation made at that epoch's end, their names prefixed by
-    ``epoch_results`` (``eval_loss``...; ``"test_"`` gives ``test_loss``).
+    """One JSON object per line. ``step`` counts updates from 1 in every record: ``{"kind":
+    "step", "step", "epoch", "loss", "lr"}`` on logged updates (``loss``: measured before
+    that update; ``grad_norm`` when clipping by norm), ``{"kind": "eval", "step",
+    ...results}`` after each evaluation (the updates done), and ``{"kind": "epoch",
+    "step", "epoch"}`` after a loader epoch's last update, with the results of the
+    evaluation made at that epoch's end, their names prefixed by ``epoch_results``
+    (``eval_loss``...; ``"test_"`` gives ``test_loss``). A fresh file starts with
+    ``{"kind": "meta", "format": 2, "step": 0}``; files without it (written before
+    leantrain counted step records from 1) number step records from 0, and
+    ``step_offset`` reads both.
 
     The file is opened at the first record, so an earlier file survives until the run has
     something to write (a finished run with no record still leaves an empty file)."""
@@ -185,14 +189,18 @@ class JSONLLogger(Callback):
     def _open(self) -> IO[str]:
         if self.file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            fresh = not self.start or not self.path.exists() or self.path.stat().st_size == 0
             self.file = self.path.open("a" if self.start else "w")
+            if fresh:
+                self._write(dict(META))
         return self.file
 
     def _trim(self, start: int) -> None:
         from ...io.atomic import atomic_write_bytes
 
-        kept = [line for line in self.path.read_text().splitlines(keepends=True)
-                if line.endswith("\n") and _before(self._record(line), start)]
+        lines = self.path.read_text().splitlines(keepends=True)
+        offset = 0 if any(self._record(line) == ("meta", 0) for line in lines[:1]) else 1
+        kept = [line for line in lines if line.endswith("\n") and _before(self._record(line), start, offset)]
         atomic_write_bytes(self.path, "".join(kept).encode(), type(self).__name__)
 
     @staticmethod
@@ -215,7 +223,7 @@ class JSONLLogger(Callback):
     def on_step(self, event: StepEvent) -> None:
         self._flush_epoch()
         if event.loss is not None:
-            record = {"kind": "step", "step": event.step - 1, "epoch": event.epoch,
+            record = {"kind": "step", "step": event.step, "epoch": event.epoch,
                       "loss": event.loss, "lr": event.state.lr}
             if event.grad_norm is not None:
                 record["grad_norm"] = event.grad_norm  # before clipping
@@ -248,15 +256,19 @@ class CSVLogger(JSONLLogger):
     def _open(self) -> IO[str]:
         if self.file is None:
             fresh = not self.start or not self.path.exists() or self.path.stat().st_size == 0
-            super()._open()
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = self.path.open("a" if self.start else "w")
             self.writer = csv.writer(self.file)
             if fresh:
                 self.writer.writerow(["kind", "step", "epoch", "name", "value"])
+                self._write(dict(META))
         return self.file
 
     def _trim(self, start: int) -> None:
         lines = self.path.read_text().splitlines(keepends=True)
-        kept = lines[:1] + [line for line in lines[1:] if line.endswith("\n") and _before(self._record(line), start)]
+        offset = 0 if any(self._record(line) == ("meta", 0) for line in lines[1:2]) else 1
+        kept = lines[:1] + [line for line in lines[1:]
+                            if line.endswith("\n") and _before(self._record(line), start, offset)]
         self.path.write_text("".join(kept))
 
     @staticmethod
@@ -315,10 +327,21 @@ class TensorBoardLogger(Callback):
         self.writer.close()
 
 
-def _before(record: Optional[tuple[str, int]], start: int) -> bool:
-    """Whether a logged record was written before a checkpoint at update ``start``: a
-    step record names its update's index (< start), an evaluation the updates done."""
+def _before(record: Optional[tuple[str, int]], start: int, offset: int = 0) -> bool:
+    """Whether a logged record was written before a checkpoint at update ``start``: every
+    record names the updates done (``offset`` 1: a step record of an older file names its
+    update's 0-based index)."""
     if record is None:
         return False  # a line torn by the interruption
     kind, step = record
-    return step < start if kind == "step" else step <= start
+    return step + (offset if kind == "step" else 0) <= start
+
+
+META = {"kind": "meta", "format": 2, "step": 0}  # the first record: step records count updates from 1
+
+
+def step_offset(records: list) -> int:
+    """What to add to a step record's ``step`` to count updates from 1: 0 for a file
+    that starts with ``META``, 1 for one written before (0-based step records)."""
+    first = records[0] if records else None
+    return 0 if isinstance(first, dict) and first.get("kind") == "meta" and first.get("format") == 2 else 1
