@@ -27,7 +27,7 @@ import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -45,10 +45,6 @@ for _name, _attr in (("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64"),
                      ("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2")):
     if hasattr(torch, _attr):
         DTYPES[_name] = getattr(torch, _attr)
-
-# Test hook: called between reading the header and reading the data (a writer racing
-# the reader replaces the file there).
-after_header: Optional[Callable[[Path], None]] = None
 
 
 @dataclass(frozen=True)
@@ -87,8 +83,6 @@ class TensorFile:
         except BaseException:
             os.close(self.fd)
             raise
-        if after_header is not None:
-            after_header(path)
 
     def __enter__(self) -> "TensorFile":
         return self

@@ -19,7 +19,7 @@ from leantrain.training.parallel import overlap
 from leantrain.training.parallel.sharding import comm as shard_comm, overlap as shard_overlap
 from optimizer_table import TABLE
 
-sys.path.insert(0, str(Path(__file__).parent / "zoo"))
+sys.path.insert(0, str(Path(__file__).parent.parent / "zoo"))
 import zoo_models  # noqa: E402  (the model zoo: a tied GPT with a mask buffer, BatchNorm CNN, LSTM, frozen backbone)
 
 STOP = 3
