@@ -10,6 +10,7 @@ import torch
 import leantrain as lt
 from leantrain import optim
 from models import TiedNet, regression_batches
+from optimizer_table import TABLE
 
 
 def items(n, seed=0):
@@ -22,9 +23,10 @@ def runner(seed=0):
     return lt.Runner.from_module(TiedNet(bn=True), "mse")
 
 
-@pytest.mark.parametrize("opt", [optim.sgd(0.1), optim.adam(0.01)], ids=["sgd", "adam"])
+@pytest.mark.parametrize("kind", sorted(TABLE))
 @pytest.mark.parametrize("k", [1, 2, 3, 7, 9])
-def test_groups_of_loader_batches_are_list_batches(k, opt):
+def test_groups_of_loader_batches_are_list_batches(k, kind):
+    opt = TABLE[kind].make()
     data = items(14)
     batches = [data[i:i + 2] for i in range(0, 14, 2)]  # 7 loader batches of 2 items
     a, b = runner(), runner()

@@ -8,6 +8,7 @@ import torch
 import leantrain as lt
 from leantrain import optim
 from models import TiedNet, regression_batches
+from optimizer_table import TABLE
 
 
 def poisoned(n=6, bad=(2,)):
@@ -19,13 +20,13 @@ def poisoned(n=6, bad=(2,)):
 
 
 @pytest.mark.parametrize("mirrors", [False, True])
-@pytest.mark.parametrize("kind", ["sgd", "adam"])
+@pytest.mark.parametrize("kind", sorted(TABLE))
 def test_raise_names_the_step_and_changes_nothing(kind, mirrors, unchanged):
     torch.manual_seed(0)
     r = lt.Runner.from_module(TiedNet(bn=False), "mse")
     if mirrors:
         r.to("cpu")
-    opt = getattr(optim, kind)(0.01)
+    opt = TABLE[kind].make()
     state = opt.init(r.params, native=lt.training.loops.session.uses_native(r, opt))
     data = poisoned()
     state = lt.step_batch(r, opt, state, mirrors and opt.native, [data[0]])

@@ -10,6 +10,7 @@ import leantrain as lt
 from leantrain import optim
 from leantrain.optim.schedules import Schedule
 from models import TiedNet, grid_samples, quickstart_mlp, regression_batches
+from optimizer_table import TABLE
 
 
 class Recording(Schedule):
@@ -101,7 +102,7 @@ class HostReads:
             monkeypatch.setattr(torch.Tensor, name, counted)
 
 
-@pytest.mark.parametrize("kind", ["sgd", "adam", "rmsprop"])
+@pytest.mark.parametrize("kind", sorted(TABLE))
 @pytest.mark.parametrize("mirrors", [False, True])
 def test_no_host_reads_between_log_points(monkeypatch, kind, mirrors):
     """Skip mode never reads the host between log points; raise mode reads one flag a step."""
@@ -109,7 +110,7 @@ def test_no_host_reads_between_log_points(monkeypatch, kind, mirrors):
     r = lt.Runner.from_module(TiedNet(bn=True), "mse")
     if mirrors:
         r.to("cpu")
-    opt = getattr(optim, kind)(0.01)
+    opt = TABLE[kind].make()
     data = regression_batches(4, 3)
     state = opt.init(r.params, native=lt.training.loops.session.uses_native(r, opt))
     batches = lt.training.loops.sample_loop.cyclic_batches("t", data, 2)
