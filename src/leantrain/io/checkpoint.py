@@ -137,7 +137,7 @@ def contents(op: str, params: ParamList, state: Optional[OptState], progress: Op
         manifest["optimizer"] = _state_manifest(state, tensors, params, records)
     if loader_state is not None:
         manifest["loader"] = {k: v for k, v in loader_state.items() if k not in ("order", "tensors")}
-        if "kind" in loader_state:  # a stream's position (training/streams.py): JSON and named tensors
+        if "kind" in loader_state:  # a stream's position (training/loops/streams.py): JSON and named tensors
             manifest["loader"]["tensors"] = {name: {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
                                              for name, t in loader_tensors.items()}
         for name, t in loader_tensors.items():

@@ -25,7 +25,7 @@ from ..validate import is_int, is_number
 
 MAX_INT = 2**63 - 1
 MAX_CUDA_DEVICES = 1024
-LOADER_KINDS = ("sampled", "stateful", "iterable", "replay")  # training/streams.py
+LOADER_KINDS = ("sampled", "stateful", "iterable", "replay")  # training/loops/streams.py
 LOADER_NAME = re.compile(r"[A-Za-z0-9_.]{1,200}")
 DTYPE_NAMES = {str(d).removeprefix("torch."): d for d in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
