@@ -24,6 +24,7 @@ from ...io.sharded import INDEX, check_folder
 from ...metrics import BUILTIN as BUILTIN_METRICS
 from ...optim import OptState, Optimizer
 from ...optim.optimizer import GENERIC, NATIVE
+from ..parallel.distributed import ReplicaError
 from ..parallel.strategy import choose
 from ..runner.loop_state import LoopState
 from ..runner.precision import AUTOCAST, LossScaler, scaler_state_problems
@@ -131,8 +132,8 @@ class Session:
         """The updates' options, built once per loop from the config (on the history's path)."""
         o = self._options
         if o is None or o.native != (state.path == NATIVE):
-            o = self._options = StepOptions.of(self.cfg, state.path == NATIVE, self.skipped, self.scaler,
-                                               self.reduction)
+            o = self._options = StepOptions.of(self.cfg, self.reduction, state.path == NATIVE, self.skipped,
+                                               self.scaler)
         return o
 
     # ------------------------------------------------------------------ start
@@ -253,7 +254,7 @@ class Session:
         try:
             self.reduction.start_replicas(self.runner, self.cfg.replica_check)
         except RuntimeError as e:
-            if type(e).__name__ == "ReplicaError":  # the replicas differ: that message, as it is
+            if isinstance(e, ReplicaError):  # the replicas differ: that message, as it is
                 raise
             self._collective_failed(e, "start")
 

@@ -32,10 +32,10 @@ class DataParallel(Reduction):
     ``local``: each rank's batches hold its own items (``rank_data.py``)."""
 
     ranks = True
-    host_state = False
 
     def __init__(self, exact: bool = False, local: bool = False) -> None:
         self.exact, self.local = exact, local
+        self.agreed = False  # whether the ranks compared their first batch (once per loop)
         self.name = "data parallel" + (" (exact reduction)" if exact else "") + (", rank-local data" if local else "")
         self.main = distributed.is_main()  # only rank 0 logs and writes
 
@@ -74,11 +74,9 @@ class DataParallel(Reduction):
         distributed.start_replicas(runner, check)
 
     def check_step(self, op: str, runner: Runner, batch: list) -> None:
-        if not self.local and not self._agreed:
-            self._agreed = True
+        if not self.local and not self.agreed:
+            self.agreed = True
             rank_data.agree_on_batch(op, batch)  # the ranks read the same data (once per loop)
-
-    _agreed = False
 
     def mean_loss(self, runner: Runner, samples) -> Optional[float]:
         if self.local:

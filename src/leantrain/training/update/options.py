@@ -29,9 +29,10 @@ class StepOptions:
     ``nonfinite``: ``"raise"`` (one flag read per step) or ``"skip"`` (undone on the
     device); clipping by norm or by value (at most one); ``skipped``: a device counter the
     skipped steps are added to; ``scaler``: float16 loss scaling (its steps skip an
-    overflow); ``reduction``: how the processes share the update (``reduction.py``; one
-    process when not given)."""
+    overflow). ``reduction`` (required): how the processes share the update
+    (``reduction.py``; ``parallel.strategy.choose`` picks it)."""
 
+    reduction: Any  # a Reduction (reduction.py, which reads this record)
     native: bool = False
     accumulation: str = "exact"
     nonfinite: str = "raise"
@@ -39,7 +40,6 @@ class StepOptions:
     clip_grad_value: Optional[float] = None
     skipped: Optional[torch.Tensor] = None
     scaler: Optional[LossScaler] = None
-    reduction: Any = None  # a Reduction (reduction.py, which reads this record); None: one process
     # derived in __post_init__: the path's name, whether clipping, whether skipping
     path: str = field(init=False, default=GENERIC)
     clipping: bool = field(init=False, default=False)
@@ -55,11 +55,11 @@ class StepOptions:
         return options
 
     @classmethod
-    def of(cls, cfg, native: bool, skipped: Optional[torch.Tensor] = None,
-           scaler: Optional[LossScaler] = None, reduction: Any = None) -> "StepOptions":
-        """A loop's options, from its (already validated) config."""
-        return cls(native, cfg.accumulation, cfg.nonfinite, cfg.clip_grad_norm, cfg.clip_grad_value, skipped,
-                   scaler, reduction)
+    def of(cls, cfg, reduction, native: bool, skipped: Optional[torch.Tensor] = None,
+           scaler: Optional[LossScaler] = None) -> "StepOptions":
+        """A loop's options, from its (already validated) config and its chosen reduction."""
+        return cls(reduction, native, cfg.accumulation, cfg.nonfinite, cfg.clip_grad_norm, cfg.clip_grad_value,
+                   skipped, scaler)
 
     def __post_init__(self) -> None:
         # Read by every update: plain fields, computed once (not properties).

@@ -13,7 +13,7 @@ unless the caller reads ``Update.loss``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
@@ -24,7 +24,6 @@ from ..runner.binding import BufferSnapshot
 from ..runner.runner import Runner, Sample
 from .gradients import batch_mean, check_batch
 from .options import StepOptions
-from .reduction import ONE_PROCESS
 
 
 @dataclass(frozen=True)
@@ -41,8 +40,6 @@ class Update:
 def update(op: str, runner: Runner, opt: Optimizer, state: OptState, batch: Sequence[Sample], o: StepOptions,
            want_loss: bool = False) -> Update:
     """One update over a list batch, as ``o`` says (validated options, as a loop's are)."""
-    if o.reduction is None:
-        o = replace(o, reduction=ONE_PROCESS)
     reduction = o.reduction
     batch = check_batch(op, batch, reduction.local)
     check_history(op, runner, opt, state, o)  # before buffers advance
