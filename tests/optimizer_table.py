@@ -17,7 +17,7 @@ from typing import Callable, Optional
 import torch
 
 from leantrain import optim
-from leantrain.optim.rules import rule_for
+from leantrain.optim.rules import record_type, rule_for
 
 
 class HandLion(torch.optim.Optimizer):
@@ -68,6 +68,17 @@ class Case:
             return found
         assert isinstance(h, optim.Lion), h
         return HandLion, dict(lr=h.lr, betas=(h.beta1, h.beta2), weight_decay=h.weight_decay)
+
+    @property
+    def stateful(self) -> bool:
+        """Whether the rule keeps per-tensor state (momentum, moments), which a skipped,
+        clipped or resumed update must carry exactly."""
+        return bool(getattr(record_type(self.make().hyper), "__dataclass_fields__", {}))
+
+    @property
+    def sparse(self) -> bool:
+        """Whether the rule takes sparse gradients (as its torch.optim counterpart does)."""
+        return bool(getattr(rule_for(self.make().hyper), "sparse", False))
 
     @property
     def has_reference(self) -> bool:

@@ -11,9 +11,14 @@ writes (``loss.backward(); opt.step()``), and the zoo checks that too.
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass, replace
+from typing import Callable, Optional, Union
+
 import torch
 from torch import nn
 
+import leantrain as lt
 from optimizer_table import TABLE
 
 # (leantrain optimizer, torch.optim class, kwargs, equal bit for bit on equal gradients):
@@ -108,3 +113,48 @@ def assert_same_state(model: nn.Module, ref: nn.Module, *, exact: bool, rtol: fl
             assert torch.equal(a, b), f"{k}: differs (max {((a - b).abs().max() if a.is_floating_point() else '')})"
         else:
             assert relative_difference(a, b) <= rtol, f"{k}: relative difference {relative_difference(a, b):.3g}"
+
+
+@dataclass
+class Both:
+    """What ``run_both`` ran: the module leantrain trained (with its runner and report),
+    and the deep copy the reference trained."""
+
+    model: nn.Module
+    ref: nn.Module
+    runner: lt.Runner
+    report: lt.TrainReport
+    samples: list
+
+
+def run_both(entry, opt: Union[str, lt.optim.Optimizer], cfg: lt.TrainConfig, *, mirror: bool = False, n: int = 4,
+             seed: int = 5, reference: Optional[Callable[[nn.Module, list], None]] = None) -> Both:
+    """The zoo's differential setup, written once: ``entry``'s model and an untouched deep
+    copy; ``train_samples`` with ``cfg`` and optimizer ``opt`` (a name of the shared table,
+    or an optimizer) on ``n`` items, on the host or (``mirror``) a CPU mirror; then, from
+    the same generator state, ``reference(ref, batches)`` on the copy, where ``batches``
+    are the ones the loop took (cyclic, ``cfg.batch_size`` items each). The default
+    reference is the contract's mean gradient and one ``torch.optim`` step per batch,
+    with the table's torch optimizer for ``opt``. Asserts the module's objects, ties and
+    keys are unchanged; comparing the states is the caller's."""
+    model = entry.model()
+    ref = copy.deepcopy(model)
+    samples = entry.samples(n)
+    runner = lt.Runner.from_module(model, entry.loss)
+    if mirror:
+        runner.to("cpu")
+    before = module_fingerprint(model)
+    cfg = replace(cfg, optimizer=OPTIMIZERS[opt][0] if isinstance(opt, str) else opt)
+    torch.manual_seed(seed)
+    report = lt.train_samples(runner, cfg, samples, log=lambda line: None)
+    k = cfg.batch_size
+    batches = [[samples[(s * k + j) % n] for j in range(k)] for s in range(report.steps)]
+    torch.manual_seed(seed)
+    if reference is None:
+        if not isinstance(opt, str):
+            raise TypeError("run_both: give a reference for an optimizer outside the table")
+        reference_steps(ref, entry.loss_fn(), batches, opt)
+    else:
+        reference(ref, batches)
+    assert module_fingerprint(model) == before
+    return Both(model, ref, runner, report, samples)

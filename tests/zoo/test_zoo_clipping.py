@@ -11,7 +11,8 @@ import torch
 
 import leantrain as lt
 from leantrain import optim
-from oracle import OPTIMIZERS, assert_same_state, module_fingerprint, reference_gradients
+from optimizer_table import TABLE
+from oracle import OPTIMIZERS, assert_same_state, reference_gradients, run_both
 from zoo_models import ZOO
 
 
@@ -37,18 +38,13 @@ CLIPS = {"norm": {"norm": 0.05}, "value": {"value": 0.01}}
 @pytest.mark.parametrize("entry", ZOO, ids=lambda e: e.name)
 def test_clipping_equals_torch(entry, how):
     clip = CLIPS[how]
-    model = entry.model()
-    ref = copy.deepcopy(model)
-    samples = entry.samples(4)
-    before = module_fingerprint(model)
-    cfg = lt.TrainConfig(steps=4, batch_size=2, optimizer=optim.sgd(0.1), log_every=1,
-                         clip_grad_norm=clip.get("norm"), clip_grad_value=clip.get("value"))
-    torch.manual_seed(5)
-    report = lt.train_samples(lt.Runner.from_module(model, entry.loss), cfg, samples, log=lambda s: None)
-    torch.manual_seed(5)
-    norms = reference(ref, entry, [samples[0:2], samples[2:4]] * 2, "sgd", clip)
-    assert_same_state(model, ref, exact=not entry.tied, rtol=1e-5)
-    assert module_fingerprint(model) == before
+    norms = []
+    cfg = lt.TrainConfig(steps=4, batch_size=2, log_every=1, clip_grad_norm=clip.get("norm"),
+                         clip_grad_value=clip.get("value"))
+    both = run_both(entry, optim.sgd(0.1), cfg,
+                    reference=lambda ref, batches: norms.extend(reference(ref, entry, batches, "sgd", clip)))
+    report = both.report
+    assert_same_state(both.model, both.ref, exact=not entry.tied, rtol=1e-5)
     if how == "norm":
         assert [s for s, _ in report.grad_norms] == [0, 1, 2, 3]
         got = [n for _, n in report.grad_norms]
@@ -62,22 +58,14 @@ def test_clipping_equals_torch(entry, how):
 
 
 @pytest.mark.parametrize("mirror", [False, True], ids=["host", "mirror"])
-@pytest.mark.parametrize("opt_name", ["adam", "momentum", "adamw"])
+@pytest.mark.parametrize("opt_name", [name for name, case in TABLE.items() if case.stateful])
 @pytest.mark.parametrize("entry", [e for e in ZOO if e.name in ("gpt", "cnn_batchnorm", "frozen_backbone")],
                          ids=lambda e: e.name)
 def test_clipping_with_stateful_optimizers_and_mirrors(entry, opt_name, mirror):
-    model = entry.model()
-    ref = copy.deepcopy(model)
-    samples = entry.samples(4)
-    r = lt.Runner.from_module(model, entry.loss)
-    if mirror:
-        r.to("cpu")
-    cfg = lt.TrainConfig(steps=4, batch_size=2, optimizer=OPTIMIZERS[opt_name][0], log_every=0, clip_grad_norm=0.05)
-    torch.manual_seed(5)
-    lt.train_samples(r, cfg, samples)
-    torch.manual_seed(5)
-    reference(ref, entry, [samples[0:2], samples[2:4]] * 2, opt_name, {"norm": 0.05})
-    assert_same_state(model, ref, exact=False, rtol=2e-5)
+    cfg = lt.TrainConfig(steps=4, batch_size=2, log_every=0, clip_grad_norm=0.05)
+    both = run_both(entry, opt_name, cfg, mirror=mirror,
+                    reference=lambda ref, batches: reference(ref, entry, batches, opt_name, {"norm": 0.05}))
+    assert_same_state(both.model, both.ref, exact=False, rtol=2e-5)
 
 
 def test_a_tie_counts_once_with_its_summed_gradient():

@@ -1,43 +1,37 @@
-"""Adam and AdamW run torch's fused kernels: on every zoo model without a tie,
-leantrain's steps equal ``torch.optim.Adam(fused=True)`` / ``AdamW(fused=True)`` bit for
-bit (host and native paths); a tie agrees to rounding (two occurrences summed)."""
+"""Every optimizer whose torch counterpart has a fused kernel (SGD, momentum, Adagrad, Adam,
+AdamW: read from the shared table) runs that kernel: on every zoo model without a tie,
+leantrain's steps equal ``torch.optim``'s with ``fused=True`` bit for bit (host and
+native paths); a tie agrees to rounding (two occurrences summed)."""
 
-import copy
 
 import pytest
 import torch
 
 import leantrain as lt
 from leantrain import optim
-from oracle import assert_same_state
+from optimizer_table import TABLE
+from oracle import assert_same_state, run_both
 from zoo_models import ZOO
 
-FUSED = {
-    "adam": (lambda: optim.adam(0.01), lambda ps: torch.optim.Adam(ps, lr=0.01, fused=True)),
-    "adamw": (lambda: optim.adamw(0.01, 0.05), lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.05, fused=True)),
-}
+FUSED = [name for name, case in TABLE.items() if case.torch()[1].get("fused")]
 
 
 @pytest.mark.parametrize("mirror", [False, True], ids=["host", "mirror"])
-@pytest.mark.parametrize("name", sorted(FUSED))
+@pytest.mark.parametrize("name", FUSED)
 @pytest.mark.parametrize("entry", ZOO, ids=lambda e: e.name)
 def test_adam_equals_torch_fused_bit_for_bit(entry, name, mirror):
-    ours_opt, make_torch = FUSED[name]
-    model = entry.model()
-    ref = copy.deepcopy(model)
-    samples = entry.samples(4)
-    r = lt.Runner.from_module(model, entry.loss)
-    if mirror:
-        r.to("cpu")
-    torch.manual_seed(5)  # single items: the gradients are autograd's own, so only the update is compared
-    lt.train_samples(r, lt.TrainConfig(steps=4, batch_size=1, optimizer=ours_opt(), log_every=0), samples)
-    torch.manual_seed(5)
-    topt = make_torch([p for p in ref.parameters() if p.requires_grad])
-    for x, y in samples:
-        topt.zero_grad(set_to_none=True)
-        entry.loss_fn()(ref(x), y).backward()
-        topt.step()
-    assert_same_state(model, ref, exact=not entry.tied, rtol=1e-5)
+    cls, kwargs = TABLE[name].torch()
+
+    def fused_loop(ref, batches):  # single items: the gradients are autograd's own, so only the update is compared
+        topt = cls([p for p in ref.parameters() if p.requires_grad], **kwargs)
+        for [(x, y)] in batches:
+            topt.zero_grad(set_to_none=True)
+            entry.loss_fn()(ref(x), y).backward()
+            topt.step()
+
+    both = run_both(entry, name, lt.TrainConfig(steps=4, batch_size=1, log_every=0), mirror=mirror,
+                    reference=fused_loop)
+    assert_same_state(both.model, both.ref, exact=not entry.tied, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])

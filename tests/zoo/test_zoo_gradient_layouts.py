@@ -9,9 +9,12 @@ from torch import nn
 
 import leantrain as lt
 from leantrain import optim
+from leantrain.optim.records import MomentumState
+from leantrain.optim.rules import record_type
 from leantrain.params import ParamList
 from leantrain.training.runner.backward import own_gradients
 from layout_models import LAYOUT_BY_NAME, SPARSE
+from optimizer_table import TABLE
 from oracle import OPTIMIZERS, assert_same_state, module_fingerprint
 
 STATEFUL = [n for n in OPTIMIZERS if n != "sgd"]
@@ -185,7 +188,7 @@ def _sparse_reference(model, samples, opt_name):
 
 
 @pytest.mark.parametrize("mirror", [False, True], ids=["host", "mirror"])
-@pytest.mark.parametrize("opt_name", ["sgd", "adagrad"])
+@pytest.mark.parametrize("opt_name", [name for name, case in TABLE.items() if case.sparse])
 def test_sparse_embedding_trains_like_torch(opt_name, mirror):
     model = SPARSE.model()
     ref = copy.deepcopy(model)
@@ -196,7 +199,11 @@ def test_sparse_embedding_trains_like_torch(opt_name, mirror):
     lt.train_samples(r, lt.TrainConfig(steps=4, batch_size=1, optimizer=OPTIMIZERS[opt_name][0], log_every=0),
                      samples)
     _sparse_reference(ref, samples, opt_name)
-    assert_same_state(model, ref, exact=True)
+    # Momentum keeps a dense buffer (made at init); torch.optim.SGD's starts as a sparse copy
+    # of the first gradient and stays sparse, so its repeated rows sum in another order
+    # (SGDRule.update_sparse says so): equal to rounding there, bit for bit otherwise.
+    dense_buffer = record_type(TABLE[opt_name].make().hyper) is MomentumState
+    assert_same_state(model, ref, exact=not dense_buffer, rtol=1e-6)
 
 
 @pytest.mark.parametrize("clip", [{"clip_grad_norm": 0.05}, {"clip_grad_value": 0.01}], ids=["norm", "value"])

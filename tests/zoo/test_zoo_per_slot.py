@@ -2,14 +2,13 @@
 ``torch.optim`` parameter groups on a deep copy: the usual "no weight decay on biases
 and norms", a smaller rate for some slots; ties, validation, checkpoints."""
 
-import copy
 
 import pytest
 import torch
 
 import leantrain as lt
 from leantrain import optim
-from oracle import assert_same_state, module_fingerprint, reference_gradients
+from oracle import assert_same_state, reference_gradients, run_both
 from zoo_models import ZOO
 
 
@@ -59,22 +58,16 @@ def test_per_slot_equals_torch_parameter_groups(entry, case, mirror):
     opt, make_torch, exact = CASES[case]
     if mirror and not opt.native:
         pytest.skip("momentum SGD has no native path")
-    model = entry.model()
-    ref = copy.deepcopy(model)
-    samples = entry.samples(4)
-    r = lt.Runner.from_module(model, entry.loss)
-    if mirror:
-        r.to("cpu")
-    before = module_fingerprint(model)
-    torch.manual_seed(5)
-    lt.train_samples(r, lt.TrainConfig(steps=4, batch_size=2, optimizer=opt, log_every=0), samples)
-    torch.manual_seed(5)
-    topt = make_torch(ref)
-    for batch in [samples[0:2], samples[2:4]] * 2:
-        reference_gradients(ref, entry.loss_fn(), batch)
-        topt.step()
-    assert_same_state(model, ref, exact=exact and not entry.tied, rtol=2e-5)
-    assert module_fingerprint(model) == before
+
+    def groups_loop(ref, batches):
+        topt = make_torch(ref)
+        for batch in batches:
+            reference_gradients(ref, entry.loss_fn(), batch)
+            topt.step()
+
+    both = run_both(entry, opt, lt.TrainConfig(steps=4, batch_size=2, log_every=0), mirror=mirror,
+                    reference=groups_loop)
+    assert_same_state(both.model, both.ref, exact=exact and not entry.tied, rtol=2e-5)
 
 
 def gpt():

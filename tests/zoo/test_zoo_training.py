@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader as TorchLoader, TensorDataset
 
 import leantrain as lt
-from oracle import OPTIMIZERS, assert_same_state, module_fingerprint, plain_loop, reference_steps
+from oracle import OPTIMIZERS, assert_same_state, module_fingerprint, plain_loop, run_both
 from zoo_models import ZOO
 
 
@@ -20,15 +20,10 @@ def _cfg(opt, **kw):
 def test_single_item_steps_equal_the_plain_loop(entry, opt_name):
     """Batches of one item: leantrain is the loop every user writes, bit for bit where
     leantrain's rule equals torch.optim's (Adam/AdamW: to rounding)."""
-    opt, _, _, exact = OPTIMIZERS[opt_name]
-    model = entry.model()
-    ref = copy.deepcopy(model)
-    samples = entry.samples(3)
-    torch.manual_seed(11)
-    lt.train_samples(lt.Runner.from_module(model, entry.loss), _cfg(opt, steps=3, batch_size=1), samples)
-    torch.manual_seed(11)
-    plain_loop(ref, entry.loss_fn(), samples, opt_name)
-    assert_same_state(model, ref, exact=exact and not entry.tied, rtol=1e-5)
+    exact = OPTIMIZERS[opt_name][3]
+    both = run_both(entry, opt_name, lt.TrainConfig(steps=3, batch_size=1, log_every=0), n=3, seed=11,
+                    reference=lambda ref, batches: plain_loop(ref, entry.loss_fn(), [b[0] for b in batches], opt_name))
+    assert_same_state(both.model, both.ref, exact=exact and not entry.tied, rtol=1e-5)
 
 
 @pytest.mark.parametrize("mirror", [False, True], ids=["host", "mirror"])
@@ -36,20 +31,8 @@ def test_single_item_steps_equal_the_plain_loop(entry, opt_name):
 @pytest.mark.parametrize("entry", ZOO, ids=lambda e: e.name)
 def test_accumulated_steps_equal_the_reference(entry, opt_name, mirror):
     """Batches of two items (gradient accumulation), on the host and native paths."""
-    opt = OPTIMIZERS[opt_name][0]
-    model = entry.model()
-    ref = copy.deepcopy(model)
-    samples = entry.samples(4)
-    r = lt.Runner.from_module(model, entry.loss)
-    if mirror:
-        r.to("cpu")
-    before = module_fingerprint(model)
-    torch.manual_seed(5)
-    lt.train_samples(r, _cfg(opt, steps=4, batch_size=2), samples)
-    torch.manual_seed(5)
-    reference_steps(ref, entry.loss_fn(), [samples[0:2], samples[2:4]] * 2, opt_name)
-    assert_same_state(model, ref, exact=False, rtol=2e-5)
-    assert module_fingerprint(model) == before
+    both = run_both(entry, opt_name, lt.TrainConfig(steps=4, batch_size=2, log_every=0), mirror=mirror)
+    assert_same_state(both.model, both.ref, exact=False, rtol=2e-5)
 
 
 @pytest.mark.parametrize("entry", ZOO, ids=lambda e: e.name)
