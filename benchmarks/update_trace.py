@@ -66,10 +66,12 @@ class Trace:
                 f"callee file), {len(self.calls)} calls in all\n  " + ", ".join(files))
 
     def update_only(self, what: str) -> str:
-        """The files of the update alone: the calls made under the session's ``update``."""
+        """The files of the update alone: the calls made under the session's ``update``
+        (all of leantrain's, and those of ``training/``)."""
         files = sorted(set(self.inner))
-        return (f"{what}, under Session.update: {len(files)} files, {self.transitions} file-to-file transitions\n  "
-                + ", ".join(files))
+        training = [f for f in files if f.startswith("training")]
+        return (f"{what}, under Session.update: {len(files)} files ({len(training)} in training/), "
+                f"{self.transitions} file-to-file transitions\n  " + ", ".join(files))
 
 
 def traced(fn) -> Trace:
@@ -96,12 +98,17 @@ def library() -> None:
     lt.train_loader(lt.Runner.from_module(model, "cross_entropy"), cfg, loader, log=lambda s: None)
 
 
-def full_update() -> None:
-    """One process, ``train_loader`` with AdamW, clipping by norm, EMA and a step callback."""
+def full_update(collated: bool = False) -> None:
+    """One process, ``train_loader`` with AdamW, clipping by norm, EMA and a step callback,
+    over leantrain's DataLoader (a batch is a list of 32 items) or (``collated``) a torch
+    DataLoader (a batch is one collated item)."""
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(256, 64, generator=g), torch.randint(0, 10, (256,), generator=g)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
-    loader = lt.DataLoader(lt.Dataset(list(zip(x, y))), batch_size=32, shuffle=True, seed=0)
+    if collated:
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32)
+    else:
+        loader = lt.DataLoader(lt.Dataset(list(zip(x, y))), batch_size=32, shuffle=True, seed=0)
     cfg = lt.LoaderTrainConfig(epochs=1, optimizer=lt.optim.adamw(1e-3), log_every=2, clip_grad_norm=1.0,
                                ema_decay=0.99)
     seen = []
@@ -112,8 +119,9 @@ def full_update() -> None:
 if __name__ == "__main__":
     print(f"source: {SRC}")
     print(traced(command).summary("the command"))
-    plain, full = traced(library), traced(full_update)
+    plain, full, collated = traced(library), traced(full_update), traced(lambda: full_update(collated=True))
     print(plain.summary("train_loader"))
     print(full.summary("train_loader, AdamW + clipping + EMA + callback"))
-    print(plain.update_only("train_loader"))
-    print(full.update_only("train_loader, AdamW + clipping + EMA + callback"))
+    print(plain.update_only("train_loader, 32 items per update"))
+    print(full.update_only("train_loader, AdamW + clipping + EMA + callback, 32 items per update"))
+    print(collated.update_only("train_loader, AdamW + clipping + EMA + callback, one collated batch per update"))

@@ -82,13 +82,13 @@ class Session:
         self.reduction: Reduction = choose(cfg, local=local)
         self.main = self.reduction.main  # under torch.distributed only rank 0 logs and writes
         self.user_log = log
-        # ``print`` and ``None`` (no log lines) are not the user's code: no recheck after them.
+        # ``print`` and ``None`` (no log lines) are not the user's code: nothing to confirm after them.
         self.log: Log = _silent if log is None or not self.main else log if log is print else self._log
         self.callback = callback
         self.callbacks = loop_callbacks(op, cfg, callbacks, self.main)
         # Whether the user's code may run after an update (a step callback, or a
-        # callback that does not declare ``reads_only``): the runner checks the module
-        # again after it (``Runner.recheck``).
+        # callback that does not declare ``reads_only``): the next step confirms the
+        # module and slots are as checked (``Runner.user_code_ran``, ``confirm_steady``).
         self.user_hooks = callback is not None or not all(cb.reads_only for cb in self.callbacks)
         self.record = RunRecord()  # what the run measured and logged, resumed entries first
         self.started = time.perf_counter()
@@ -115,7 +115,7 @@ class Session:
 
     def _log(self, line: str) -> None:
         self.user_log(line)
-        self.runner.recheck()  # the user's log function ran: check the module at the next step
+        self.runner.user_code_ran()  # the user's log function ran: confirm the module at the next step
 
     @contextlib.contextmanager
     def computing(self):
@@ -220,6 +220,7 @@ class Session:
         line is due."""
         cfg = self.cfg
         want = bool(cfg.log_every) and step % cfg.log_every == 0
+        self.runner.confirm_steady()  # the user's code may have run: before anything reads what was checked
         self.reduction.check_step(self.op, self.runner, batch)
         try:
             done = update(self.op, self.runner, self.opt, state, batch, self.options(state), want)
@@ -270,7 +271,7 @@ class Session:
         for cb in self.callbacks:
             stop = wants_stop(self.op, f"{type(cb).__name__}.on_step", cb.on_step(event)) or stop
         if self.user_hooks:
-            self.runner.recheck()  # the user's code ran: check the module at the next step
+            self.runner.user_code_ran()  # the user's code ran: confirm the module at the next step
         if self.kind == "samples" and self.cfg.eval_data is not None and event.step % self.cfg.eval_every == 0:
             stop = self.evaluate(event.step) or stop
         self.pending, self.saved = (dict(progress, step=event.step), event.state, loader_state), False
@@ -287,7 +288,7 @@ class Session:
         for cb in self.callbacks:
             stop = wants_stop(self.op, f"{type(cb).__name__}.on_epoch_end", cb.on_epoch_end(event)) or stop
         if self.user_hooks:
-            self.runner.recheck()
+            self.runner.user_code_ran()
         if self.cfg.eval_data is not None and (epoch + 1) % self.cfg.eval_every == 0:
             stop = self.evaluate(event.step) or stop
         if stop:
@@ -305,7 +306,7 @@ class Session:
             stop = wants_stop(self.op, f"{type(cb).__name__}.on_eval", cb.on_eval(step, results)) or stop
         metrics = (self.cfg.eval_metrics or {}).values()
         if self.user_hooks or any(fn not in BUILTIN_METRICS for fn in metrics):
-            self.runner.recheck()  # the user's metrics or callbacks ran
+            self.runner.user_code_ran()  # the user's metrics or callbacks ran
         return stop
 
     def save(self) -> None:

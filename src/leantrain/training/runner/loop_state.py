@@ -32,9 +32,14 @@ class Steady:
     binding: Any = None  # a Binding that swaps nothing in (reused as it is)
     layout: Any = None  # the optimizer's update layout (optim.layout.Layout)
     buckets: Any = None  # data parallel's bucket plan (overlap.BucketPlan)
+    # What the module and slots looked like when the above were checked
+    # (``ModuleView.fingerprint``), and whether user code ran since (``Runner.user_code_ran``).
+    fingerprint: Optional[list] = None
+    suspect: bool = False
 
     def clear(self) -> None:
-        self.checked = self.slot_map = self.binding = self.layout = self.buckets = None
+        self.checked = self.slot_map = self.binding = self.layout = self.buckets = self.fingerprint = None
+        self.suspect = False
 
 
 @dataclass

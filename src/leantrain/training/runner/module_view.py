@@ -96,6 +96,23 @@ class ModuleView:
                 swaps.append((loc, copy, cur))
         return Binding(runner, leaves, working, swaps)
 
+    def fingerprint(self, params) -> list:
+        """What a loop's checks depend on, per slot: the object the module holds there, the
+        module's and the slot's ``requires_grad``, the tensor's memory (address, shape,
+        strides, dtype, device) and its device mirror; per non-persistent buffer, the
+        object and its device. Equal fingerprints before and after the user's code mean
+        the loop's checks still hold (``Runner.confirm_steady``)."""
+        out: list = []
+        for i, (table, attr, orig, _, _) in enumerate(self.slot_info):
+            now = table.get(attr)
+            s = params[i].storage
+            out.append((id(now), orig.requires_grad, params[i].requires_grad, orig.data_ptr(), orig.shape,
+                        orig.stride(), orig.dtype, orig.device, id(s.mirror)))
+        for loc in self.scratch_locations:
+            cur = loc.current()
+            out.append((id(cur), None if cur is None else cur.device))
+        return out
+
     def changed_requires_grad(self) -> list[int]:
         """The slots whose module Parameter's ``requires_grad`` was turned on or off since
         the last ``index``."""

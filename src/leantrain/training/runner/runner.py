@@ -201,10 +201,13 @@ class Runner:
     def steady(self):
         """For the length of a training loop: what a step checks about the module, the
         slots and the optimizer state is checked at the first step and reused by the
-        next ones, until ``recheck()``. The loops call ``recheck()`` after any code of
-        the user's runs between steps (a callback, a log line, an evaluation, a
-        checkpoint), so a parameter replaced, frozen or re-tied there is seen at the
-        next step, as outside a loop."""
+        next ones, until ``recheck()``. The loops call ``user_code_ran()`` after any code
+        of the user's runs between steps (a callback, a log line, an evaluation): the
+        next step compares the module and slots with what they were when checked
+        (``confirm_steady``) and checks everything again if anything differs, so a
+        parameter replaced, frozen, re-tied or given other memory there is seen at the
+        next step, as outside a loop, while a callback that changes nothing costs one
+        comparison per slot instead of the checks."""
         loop = self.loop
         outer, loop.steady = loop.steady, Steady()
         try:
@@ -216,6 +219,25 @@ class Runner:
         """Forget what the current loop checked: the next step checks everything again."""
         if self.loop.steady is not None:
             self.loop.steady.clear()
+
+    def user_code_ran(self) -> None:
+        """The user's code ran inside a loop: the next step confirms what was checked."""
+        if self.loop.steady is not None:
+            self.loop.steady.suspect = True
+
+    def confirm_steady(self) -> None:
+        """At the start of a loop's step: after the user's code ran, keep what was checked
+        only if the module and slots look as they did then (``ModuleView.fingerprint``),
+        else check everything again; a fresh stretch records what its checks see."""
+        steady = self.loop.steady
+        if steady is None:
+            return
+        if steady.suspect:
+            steady.suspect = False
+            if steady.fingerprint is None or steady.fingerprint != self.view.fingerprint(self.params):
+                steady.clear()
+        if steady.fingerprint is None:
+            steady.fingerprint = self.view.fingerprint(self.params)
 
     def slot_map(self) -> list[Optional[int]]:
         """``params.canonical_slot_indices()``; computed once per steady stretch of a loop

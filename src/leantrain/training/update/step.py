@@ -41,6 +41,7 @@ def update(op: str, runner: Runner, opt: Optimizer, state: OptState, batch: Sequ
            want_loss: bool = False) -> Update:
     """One update over a list batch, as ``o`` says (validated options, as a loop's are)."""
     reduction = o.reduction
+    runner.confirm_steady()  # in a loop, after the user's code ran: what was checked still holds, or check again
     batch = check_batch(op, batch, reduction.local)
     check_history(op, runner, opt, state, o)  # before buffers advance
     mean, snapshot = batch_mean(op, runner, batch, o, want_loss)
