@@ -8,8 +8,9 @@ of per-run ratios (< 1 means leantrain is faster). ``train_samples`` and ``train
 with ``log_every=0`` and the default ``nonfinite="raise"`` check, and include their
 before/after mean losses (8 extra forward passes per call, spread over 800 or 240 steps).
 "floor (math)" is a loop with nothing but the math (forward, ``autograd.grad``, the
-fused optimizer step): no loop can go below it. Also: exact vs vectorised accumulation of
-32 single-sample items on (b)'s model.
+fused optimizer step): no loop can go below it. "step callback" is ``train_samples`` with a
+step callback that changes nothing (the user's code runs after every update). Also: exact
+vs vectorised accumulation of 32 single-sample items on (b)'s model.
 
 Run: .venv/bin/python benchmarks/step_overhead.py [--threads N]
 """
@@ -63,6 +64,9 @@ def case(name, sizes, batch, loss, make_opt, make_torch_opt, steps, kernel, n_ba
     def ours_loader():
         lt.train_loader(runner, lcfg, [[s] for s in samples], log=lambda s: None)
 
+    def ours_callback():  # the user's code after every update: the loop confirms what it checked
+        lt.train_samples(runner, cfg, samples, log=lambda s: None, callback=lambda event: None)
+
     def hand():
         for k in range(steps):
             x, y = samples[k % n_batches]
@@ -92,7 +96,8 @@ def case(name, sizes, batch, loss, make_opt, make_torch_opt, steps, kernel, n_ba
                     torch._fused_adam_(floor_params, grads, ms, vs, [], ts, lr=1e-3, beta1=0.9, beta2=0.999,
                                        weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
 
-    for label, fn in [("train_samples", ours_samples), ("train_loader", ours_loader), ("floor (math)", floor)]:
+    for label, fn in [("train_samples", ours_samples), ("train_loader", ours_loader),
+                      ("step callback", ours_callback), ("floor (math)", floor)]:
         med, best, a, b = interleaved_ratios(fn, hand, runs=runs, reps=1, warmup=1)
         print(
             f"{name:<34} {label:<14} {a / steps * 1e6:8.1f} us/step vs hand loop "
