@@ -11,13 +11,14 @@ the library without a case here fails ``test_the_table_covers_every_optimizer``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 
 from leantrain import optim
-from leantrain.optim.rules import record_type, rule_for
+from leantrain.optim.rules import elementwise, record_type, rule_for
 
 
 class HandLion(torch.optim.Optimizer):
@@ -51,6 +52,9 @@ class Case:
     f64: Callable
     faster: Optional[Callable[[], optim.Optimizer]] = None
     hyper: dict = field(default_factory=dict)  # the settings, by name, for hand-written formulas
+    # how close the float64 run comes to ``f64``: NAdam's momentum product and ASGD's eta
+    # are binary32 scalars in torch's implementation, whatever the parameters' dtype
+    f64_rtol: float = 1e-12
 
     @property
     def opt(self) -> optim.Optimizer:
@@ -79,6 +83,11 @@ class Case:
     def sparse(self) -> bool:
         """Whether the rule takes sparse gradients (as its torch.optim counterpart does)."""
         return bool(getattr(rule_for(self.make().hyper), "sparse", False))
+
+    @property
+    def elementwise(self) -> bool:
+        """Whether sharding may cut its state (every rule but Muon's)."""
+        return elementwise(self.make().hyper)
 
     @property
     def has_reference(self) -> bool:
@@ -149,6 +158,66 @@ def _lion(h, p, grads):
     return p
 
 
+def _nadam(h, p, grads):
+    m, v, prod = torch.zeros_like(p), torch.zeros_like(p), 1.0
+    for t, g in enumerate(grads, 1):
+        g = g + h.weight_decay * p
+        mu = h.beta1 * (1 - 0.5 * 0.96 ** (t * h.momentum_decay))
+        mu_next = h.beta1 * (1 - 0.5 * 0.96 ** ((t + 1) * h.momentum_decay))
+        prod *= mu
+        m = h.beta1 * m + (1 - h.beta1) * g
+        v = h.beta2 * v + (1 - h.beta2) * g * g
+        denom = torch.sqrt(v / (1 - h.beta2 ** t)) + h.eps
+        p = p - h.lr * (1 - mu) / (1 - prod) * g / denom - h.lr * mu_next / (1 - prod * mu_next) * m / denom
+    return p
+
+
+def _radam(h, p, grads):
+    m, v = torch.zeros_like(p), torch.zeros_like(p)
+    rho_inf = 2 / (1 - h.beta2) - 1
+    for t, g in enumerate(grads, 1):
+        m = h.beta1 * m + (1 - h.beta1) * g
+        v = h.beta2 * v + (1 - h.beta2) * g * g
+        mhat = m / (1 - h.beta1 ** t)
+        rho = rho_inf - 2 * t * h.beta2 ** t / (1 - h.beta2 ** t)
+        if rho > 5:
+            rect = math.sqrt((rho - 4) * (rho - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho))
+            p = p - h.lr * mhat * rect * math.sqrt(1 - h.beta2 ** t) / (torch.sqrt(v) + h.eps)
+        else:
+            p = p - h.lr * mhat
+    return p
+
+
+def _adamax(h, p, grads):
+    m, u = torch.zeros_like(p), torch.zeros_like(p)
+    for t, g in enumerate(grads, 1):
+        m = h.beta1 * m + (1 - h.beta1) * g
+        u = torch.maximum(h.beta2 * u, g.abs() + h.eps)
+        p = p - h.lr / (1 - h.beta1 ** t) * m / u
+    return p
+
+
+def _asgd(h, p, grads):
+    eta = h.lr
+    for t, g in enumerate(grads, 1):
+        p = p * (1 - h.lambd * eta) - eta * g
+        eta = h.lr / (1 + h.lambd * h.lr * t) ** h.alpha
+    return p
+
+
+def _rprop(h, p, grads):
+    prev, size = torch.zeros_like(p), torch.full_like(p, h.lr)
+    for g in grads:
+        s = torch.sign(g * prev)
+        factor = torch.ones_like(p)
+        factor[s > 0], factor[s < 0] = h.etaplus, h.etaminus
+        size = torch.clamp(size * factor, h.step_size_min, h.step_size_max)
+        g = torch.where(s < 0, 0.0, g)
+        p = p - torch.sign(g) * size
+        prev = g
+    return p
+
+
 TABLE: dict[str, Case] = {
     "sgd": Case(lambda numerics="fast": optim.sgd(0.1, numerics=numerics), _sgd),
     "momentum": Case(lambda numerics="fast": optim.sgd(0.05, 0.9, numerics=numerics), _momentum,
@@ -166,8 +235,24 @@ TABLE: dict[str, Case] = {
                      faster=lambda: optim.adadelta(10.0), hyper={"rho": 0.9, "eps": 1e-6}),
     "lion": Case(lambda numerics="fast": optim.lion(0.003, 0.9, 0.99, 0.1, numerics=numerics), _lion,
                  faster=lambda: optim.lion(0.02, 0.9, 0.9), hyper={"beta1": 0.9, "beta2": 0.99, "weight_decay": 0.1}),
+    "nadam": Case(lambda numerics="fast": optim.nadam(0.01, (0.9, 0.99), numerics=numerics), _nadam,
+                  faster=lambda: optim.nadam(0.1), f64_rtol=1e-6),
+    "radam": Case(lambda numerics="fast": optim.radam(0.01, (0.9, 0.99), numerics=numerics), _radam,
+                  faster=lambda: optim.radam(0.1)),
+    "adamax": Case(lambda numerics="fast": optim.adamax(0.01, (0.9, 0.99), numerics=numerics), _adamax,
+                   faster=lambda: optim.adamax(0.1)),
+    "asgd": Case(lambda numerics="fast": optim.asgd(0.05, lambd=1e-3, numerics=numerics), _asgd, f64_rtol=1e-6),
+    "rprop": Case(lambda numerics="fast": optim.rprop(0.01, numerics=numerics), _rprop),
+    # Adafactor's eps1 defaults to the dtype's epsilon, so a float64 formula is no
+    # reference for float32; torch.optim.Adafactor is, bit for bit (test_optim_db.py)
+    "adafactor": Case(lambda numerics="fast": optim.adafactor(0.05, numerics=numerics), None,
+                      faster=lambda: optim.adafactor(0.5, d=2.0)),
+    # Muon orthogonalises in bfloat16 by design: no float64 reference to compare to.
+    "muon": Case(lambda numerics="fast": optim.muon(0.02, weight_decay=0.01, adamw_betas=(0.9, 0.99),
+                                                     numerics=numerics), None, faster=lambda: optim.muon(0.1, 0.0)),
 }
 
 NAMES = list(TABLE)
+SHARDABLE = [name for name, case in TABLE.items() if case.elementwise]
 NATIVE = [name for name, case in TABLE.items() if case.opt.native]
 REFERENCED = [name for name, case in TABLE.items() if case.has_reference]

@@ -86,7 +86,9 @@ def test_cyclic_batches_wrap_and_do_not_multiply_steps():
 
 
 class HostReads:
-    """Counts tensor-to-host conversions (item, tolist, float, bool, numpy, cpu)."""
+    """Counts tensor-to-host conversions (item, tolist, float, bool, numpy, cpu), except
+    of the host counters torch.optim's implementations read (``kernels.host_counter``:
+    host memory, never a device value)."""
 
     NAMES = ("item", "tolist", "__float__", "__int__", "__bool__", "numpy", "cpu")
 
@@ -96,7 +98,8 @@ class HostReads:
             original = getattr(torch.Tensor, name)
 
             def counted(self_, *a, _orig=original, **k):
-                self.count += 1
+                if not (getattr(self_, "host_counter", False) and self_.device.type == "cpu"):
+                    self.count += 1
                 return _orig(self_, *a, **k)
 
             monkeypatch.setattr(torch.Tensor, name, counted)
@@ -123,9 +126,12 @@ def test_no_host_reads_between_log_points(monkeypatch, kind, mirrors):
                             lambda t, s: s.with_lr(cfg.scheduler.lr_at(t)), log=lambda s: None)
         return reads.count - before
 
-    assert run(log_every=0, nonfinite="skip") == 0
-    assert run(log_every=4, nonfinite="skip") == 2  # steps 0 and 4 asked for their loss
-    assert run(log_every=0, nonfinite="raise") == 6  # the documented per-step flag read
+    # Adafactor (torch's form) reads each parameter's RMS every update, as documented
+    rule = lt.optim.rules.rule_for(opt.hyper)
+    own = 6 * getattr(rule, "host_reads", 0) * len(state.records())
+    assert run(log_every=0, nonfinite="skip") == own
+    assert run(log_every=4, nonfinite="skip") == 2 + own  # steps 0 and 4 asked for their loss
+    assert run(log_every=0, nonfinite="raise") == 6 + own  # the documented per-step flag read
 
 
 def test_native_loop_on_mirrors_equals_the_host_loop():

@@ -10,7 +10,7 @@ from torch import nn
 import leantrain as lt
 from leantrain.optim.rules import rule_for
 from leantrain.training.parallel.sharding.plan import ALIGN, plan_shards
-from optimizer_table import TABLE
+from optimizer_table import SHARDABLE, TABLE
 import shard_cases as sc
 
 
@@ -46,7 +46,7 @@ def test_a_plan_tiles_every_trainable_slot_once(world):
         assert len({r.rank for r in plan.ranges if sizes[r.slot] <= ALIGN}) > 1
 
 
-@pytest.mark.parametrize("name", list(TABLE))
+@pytest.mark.parametrize("name", SHARDABLE)
 def test_kernels_give_an_element_the_same_bits_at_any_64_aligned_cut(name):
     """The rule sharding relies on: updating a tensor in pieces cut at multiples of 64
     elements gives every element the bits the whole tensor's update gives it."""
@@ -245,3 +245,15 @@ def test_a_sharded_run_on_device_mirrors_equals_the_unsharded_one(sharding, by):
     (a, la, ea), (b, lb, eb) = out
     assert all(torch.equal(x, y) for x, y in zip(a, b)) and la == lb
     assert all(torch.equal(x, y) for x, y in zip(ea, eb))
+
+
+@pytest.mark.parametrize("name", [n for n in TABLE if n not in SHARDABLE])
+@pytest.mark.parametrize("sharding", ["optimizer", "gradients"])
+def test_a_rule_that_needs_whole_matrices_is_refused_under_sharding_before_anything_runs(name, sharding):
+    torch.manual_seed(0)
+    runner = lt.Runner.from_module(sc.Wide(), "mse")
+    before = _bytes(runner)
+    cfg = lt.TrainConfig(steps=2, batch_size=2, sharding=sharding, optimizer=TABLE[name].make())
+    with pytest.raises(lt.ConfigError, match="whole matrix"):
+        lt.train_samples(runner, cfg, sc.wide_data(), log=None)
+    assert all(torch.equal(a, b) for a, b in zip(before, _bytes(runner)))

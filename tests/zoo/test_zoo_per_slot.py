@@ -85,7 +85,7 @@ def test_a_tie_must_agree_with_itself(unchanged):
 
 
 @pytest.mark.parametrize("opt, match", [
-    (optim.adam(0.01).per_slot(lambda p: {"weight_decay": 0.1}), r"unknown hyperparameter\(s\) \['weight_decay'\]"),
+    (optim.rprop(0.01).per_slot(lambda p: {"weight_decay": 0.1}), r"unknown hyperparameter\(s\) \['weight_decay'\]"),
     (optim.adam(0.01).per_slot(lambda p: {"lr": 0.1}), r"unknown hyperparameter\(s\) \['lr'\]"),
     (optim.adam(0.01).per_slot(lambda p: {"beta1": 1.5}), "beta1 must be in"),
     (optim.adam(0.01).per_slot(lambda p: {"eps": 1e-50}), "eps must be finite and > 0 after conversion to float32"),

@@ -262,9 +262,9 @@ def _fit_problems(manifest: dict, tensors: dict, checked, params: ParamList, opt
     records = entry["records"]
     for i in sorted(want - {int(k) for k in records}):
         problems.append(f"optimizer: {params.label(i)} has no saved state (missing entry)")
-    kind = R.record_type(saved.hyper)
-    names = R.tensor_fields(kind)
     for i in sorted(want & {int(k) for k in records}):
+        kind = R.record_type(saved.hyper, tuple(params[i].shape))  # Muon: by the slot's shape
+        names = R.tensor_fields(kind)
         rec = records[str(i)]
         if rec["type"] != kind.__name__ or sorted(rec["tensors"]) != names:
             problems.append(f"optimizer: {params.label(i)}: state layout {rec['type']!r} {rec['tensors']!r}, "
@@ -358,7 +358,9 @@ def _rebuild_state(entry: dict, tensors: dict, params: ParamList, opt, host: boo
             s = params[i].storage
             like = s.mirror if native and s.mirror is not None and not host else s.host
             # the file holds logical values; the state takes the parameter's kernel layout
-            fields = {n: to_layout(tensors[f"state.{i}.{n}"], like) for n in rec["tensors"]}
+            kind = R.RECORDS[rec["type"]]
+            fields = {n: to_layout(tensors[f"state.{i}.{n}"], like) if R.parameter_shaped(kind, n)
+                      else tensors[f"state.{i}.{n}"].to(like.device, copy=True).contiguous() for n in rec["tensors"]}
             slots[i] = R.RECORDS[rec["type"]](**fields, **rec["scalars"])
         elif c is not None and not native:
             slots[i] = slots[c]

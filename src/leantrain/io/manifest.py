@@ -135,7 +135,7 @@ def _optimizer_problems(entry: object, schema: ParameterSchema) -> tuple[list[st
     if not _one_of(kind, R.HYPERS):
         return [f"optimizer.kind: expected one of {sorted(R.HYPERS)}, got {_short(kind)}"], None
     hyper = entry.get("hyper")
-    if not (isinstance(hyper, dict) and all(isinstance(v, (int, float, str)) for v in hyper.values())):
+    if not (isinstance(hyper, dict) and all(v is None or isinstance(v, (int, float, str)) for v in hyper.values())):
         out.append(f"optimizer.hyper: expected a map of numbers, got {_short(hyper)}")
     else:
         try:
@@ -184,8 +184,9 @@ def expected_tensors(m: dict) -> dict[str, tuple[torch.dtype, Optional[tuple[int
     if opt:
         for key, rec in opt["records"].items():
             s = slots[int(key)]
+            kind = R.RECORDS[rec["type"]]
             for name in rec["tensors"]:
-                want[f"state.{key}.{name}"] = (DTYPE_NAMES[s["dtype"]], tuple(s["shape"]))
+                want[f"state.{key}.{name}"] = (DTYPE_NAMES[s["dtype"]], R.state_shape(kind, name, tuple(s["shape"])))
     loader = m.get("loader")
     if loader is not None and "kind" in loader:
         for name, spec in loader.get("tensors", {}).items():

@@ -10,7 +10,9 @@ Constructors take the defaults of the TorchLean configs (spec §4)::
 from __future__ import annotations
 
 from .hyper import SGD, Adadelta, Adagrad, Adam, AdamW, Hyper, Lion, RMSProp
+from .hyper_torch import ASGD, Adafactor, Adamax, Muon, NAdam, RAdam, Rprop
 from .optimizer import OptState, Optimizer
+from .porting import from_torch
 from .rules import (
     HYPERS,
     AdadeltaState,
@@ -21,104 +23,19 @@ from .rules import (
     RMSPropState,
     SGDState,
 )
+from .plateau import Plateau, plateau
 from .schedules import Constant, Exponential, Schedule, Step, WarmupCosine
+from .torch_schedules import CosineRestarts, Lambda, MultiStep, OneCycle, Sequential
+from .warmup_schedules import CosineWithWarmup, InverseSqrt, Linear, Polynomial, WarmupStableDecay
 
 
-# Every constructor takes ``numerics``: "fast" (the default: leantrain's fused order) or
+# Every constructor takes ``numerics``: "fast" (the default: torch's kernels) or
 # "torchlean" (upstream's per-tensor formulas, one rounding per written operation, on
-# the host path; slower; for replaying a run against TorchLean bit for bit).
-
-
-def sgd(lr: float, momentum: float = 0.0, *, numerics: str = "fast") -> Optimizer:
-    """SGD; plain when ``momentum`` is exactly 0, else heavy-ball momentum (no dampening)."""
-    return Optimizer(SGD(lr, momentum, numerics=numerics))
-
-
-def adagrad(lr: float, eps: float = 1e-10, *, numerics: str = "fast") -> Optimizer:
-    """Adagrad: ``s += g*g; p -= lr * g / (sqrt(s) + eps)`` (torch's fused kernel; sparse gradients too).
-
-    Args:
-        lr: the learning rate (finite, >= 0).
-        eps: added to the root in the denominator.
-        numerics: ``"fast"`` (torch's kernels) or ``"torchlean"`` (upstream's formulas, host path).
-
-    Raises:
-        ConfigError: a hyperparameter out of its range.
-    """
-    return Optimizer(Adagrad(lr, eps, numerics=numerics))
-
-
-def rmsprop(lr: float, decay: float = 0.99, eps: float = 1e-8, *, numerics: str = "fast") -> Optimizer:
-    """RMSProp: ``s = decay*s + (1-decay)*g*g; p -= lr * g / (sqrt(s) + eps)`` (torch's foreach kernels).
-
-    Args:
-        lr: the learning rate.
-        decay: the averaging factor of the squared gradients (torch's ``alpha``).
-        eps: added to the root in the denominator.
-        numerics: ``"fast"`` or ``"torchlean"``.
-    """
-    return Optimizer(RMSProp(lr, decay, eps, numerics=numerics))
-
-
-def adam(
-    lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8, *, numerics: str = "fast"
-) -> Optimizer:
-    """Adam (torch's fused kernel, bit for bit ``torch.optim.Adam(fused=True)``).
-
-    Args:
-        lr: the learning rate.
-        beta1: the first moment's decay.
-        beta2: the second moment's decay.
-        eps: added to the root of the bias-corrected second moment.
-        numerics: ``"fast"`` or ``"torchlean"`` (upstream's formulas in upstream's order).
-
-    Raises:
-        ConfigError: a hyperparameter out of its range (also after rounding to a parameter's dtype).
-    """
-    return Optimizer(Adam(lr, beta1, beta2, eps, numerics=numerics))
-
-
-def adamw(
-    lr: float,
-    weight_decay: float = 0.01,
-    beta1: float = 0.9,
-    beta2: float = 0.999,
-    eps: float = 1e-8,
-    *,
-    numerics: str = "fast",
-) -> Optimizer:
-    """AdamW: Adam with decoupled weight decay, ``p *= 1 - lr*weight_decay`` before the step (torch's
-    fused kernel, bit for bit ``torch.optim.AdamW(fused=True)``).
-
-    Args:
-        lr: the learning rate.
-        weight_decay: the decoupled decay (use ``per_slot`` to exempt biases and norms).
-        beta1: the first moment's decay.
-        beta2: the second moment's decay.
-        eps: added to the root of the bias-corrected second moment.
-        numerics: ``"fast"`` or ``"torchlean"``.
-    """
-    return Optimizer(AdamW(lr, weight_decay, beta1, beta2, eps, numerics=numerics))
-
-
-def adadelta(lr: float = 1.0, rho: float = 0.9, eps: float = 1e-6, *, numerics: str = "fast") -> Optimizer:
-    """Adadelta (torch's foreach kernels).
-
-    Args:
-        lr: scales the update (1.0 is the original method).
-        rho: the averaging factor of both running averages.
-        eps: added inside both roots.
-        numerics: ``"fast"`` or ``"torchlean"``.
-    """
-    return Optimizer(Adadelta(lr, rho, eps, numerics=numerics))
-
-
-def lion(lr: float, beta1: float = 0.9, beta2: float = 0.99, weight_decay: float = 0.0, *,
-         numerics: str = "fast") -> Optimizer:
-    """Lion: ``p -= lr * sign(lerp(m, g, 1-beta1))`` after ``p *= 1 - lr*weight_decay``,
-    then ``m = lerp(m, g, 1-beta2)`` (see ``optim/lion_rule.py``). Use a learning rate 3-10x
-    smaller than AdamW's. Upstream has no Lion: ``numerics="torchlean"`` is refused."""
-    return Optimizer(Lion(lr, beta1, beta2, weight_decay, numerics=numerics))
+# the host path; slower; for replaying a run against TorchLean bit for bit), and
+# torch.optim's keyword names (``constructors.py``).
+from .constructors import (  # noqa: E402
+    CONSTRUCTORS, adadelta, adafactor, adagrad, adam, adamax, adamw, asgd, lion, muon, nadam, radam, rmsprop, rprop, sgd,
+)
 
 
 def constant(lr: float) -> Constant:
@@ -145,14 +62,77 @@ def warmup_cosine(peak: float, min: float, warmup_steps: int, total_steps: int) 
     return WarmupCosine(peak, min, warmup_steps, total_steps)
 
 
+def linear(base: float, warmup_steps: int, total_steps: int) -> Linear:
+    """transformers' ``get_linear_schedule_with_warmup``: 0 to ``base`` over the warm-up,
+    then down to 0 at ``total_steps`` (the same rates at every index)."""
+    return Linear(base, warmup_steps, total_steps)
+
+
+def cosine_with_warmup(base: float, warmup_steps: int, total_steps: int, cycles: float = 0.5, *,
+                       restarts: bool = False) -> CosineWithWarmup:
+    """transformers' ``get_cosine_schedule_with_warmup`` (``restarts=True``: its hard-restarts
+    form, ``cycles`` restarts)."""
+    return CosineWithWarmup(base, warmup_steps, total_steps, cycles, restarts)
+
+
+def warmup_stable_decay(base: float, warmup_steps: int, stable_steps: int, decay_steps: int, *,
+                        min_ratio: float = 0.0, warmup_shape: str = "linear", decay_shape: str = "cosine",
+                        cycles: float = 0.5) -> WarmupStableDecay:
+    """transformers' ``get_wsd_schedule``: warm-up, stable at ``base``, decay to ``min_ratio * base``."""
+    return WarmupStableDecay(base, warmup_steps, stable_steps, decay_steps, min_ratio, warmup_shape, decay_shape,
+                             cycles)
+
+
+def polynomial(base: float, warmup_steps: int, total_steps: int, end: float = 1e-7, power: float = 1.0) -> Polynomial:
+    """transformers' ``get_polynomial_decay_schedule_with_warmup``."""
+    return Polynomial(base, warmup_steps, total_steps, end, power)
+
+
+def inverse_sqrt(base: float, warmup_steps: int, timescale=None) -> InverseSqrt:
+    """transformers' ``get_inverse_sqrt_schedule``."""
+    return InverseSqrt(base, warmup_steps, timescale)
+
+
+def one_cycle(max_lr: float, total_steps: int, pct_start: float = 0.3, anneal: str = "cos", div_factor: float = 25.0,
+              final_div_factor: float = 1e4, three_phase: bool = False) -> OneCycle:
+    """torch's ``OneCycleLR`` rate (momentum is not cycled)."""
+    return OneCycle(max_lr, total_steps, pct_start, anneal, div_factor, final_div_factor, three_phase)
+
+
+def cosine_restarts(base: float, t_0: int, t_mult: int = 1, eta_min: float = 0.0) -> CosineRestarts:
+    """torch's ``CosineAnnealingWarmRestarts``."""
+    return CosineRestarts(base, t_0, t_mult, eta_min)
+
+
+def multi_step(base: float, milestones, gamma: float = 0.1) -> MultiStep:
+    """torch's ``MultiStepLR``: the rate times ``gamma`` at each milestone."""
+    return MultiStep(base, tuple(milestones) if isinstance(milestones, list) else milestones, gamma)
+
+
+def sequential(schedules, milestones) -> Sequential:
+    """torch's ``SequentialLR``: one schedule after another, each from its index 0."""
+    return Sequential(tuple(schedules) if isinstance(schedules, list) else schedules,
+                      tuple(milestones) if isinstance(milestones, list) else milestones)
+
+
+def lambda_schedule(base: float, fn) -> Lambda:
+    """torch's ``LambdaLR``: ``base * fn(t)`` for the user's ``fn`` of the index."""
+    return Lambda(base, fn)
+
+
 # Constructors by kind: each registered rule's kinds (see ``rules.RULES``), each
 # reached through the constructor of the same name above.
-OPTIMIZERS = {kind: globals()[kind] for kind in HYPERS}
+OPTIMIZERS = {kind: CONSTRUCTORS[kind] for kind in HYPERS}
 
 __all__ = [
     "Optimizer", "OptState", "Hyper", "SGD", "Adagrad", "RMSProp", "Adam", "AdamW", "Adadelta", "Lion",
     "SGDState", "MomentumState", "AdagradState", "RMSPropState", "AdamState", "AdadeltaState", "LionState",
+    "NAdam", "RAdam", "Adamax", "ASGD", "Rprop", "Adafactor", "Muon", "adafactor",
+    "from_torch", "nadam", "radam", "adamax", "asgd", "rprop", "muon",
     "Schedule", "Constant", "Step", "Exponential", "WarmupCosine",
     "sgd", "adagrad", "rmsprop", "adam", "adamw", "adadelta", "lion",
-    "constant", "step", "exponential", "warmup_cosine", "OPTIMIZERS", "HYPERS",
+    "constant", "step", "exponential", "warmup_cosine",
+    "Linear", "CosineWithWarmup", "WarmupStableDecay", "Polynomial", "InverseSqrt", "OneCycle", "CosineRestarts",
+    "MultiStep", "Sequential", "Lambda", "linear", "cosine_with_warmup", "warmup_stable_decay", "polynomial",
+    "Plateau", "plateau", "inverse_sqrt", "one_cycle", "cosine_restarts", "multi_step", "sequential", "lambda_schedule", "OPTIMIZERS", "HYPERS",
 ]

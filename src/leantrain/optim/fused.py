@@ -32,18 +32,22 @@ def by_device_dtype(ps, gs, extra) -> list[tuple[list, list, list]]:
 
 
 def adam(ps, gs, ms, vs, steps: list[int], *, adamw: bool, lr: float, beta1: float, beta2: float,
-         weight_decay: float, eps: float) -> None:
+         weight_decay: float, eps: float, vmaxs=None, maximize: bool = False) -> None:
     """Per element ``m = lerp(m, g, 1-b1)``, ``v = v*b2 + (1-b2)*g*g``, ``p -= (lr/c1) * m /
     (sqrt(v)/sqrt(c2) + eps)`` with ``c = 1 - b^t`` in binary64 (AdamW first ``p *= 1 -
-    lr*wd``); ``t`` (the step each tensor reaches) is passed as a float32 tensor, as
-    torch.optim keeps it. ``eps`` is added after the bias correction, so a tiny eps never
-    rounds the denominator to 0. One call per (device, dtype, t) group."""
+    lr*wd``; Adam's ``weight_decay`` adds ``wd*p`` to the gradient; ``vmaxs``: AMSGrad's
+    running maximum of ``v``, used in the denominator; ``maximize`` negates the gradient);
+    ``t`` (the step each tensor reaches) is passed as a float32 tensor, as torch.optim
+    keeps it. ``eps`` is added after the bias correction, so a tiny eps never rounds the
+    denominator to 0. One call per (device, dtype, t) group."""
     kernel = torch._fused_adamw_ if adamw else torch._fused_adam_
-    groups: dict[tuple, tuple[list, list, list, list]] = {}
-    for p, g, m, v, t in zip(ps, gs, ms, vs, steps):
-        group = groups.setdefault((p.device, p.dtype, t), ([], [], [], []))
+    groups: dict[tuple, tuple[list, list, list, list, list]] = {}
+    for k, (p, g, m, v, t) in enumerate(zip(ps, gs, ms, vs, steps)):
+        group = groups.setdefault((p.device, p.dtype, t), ([], [], [], [], []))
         group[0].append(p), group[1].append(g), group[2].append(m), group[3].append(v)
-    for (device, _, t), (pl, gl, ml, vl) in groups.items():
+        if vmaxs is not None:
+            group[4].append(vmaxs[k])
+    for (device, _, t), (pl, gl, ml, vl, xl) in groups.items():
         step = torch.full((), float(t), dtype=torch.float32, device=device)  # an upload, never a read
-        kernel(pl, gl, ml, vl, [], [step] * len(pl), lr=lr, beta1=beta1, beta2=beta2,
-               weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
+        kernel(pl, gl, ml, vl, xl, [step] * len(pl), lr=lr, beta1=beta1, beta2=beta2,
+               weight_decay=weight_decay, eps=eps, amsgrad=vmaxs is not None, maximize=maximize)

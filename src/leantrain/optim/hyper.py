@@ -61,10 +61,28 @@ class Hyper:
     _units: ClassVar[tuple[str, ...]] = ()
     _rates: ClassVar[tuple[str, ...]] = ("lr",)
     _eps: ClassVar[tuple[str, ...]] = ()
+    _flags: ClassVar[tuple[str, ...]] = ()  # booleans (torch's maximize, nesterov, amsgrad...)
+    # Options added after checkpoints of this kind were written: left out of ``as_dict``
+    # at their default, so those checkpoints load and default ones keep their bytes.
+    _added: ClassVar[tuple[str, ...]] = ()
+    # torch options with no upstream formula: numerics="torchlean" refuses them off default.
+    _torch_only: ClassVar[tuple[str, ...]] = ()
+    # whether the rule runs a fused kernel (float32 arithmetic for half tensors, nothing
+    # stored in between) rather than foreach passes (each intermediate stored in the dtype)
+    _fused: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         op = f"optim.{self.kind}"
         check_choice(op, "numerics", self.numerics, NUMERICS)
+        for name in self._flags:
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{op}: {name} must be True or False, got {getattr(self, name)!r}")
+        if self.numerics == "torchlean":
+            off = [n for n in self._torch_only if getattr(self, n) != _default(type(self), n)]
+            if off:
+                raise ConfigError(f"{op}: numerics='torchlean' replays upstream's formulas, which have no "
+                                  f"{', '.join(off)}; use numerics='fast' (torch's kernels) for those options")
+        self.check_more(op)
         for name in self._rates:
             object.__setattr__(self, name, check_rate(op, name, getattr(self, name)))
         for name in self._units:
@@ -73,17 +91,28 @@ class Hyper:
             object.__setattr__(self, name, check_eps(op, name, getattr(self, name)))
 
     def check_dtype(self, dtype: torch.dtype) -> None:
-        """Repeat the checks after rounding every hyperparameter to ``dtype``."""
+        """Repeat the checks after rounding every hyperparameter to the dtype the update
+        computes in: the parameter's with ``numerics="torchlean"`` (upstream's formulas);
+        with torch's kernels float64 for float64 and float32 otherwise (their ``opmath``:
+        bfloat16 and float16 tensors are computed in float32)."""
         if not dtype.is_floating_point:
             raise ConfigError(f"optim.{self.kind}: parameters must be floating point, got {dtype}")
         op = f"optim.{self.kind}"
+        shown = str(dtype).removeprefix("torch.")
+        stored = dtype  # foreach forms store each intermediate (sqrt(v) + eps...) in it
+        if self.numerics == "fast" and dtype != torch.float64:
+            dtype = torch.float32
         name = str(dtype).removeprefix("torch.")
         suffix = f" after conversion to {name}" + (" (binary32)" if dtype == torch.float32 else "")
+        if shown != name:
+            suffix += f", which torch's kernels compute {shown} in"
         for name in self._eps:
-            r = _rounded(getattr(self, name), dtype)
+            where, why = (dtype, suffix) if self._fused or self.numerics != "fast" else (
+                stored, f" after conversion to {shown} (torch's foreach form keeps its intermediates in it)")
+            r = _rounded(getattr(self, name), where)
             if not (math.isfinite(r) and r > 0):
                 raise ConfigError(
-                    f"{op}: {name} must be finite and > 0{suffix}, got {getattr(self, name)!r} "
+                    f"{op}: {name} must be finite and > 0{why}, got {getattr(self, name)!r} "
                     f"(rounds to {r!r})"
                 )
         for name in self._rates:
@@ -97,6 +126,9 @@ class Hyper:
                     f"{op}: {name} must be in [0, 1){suffix}, got {getattr(self, name)!r} "
                     f"(rounds to {r!r})"
                 )
+
+    def check_more(self, op: str) -> None:
+        """A kind's own checks beyond the shared ranges (none by default)."""
 
     @functools.cached_property
     def _binding(self) -> tuple:
@@ -112,6 +144,9 @@ class Hyper:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         if out["numerics"] == "fast":
             del out["numerics"]
+        for name in self._added:
+            if out[name] == _default(type(self), name):
+                del out[name]
         return out
 
     def describe(self) -> str:
@@ -120,27 +155,66 @@ class Hyper:
         return f"{self.kind}({args})"
 
 
+def _default(cls: type, name: str) -> object:
+    return cls.__dataclass_fields__[name].default
+
+
+def check_unit_closed(op: str, name: str, value: object) -> float:
+    if not is_number(value) or not 0.0 <= value <= 1.0:
+        raise ConfigError(f"{op}: {name} must be in [0, 1], got {value!r}")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class SGD(Hyper):
     momentum: float = 0.0
+    dampening: float = 0.0
+    weight_decay: float = 0.0
+    nesterov: bool = False
+    maximize: bool = False
     kind = "sgd"
+    _fused = True
     _units = ("momentum",)
+    _rates = ("lr", "weight_decay")
+    _flags = ("nesterov", "maximize")
+    _added = _torch_only = ("dampening", "weight_decay", "nesterov", "maximize")
+
+    def check_more(self, op: str) -> None:
+        object.__setattr__(self, "dampening", check_unit_closed(op, "dampening", self.dampening))
+        if self.nesterov and (self.momentum == 0.0 or self.dampening != 0.0):
+            raise ConfigError(f"{op}: nesterov needs a momentum > 0 and dampening 0, got momentum="
+                              f"{self.momentum!r}, dampening={self.dampening!r}")
 
 
 @dataclass(frozen=True)
 class Adagrad(Hyper):
     eps: float = 1e-10
+    lr_decay: float = 0.0
+    weight_decay: float = 0.0
+    initial_accumulator_value: float = 0.0
+    maximize: bool = False
     kind = "adagrad"
+    _fused = True
     _eps = ("eps",)
+    _rates = ("lr", "lr_decay", "weight_decay", "initial_accumulator_value")
+    _flags = ("maximize",)
+    _added = _torch_only = ("lr_decay", "weight_decay", "initial_accumulator_value", "maximize")
 
 
 @dataclass(frozen=True)
 class RMSProp(Hyper):
-    decay: float = 0.99
+    decay: float = 0.99  # torch's alpha
     eps: float = 1e-8
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    centered: bool = False
+    maximize: bool = False
     kind = "rmsprop"
-    _units = ("decay",)
+    _units = ("decay", "momentum")
     _eps = ("eps",)
+    _rates = ("lr", "weight_decay")
+    _flags = ("centered", "maximize")
+    _added = _torch_only = ("weight_decay", "momentum", "centered", "maximize")
 
 
 @dataclass(frozen=True)
@@ -148,9 +222,17 @@ class Adam(Hyper):
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
+    weight_decay: float = 0.0
+    amsgrad: bool = False
+    maximize: bool = False
+    decoupled_weight_decay: bool = False  # True: AdamW's decay (torch's Adam option)
     kind = "adam"
+    _fused = True
     _units = ("beta1", "beta2")
     _eps = ("eps",)
+    _rates = ("lr", "weight_decay")
+    _flags = ("amsgrad", "maximize", "decoupled_weight_decay")
+    _added = _torch_only = ("weight_decay", "amsgrad", "maximize", "decoupled_weight_decay")
 
 
 @dataclass(frozen=True)
@@ -159,19 +241,29 @@ class AdamW(Hyper):
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
+    amsgrad: bool = False
+    maximize: bool = False
     kind = "adamw"
+    _fused = True
     _rates = ("lr", "weight_decay")
     _units = ("beta1", "beta2")
     _eps = ("eps",)
+    _flags = ("amsgrad", "maximize")
+    _added = _torch_only = ("amsgrad", "maximize")
 
 
 @dataclass(frozen=True)
 class Adadelta(Hyper):
     rho: float = 0.9
     eps: float = 1e-6
+    weight_decay: float = 0.0
+    maximize: bool = False
     kind = "adadelta"
     _units = ("rho",)
     _eps = ("eps",)
+    _rates = ("lr", "weight_decay")
+    _flags = ("maximize",)
+    _added = _torch_only = ("weight_decay", "maximize")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from ..errors import OptimizerStateError, PackError, slot_label
 from ..params.dense import is_dense, kernel_strides, same_layout, to_layout
 from ..params.paramlist import ParamList
 from .per_slot import Settings
+from .records import parameter_shaped, state_shape
 from .rules import SGDState, clone_record, rule_for
 
 GENERIC, NATIVE = "generic", "native"
@@ -111,7 +112,8 @@ def build_layout(op: str, hyper, records: list, params: ParamList, slots_map: li
             if id(rec) in owned:  # un-tied since the last step: split the history
                 records[i] = clone_record(rec)
                 split = True
-            if not all(same_layout(t, strides) for t in records[i].tensors().values()):
+            if not all(same_layout(t, strides) for k, t in records[i].tensors().items()
+                       if parameter_shaped(type(records[i]), k)):
                 records[i] = in_layout(records[i], p)  # e.g. state made elsewhere, contiguous
                 split = True
             owned.add(id(records[i]))
@@ -130,7 +132,7 @@ def build_layout(op: str, hyper, records: list, params: ParamList, slots_map: li
 
 def in_layout(rec, p: torch.Tensor):
     """``rec`` with every state tensor copied into ``p``'s kernel layout."""
-    return replace(rec, **{k: to_layout(t, p) for k, t in rec.tensors().items()})
+    return replace(rec, **{k: to_layout(t, p) for k, t in rec.tensors().items() if parameter_shaped(type(rec), k)})
 
 
 def check_sparse(op: str, hyper, rule, params: ParamList, i: int) -> None:
@@ -147,9 +149,10 @@ def check_sparse(op: str, hyper, rule, params: ParamList, i: int) -> None:
 
 def check_record(op: str, params: ParamList, i: int, rec, p: torch.Tensor) -> None:
     for field, t in rec.tensors().items():
-        if t.shape != p.shape or t.device != p.device or t.dtype != p.dtype:
+        want = state_shape(type(rec), field, tuple(p.shape))
+        if tuple(t.shape) != want or t.device != p.device or t.dtype != p.dtype:
             raise OptimizerStateError(
                 f"{op}: {slot_label(i, params[i].name)}: optimizer state '{field}' does not "
-                f"fit the parameter: expected {tuple(p.shape)} {p.dtype} on "
+                f"fit the parameter: expected {want} {p.dtype} on "
                 f"{p.device}, got {tuple(t.shape)} {t.dtype} on {t.device}"
             )

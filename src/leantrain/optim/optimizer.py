@@ -33,6 +33,7 @@ from .per_slot import Settings, plain, resolve
 from ..params.dense import same_layout, to_layout
 from .layout import GENERIC, NATIVE, Layout, build_layout, check_sparse, no_mirror
 from .rules import rule_for
+from .torch_style import as_param_list, group_function
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ class Optimizer:
 
     @property
     def kind(self) -> str:
-        """The rule's name: ``sgd``, ``adagrad``, ``rmsprop``, ``adam``, ``adamw``, ``adadelta`` or ``lion``."""
+        """The rule's name, a key of ``optim.OPTIMIZERS`` (``sgd``, ``adamw``, ``muon``...)."""
         return self.hyper.kind
 
     @property
@@ -121,10 +122,32 @@ class Optimizer:
     def __repr__(self) -> str:
         return self.hyper.describe()
 
+    def with_param_groups(self, groups) -> "Optimizer":
+        """This optimizer with torch-style param groups' hyperparameters as per-slot settings
+        (``[{"params": [...], "weight_decay": 0.0}, ...]``; a group's ``lr`` becomes its
+        ``lr_scale`` against this optimizer's rate), for a loop over the module holding them."""
+        return self._with(f"{self.kind}.with_param_groups", groups)[0]
+
+    def _with(self, op: str, target) -> tuple["Optimizer", ParamList]:
+        """The optimizer and parameter list for what a user passed (``torch_style.py``)."""
+        params, options = as_param_list(op, target)
+        if options is None:
+            return self, params
+        if self.slot_fn is not None:
+            raise ConfigError(f"{op}: param groups and per_slot both set per-slot hyperparameters; use one")
+        return Optimizer(self.hyper, group_function(op, self.kind, self.hyper.lr, params, options)), params
+
     # --------------------------------------------------------------------- init
-    def init(self, params: ParamList, *, native: bool = False) -> OptState:
-        """Fresh state for ``params``: zeros beside the tensors the chosen path updates."""
+    def init(self, params, *, native: bool = False) -> OptState:
+        """Fresh state for ``params``: zeros beside the tensors the chosen path updates.
+        ``params``: a ``ParamList`` (or a Runner), a module, an iterable of Parameters, or
+        torch-style param groups (their options become per-slot settings; pass the same
+        groups to ``step``)."""
         op = f"{self.kind}.init"
+        if not isinstance(params, ParamList):
+            opt, params = self._with(op, params)
+            if opt is not self:
+                return opt.init(params, native=native)
         if native and not self.native:
             raise OptimizerStateError(
                 f"{op}: {self.kind} has no native path (only sgd without momentum, adam and "
@@ -151,14 +174,23 @@ class Optimizer:
         return OptState(self.hyper, self.hyper.lr, NATIVE if native else GENERIC, tuple(records), 0, asked)
 
     # --------------------------------------------------------------------- step
-    def step(self, state: OptState, params: ParamList, gradients: Sequence) -> OptState:
-        """One generic (host) update: sync mirrors, update host tensors, drop mirrors."""
+    def step(self, state: OptState, params, gradients: Sequence) -> OptState:
+        """One generic (host) update: sync mirrors, update host tensors, drop mirrors.
+        ``params`` as for ``init``; ``gradients`` one per slot (``[p.grad for p in params]``)."""
+        if not isinstance(params, ParamList):
+            opt, params = self._with(f"{self.kind}.step", params)
+            if opt is not self:
+                return opt.step(state, params, gradients)
         self.check(f"{self.kind}.step", state, params, GENERIC)
         params.check_pack(f"{self.kind}.step", gradients, gradients=True)
         return self.apply(state, params, gradients, GENERIC)
 
-    def step_native(self, state: OptState, params: ParamList, gradients: Sequence) -> OptState:
+    def step_native(self, state: OptState, params, gradients: Sequence) -> OptState:
         """One native update: write only the mirrors, keep state beside them, no host read."""
+        if not isinstance(params, ParamList):
+            opt, params = self._with(f"{self.kind}.step_native", params)
+            if opt is not self:
+                return opt.step_native(state, params, gradients)
         self.check(f"{self.kind}.step_native", state, params, NATIVE)
         params.check_pack(f"{self.kind}.step_native", gradients, gradients=True)
         return self.apply(state, params, gradients, NATIVE)

@@ -36,7 +36,6 @@ def resolve(op: str, base: Hyper, fn: Callable, params) -> tuple[Settings, tuple
     settings: Settings = [None] * len(params)
     asked: list[Optional[dict]] = [None] * len(params)
     keys = allowed_keys(base)
-    layout = record_type(base)
     for i, c in enumerate(reps):
         if c is None:
             continue
@@ -75,7 +74,8 @@ def resolve(op: str, base: Hyper, fn: Callable, params) -> tuple[Settings, tuple
             h.check_dtype(params[i].dtype)
         except ConfigError as e:
             raise ConfigError(f"{op}: {where}: {e}") from None
-        if record_type(h) is not layout:
+        layout = record_type(base, tuple(params[i].shape))
+        if record_type(h, tuple(params[i].shape)) is not layout:
             raise ConfigError(f"{op}: {where}: {rest} changes the optimizer state's layout "
                               f"(from {layout.__name__}); choose values that keep it")
         settings[i] = (h, scale)

@@ -76,7 +76,7 @@ def module_slots(module: torch.nn.Module) -> list[Param]:
     by_view: dict[tuple, Storage] = {}
     views = []
     for name, t, loc in entries:
-        storage = by_view.setdefault(_view_key(t), Storage(t))
+        storage = by_view.setdefault(view_key(t), Storage(t))
         trainable = loc.is_parameter and t.requires_grad
         views.append(Param.of_storage(storage, requires_grad=trainable, name=_plain_name(name)))
     return views
@@ -107,7 +107,8 @@ def _location(module: torch.nn.Module, name: str, is_parameter: bool) -> SlotLoc
     return SlotLocation(owner, attr, is_parameter)
 
 
-def _view_key(t: torch.Tensor) -> tuple:
+def view_key(t: torch.Tensor) -> tuple:
+    """What makes two tensors the same slot's storage: the same memory seen the same way."""
     if t.numel() == 0:
         return ("empty", id(t))  # no memory: the same object or nothing
     return (t.device, t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
@@ -161,7 +162,7 @@ def check_no_partial_overlap(op: str, entries: list[tuple[str, torch.Tensor]]) -
         active = [a for a in active if a[0] == s[0] and a[2] > s[1]]
         for a in active:
             (name_i, t_i), (name_j, t_j) = entries[a[3]], entries[s[3]]
-            if _view_key(t_i) == _view_key(t_j) or not _share_a_byte(t_i, t_j):
+            if view_key(t_i) == view_key(t_j) or not _share_a_byte(t_i, t_j):
                 continue
             i, j = sorted((a[3], s[3]))
             (name_i, t_i), (name_j, t_j) = entries[i], entries[j]

@@ -114,6 +114,30 @@ class EarlyStopping(Callback):
         return False
 
 
+class PlateauFeed(Callback):
+    """What a loop adds for a ``Plateau`` schedule: each evaluation's monitored value fed to
+    it, its counters kept in every checkpoint (on every rank: the rate must agree)."""
+
+    every_rank = True
+
+    def __init__(self, schedule) -> None:
+        self.schedule, self.loaded = schedule, False
+
+    def state_dict(self) -> dict:
+        return self.schedule.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.schedule.load_state_dict(state)
+        self.loaded = True
+
+    def on_begin(self, total: Optional[int], start: int) -> None:
+        if not self.loaded:  # a fresh run starts at the base rate, whatever an earlier run left
+            self.schedule.reset()
+
+    def on_eval(self, step: int, results: dict) -> None:
+        self.schedule.observe(results[self.schedule.monitor])
+
+
 class ProgressBar(Callback):
     """A tqdm bar over the run's updates, with the last logged loss and the rate, and a
     line per evaluation (``eval_line(step, results)`` formats it; by default

@@ -13,8 +13,10 @@ import numpy
 import torch
 
 from ...errors import ConfigError
+from ...optim.plateau import Plateau
+from ...optim.rules import elementwise
 from ...validate import is_int, is_number
-from .callbacks import Callback, EarlyStopping, ProgressBar
+from .callbacks import Callback, EarlyStopping, PlateauFeed, ProgressBar
 from ..runner.runner import Runner
 from ..parallel.sharding.state import check_shardable
 
@@ -26,6 +28,11 @@ def check_inputs(op: str, runner: object, cfg: object, kind: type) -> None:
         raise ConfigError(f"{op}: expected a {kind.__name__}, got {type(cfg).__name__}")
     if cfg.sharding is not None:
         check_shardable(op, runner)
+        if not elementwise(cfg.optimizer.hyper):
+            raise ConfigError(
+                f"{op}: sharding={cfg.sharding!r} cuts each slot's optimizer state into ranges, but "
+                f"{cfg.optimizer.kind} updates a whole matrix at a time (Newton-Schulz needs it whole); "
+                f"train it unsharded, or with data parallelism alone")
     if cfg.autocast == "float16":  # as torch's GradScaler, which refuses to unscale float16 gradients
         for i, (v, c) in enumerate(zip(runner.params, runner.params.canonical_slot_indices())):
             if c == i and v.dtype == torch.float16:
@@ -67,6 +74,14 @@ def loop_callbacks(op: str, cfg, callbacks: Sequence[Callback], main: bool) -> l
                 raise ConfigError(f"{op}: EarlyStopping monitors {cb.monitor!r}, but the evaluations give "
                                   f"{sorted(names)}")
     out = [cb for cb in callbacks if main or cb.every_rank]
+    if isinstance(cfg.scheduler, Plateau):
+        if cfg.eval_data is None:
+            raise ConfigError(f"{op}: the plateau schedule reads evaluations: set eval_data (and eval_every)")
+        names = {"loss", "items", *(cfg.eval_metrics or {})}
+        if cfg.scheduler.monitor not in names:
+            raise ConfigError(f"{op}: the plateau schedule monitors {cfg.scheduler.monitor!r}, but the evaluations "
+                              f"give {sorted(names)}")
+        out.insert(0, PlateauFeed(cfg.scheduler))
     if main and cfg.log_every and sys.stderr.isatty() and not any(isinstance(c, ProgressBar) for c in out):
         out.append(ProgressBar())
     return out

@@ -1,0 +1,98 @@
+"""``from_torch``: a ``torch.optim`` optimizer (its class, groups and hyperparameters) as
+leantrain's, with the history its state holds, so a run started in plain PyTorch
+continues here exactly."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from ..errors import ConfigError
+from ..params.module_slots import view_key
+from .constructors import CONSTRUCTORS, TORCH_NAMES
+from .layout import GENERIC
+from .optimizer import OptState
+from .rules import record_type, rule_for
+from .torch_style import as_param_list, group_function
+
+
+# record field -> torch.optim's state key
+STATE_KEYS = {"m": "exp_avg", "v": "exp_avg_sq", "vmax": "max_exp_avg_sq", "buf": "momentum_buffer", "sum": "sum",
+              "avg": "square_avg", "grad_avg": "grad_avg", "square_avg": "square_avg", "delta_avg": "acc_delta",
+              "u": "exp_inf", "ax": "ax", "prev": "prev", "step_size": "step_size", "row_var": "row_var",
+              "col_var": "col_var", "variance": "variance"}
+
+
+def from_torch(torch_optimizer: torch.optim.Optimizer, target=None):
+    """``(optimizer, state)``: leantrain's optimizer for a ``torch.optim`` optimizer (its
+    class, its first group's hyperparameters as the base, every other group's differences
+    as per-slot settings) and the history its state holds, for ``target`` (the module,
+    Runner or ParamList training continues on; by default the groups' own tensors). A
+    run started in plain PyTorch continues here with the bits it would have had there."""
+    op = "optim.from_torch"
+    if not isinstance(torch_optimizer, torch.optim.Optimizer):
+        raise ConfigError(f"{op}: expected a torch.optim optimizer, got {type(torch_optimizer).__name__}")
+    name = type(torch_optimizer).__name__
+    if name not in TORCH_NAMES:
+        raise ConfigError(f"{op}: leantrain has no counterpart of torch.optim.{name}; it ports "
+                          f"{', '.join(sorted(TORCH_NAMES))}")
+    kind = TORCH_NAMES[name]
+    groups = torch_optimizer.param_groups
+    options = [{k: v for k, v in g.items() if k not in ("params", "param_names", "initial_lr")} for g in groups]
+    base = CONSTRUCTORS[kind](**options[0])
+    tensors = {id(p): p for g in groups for p in g["params"]}
+    if target is None:
+        target = [{"params": list(g["params"])} for g in groups]
+    params, _ = as_param_list(op, target)
+    group_of = {view_key(p): k for k, g in enumerate(groups) for p in g["params"]}
+    diff = [{k: v for k, v in options[group_of.get(view_key(params[i].storage.host), 0)].items()
+             if options[0].get(k) != v} for i in range(len(params))]
+    opt = base if not any(diff) else base.per_slot(group_function(op, kind, base.hyper.lr, params, diff))
+    settings, asked = opt.settings(op, params)
+    state_of = {view_key(p): torch_optimizer.state.get(p, {}) for p in tensors.values()}
+    slots_map = params.canonical_slot_indices()
+    records: list = [None] * len(params)
+    steps = 0
+    for i, c in enumerate(slots_map):
+        if c != i:
+            records[i] = None if c is None else records[c]
+            continue
+        h = opt.hyper if settings is None else settings[i][0]
+        host = params[i].storage.host
+        saved = state_of.get(view_key(host), {})
+        fresh = rule_for(h).init(h, host)
+        if not saved:
+            records[i] = fresh
+            continue
+        records[i] = _record(op, params.label(i), record_type(h, tuple(host.shape)), h, fresh, saved)
+        steps = max(steps, int(getattr(records[i], "step", 0)))
+    return opt, OptState(opt.hyper, opt.hyper.lr, GENERIC, tuple(records), steps, asked)
+
+
+def _record(op: str, where: str, kind: type, h, fresh, saved: dict):
+    """One slot's record from torch's state for it (tensors copied, scalars read)."""
+    values = {}
+    for field, t in fresh.tensors().items():
+        theirs = saved.get(STATE_KEYS[field])
+        if theirs is None:  # e.g. SGD's momentum buffer before its first step
+            values[field] = t
+        elif tuple(theirs.shape) != tuple(t.shape):
+            raise ConfigError(f"{op}: {where}: torch's {STATE_KEYS[field]} has shape {tuple(theirs.shape)}, the "
+                              f"parameter {tuple(t.shape)}")
+        else:
+            values[field] = theirs.detach().to(t.dtype).clone()
+    step = saved.get("step")
+    t = int(step.item() if isinstance(step, torch.Tensor) else (step or 0))  # the host counter torch keeps
+    if step is None and values:  # torch's SGD counts no steps: a buffer means it has started
+        t = 1
+    scalars = {"step": t} if "step" in kind.__dataclass_fields__ else {}
+    for name in ("mu_product", "eta", "mu"):
+        if name in kind.__dataclass_fields__ and name in saved:
+            scalars[name] = float(saved[name].item())  # a one-element state tensor, read once at porting
+    if "beta1_power" in kind.__dataclass_fields__:  # the products the records keep, as they would have
+        b1p = b2p = 1.0
+        for _ in range(t):
+            b1p, b2p = b1p * h.beta1, b2p * h.beta2
+        scalars.update(beta1_power=b1p, beta2_power=b2p)
+    return replace(fresh, **values, **scalars)

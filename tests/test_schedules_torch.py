@@ -1,0 +1,168 @@
+"""Every schedule against the torch or transformers scheduler it mirrors, at every index,
+bit for bit: the rate torch's optimizer holds after ``t`` calls of ``scheduler.step()``
+equals ``lr_at(t)``; and a loop that resumes from a checkpoint continues the same rates."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import leantrain as lt
+from leantrain import optim
+
+transformers = pytest.importorskip("transformers")
+N = 60
+
+
+def _torch_rates(make, base: float, n: int = N) -> list[float]:
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=base)
+    sched = make(opt)
+    rates = []
+    for _ in range(n):
+        rates.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return rates
+
+
+def _ours(schedule, n: int = N) -> list[float]:
+    return [schedule.lr_at(t) for t in range(n)]
+
+
+S = torch.optim.lr_scheduler
+T = transformers
+CASES = {
+    "linear": (optim.linear(1e-3, 7, 50), lambda o: T.get_linear_schedule_with_warmup(o, 7, 50), 1e-3),
+    "linear-no-warmup": (optim.linear(0.1, 0, 40), lambda o: T.get_linear_schedule_with_warmup(o, 0, 40), 0.1),
+    "cosine": (optim.cosine_with_warmup(3e-4, 5, 45), lambda o: T.get_cosine_schedule_with_warmup(o, 5, 45), 3e-4),
+    "cosine-restarts-hf": (optim.cosine_with_warmup(3e-4, 5, 45, 3, restarts=True),
+                           lambda o: T.get_cosine_with_hard_restarts_schedule_with_warmup(o, 5, 45, 3), 3e-4),
+    "wsd": (optim.warmup_stable_decay(1e-3, 6, 20, 15, min_ratio=0.1),
+            lambda o: T.get_wsd_schedule(o, 6, 15, num_stable_steps=20, min_lr_ratio=0.1), 1e-3),
+    "wsd-1-sqrt": (optim.warmup_stable_decay(1e-3, 6, 20, 15, warmup_shape="cosine", decay_shape="1-sqrt"),
+                   lambda o: T.get_wsd_schedule(o, 6, 15, num_stable_steps=20, warmup_type="cosine",
+                                                decay_type="1-sqrt"), 1e-3),
+    "polynomial": (optim.polynomial(1e-3, 4, 40, 1e-6, 2.0),
+                   lambda o: T.get_polynomial_decay_schedule_with_warmup(o, 4, 40, 1e-6, 2.0), 1e-3),
+    "inverse-sqrt": (optim.inverse_sqrt(1e-3, 8), lambda o: T.get_inverse_sqrt_schedule(o, 8), 1e-3),
+    "inverse-sqrt-timescale": (optim.inverse_sqrt(1e-3, 8, 3), lambda o: T.get_inverse_sqrt_schedule(o, 8, 3), 1e-3),
+    "one-cycle": (optim.one_cycle(0.1, N), lambda o: S.OneCycleLR(o, 0.1, N, cycle_momentum=False), 0.1),
+    "one-cycle-3": (optim.one_cycle(0.1, N, 0.25, "linear", 10.0, 100.0, True),
+                    lambda o: S.OneCycleLR(o, 0.1, N, pct_start=0.25, anneal_strategy="linear", div_factor=10.0,
+                                           final_div_factor=100.0, three_phase=True, cycle_momentum=False), 0.1),
+    "cosine-restarts": (optim.cosine_restarts(0.1, 7, 1, 1e-4),
+                        lambda o: S.CosineAnnealingWarmRestarts(o, 7, 1, 1e-4), 0.1),
+    "cosine-restarts-mult": (optim.cosine_restarts(0.1, 3, 2), lambda o: S.CosineAnnealingWarmRestarts(o, 3, 2), 0.1),
+    "multi-step": (optim.multi_step(0.1, [5, 12, 12, 30], 0.3), lambda o: S.MultiStepLR(o, [5, 12, 12, 30], 0.3), 0.1),
+    "lambda": (optim.lambda_schedule(0.1, lambda t: 0.97 ** t), lambda o: S.LambdaLR(o, lambda t: 0.97 ** t), 0.1),
+    "sequential": (optim.sequential([optim.linear(0.1, 0, 10), optim.lambda_schedule(0.1, lambda t: 0.9 ** t)], [10]),
+                   lambda o: S.SequentialLR(o, [S.LambdaLR(o, lambda t: max(0.0, float(10 - t) / 10.0)),
+                                                S.LambdaLR(o, lambda t: 0.9 ** t)], [10]), 0.1),
+}
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("name", CASES)
+def test_the_same_rates_as_torch_and_transformers_at_every_index(name):
+    ours, make, base = CASES[name]
+    assert _ours(ours) == _torch_rates(make, base)
+
+
+def test_a_schedule_resumes_with_the_rates_it_would_have_had(tmp_path):
+    """Killed after 4 of 8 updates and resumed: the same rates at every update, the same bits."""
+    data = [(torch.randn(3, generator=torch.Generator().manual_seed(k)), torch.ones(1)) for k in range(8)]
+    schedule = optim.warmup_stable_decay(0.05, 2, 2, 4)
+
+    def run(steps, resume=None):
+        torch.manual_seed(0)
+        runner = lt.Runner.from_module(torch.nn.Linear(3, 1), "mse")
+        rates = []
+        cfg = lt.TrainConfig(steps=steps, batch_size=2, optimizer=optim.adamw(0.05), scheduler=schedule,
+                             checkpoint_path=tmp_path / f"c{steps}.ckpt", checkpoint_every=1, resume_from=resume)
+        lt.train_samples(runner, cfg, data, log=None, callback=lambda e: rates.append((e.step, e.state.lr)))
+        return runner, rates
+
+    whole, rates = run(8)
+    run(4)
+    (tmp_path / "c4.ckpt").rename(tmp_path / "c8.ckpt")
+    resumed, rest = run(8, resume=tmp_path / "c8.ckpt")
+    assert [s for s, _ in rest] == [5, 6, 7, 8] and rest == rates[4:]
+    assert all(torch.equal(a, b) for a, b in zip(whole.module.state_dict().values(),
+                                                 resumed.module.state_dict().values()))
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda: optim.linear(-1.0, 1, 2), "base must be finite and >= 0"),
+    (lambda: optim.polynomial(1e-3, 5, 3), "total_steps"),
+    (lambda: optim.polynomial(1e-7, 0, 3, 1e-6), "end"),
+    (lambda: optim.one_cycle(0.1, 0), "total_steps"),
+    (lambda: optim.one_cycle(0.1, 10, anneal="exp"), "anneal"),
+    (lambda: optim.multi_step(0.1, [3, -1]), "milestones"),
+    (lambda: optim.sequential([optim.constant(0.1)], [3]), "milestones"),
+    (lambda: optim.warmup_stable_decay(0.1, 1, 1, 1, decay_shape="exp"), "decay_shape"),
+    (lambda: optim.lambda_schedule(0.1, 3), "function"),
+    (lambda: optim.cosine_restarts(0.1, 0), "t_0"),
+])
+def test_bad_schedule_settings_are_config_errors(bad, message):
+    with pytest.raises(lt.ConfigError, match=message):
+        bad()
+
+
+def test_a_user_function_that_gives_no_rate_is_named_at_its_index():
+    with pytest.raises(lt.ConfigError, match=r"fn\(3\)"):
+        optim.lambda_schedule(0.1, lambda t: -1.0 if t == 3 else 1.0).lr_at(3)
+    assert math.isclose(optim.lambda_schedule(0.1, lambda t: 0.5).lr_at(0), 0.05)
+
+
+@pytest.mark.parametrize("mode, threshold_mode, cooldown", [("min", "rel", 0), ("max", "abs", 2), ("min", "abs", 1)])
+def test_plateau_reduces_when_torchs_reduce_lr_on_plateau_does(mode, threshold_mode, cooldown):
+    gen = torch.Generator().manual_seed(4)
+    values = (torch.randn(80, generator=gen).cumsum(0) * 0.1).tolist()
+    ours = optim.plateau(0.1, mode=mode, factor=0.5, patience=2, threshold=0.01, threshold_mode=threshold_mode,
+                         cooldown=cooldown, min_lr=1e-3)
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.1)
+    theirs = S.ReduceLROnPlateau(opt, mode=mode, factor=0.5, patience=2, threshold=0.01,
+                                 threshold_mode=threshold_mode, cooldown=cooldown, min_lr=1e-3)
+    for v in values:
+        ours.observe(v)
+        theirs.step(v)
+        assert ours.lr_at(0) == opt.param_groups[0]["lr"]
+    assert ours.lr_at(0) < 0.1  # it did reduce
+
+
+def test_a_plateau_run_reads_its_evaluations_and_resumes_with_its_counters(tmp_path):
+    data = [(torch.randn(3, generator=torch.Generator().manual_seed(k)), torch.ones(1)) for k in range(8)]
+    evals = [(torch.randn(3, generator=torch.Generator().manual_seed(50 + k)), torch.zeros(1)) for k in range(4)]
+
+    def run(steps, resume=None):
+        torch.manual_seed(0)
+        runner = lt.Runner.from_module(torch.nn.Linear(3, 1), "mse")
+        rates = []
+        cfg = lt.TrainConfig(steps=steps, batch_size=2, optimizer=optim.sgd(0.05),
+                             scheduler=optim.plateau(0.05, patience=0, factor=0.5, threshold=0.5),
+                             eval_data=evals, eval_every=1, checkpoint_path=tmp_path / f"p{steps}.ckpt",
+                             checkpoint_every=1, resume_from=resume)
+        lt.train_samples(runner, cfg, data, log=None, callback=lambda e: rates.append(e.state.lr))
+        return runner, rates
+
+    whole, rates = run(10)
+    assert len(set(rates)) > 2  # the rate came down more than once
+    run(5)
+    (tmp_path / "p5.ckpt").rename(tmp_path / "p10.ckpt")
+    resumed, rest = run(10, resume=tmp_path / "p10.ckpt")
+    assert rest == rates[5:]
+    assert all(torch.equal(a, b) for a, b in zip(whole.module.state_dict().values(),
+                                                 resumed.module.state_dict().values()))
+
+
+def test_a_plateau_without_evaluations_is_refused_before_training():
+    runner = lt.Runner.from_module(torch.nn.Linear(3, 1), "mse")
+    before = [t.clone() for t in runner.module.state_dict().values()]
+    cfg = lt.TrainConfig(steps=2, batch_size=1, optimizer=optim.sgd(0.1), scheduler=optim.plateau(0.1))
+    with pytest.raises(lt.ConfigError, match="plateau schedule reads evaluations"):
+        lt.train_samples(runner, cfg, [(torch.ones(3), torch.ones(1))], log=None)
+    assert all(torch.equal(a, b) for a, b in zip(before, runner.module.state_dict().values()))
