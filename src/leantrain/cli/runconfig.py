@@ -13,7 +13,9 @@ underscores), then command-line flags.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import inspect
 import math
 import tomllib
 from dataclasses import dataclass
@@ -28,7 +30,8 @@ from ..validate import is_int, is_number
 from .digits import PRESETS
 from .usage import natural, positive, seed as seed_arg
 
-SCHEDULERS = ("none", "step", "exponential", "cosine")
+SCHEDULERS = ("none", "step", "exponential", "cosine", "linear", "wsd", "polynomial", "inverse_sqrt", "one_cycle",
+              "cosine_restarts", "multi_step", "plateau")
 DEVICES = ("cpu", "cuda")
 PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}  # -> the loops' autocast
 # The optimizers whose hyperparameters include a weight decay (read from their records).
@@ -74,6 +77,39 @@ def _loss(v) -> Optional[str]:
     return None if ok else "expected mse, cross_entropy, model or 'package.module:function'"
 
 
+def _arguments(v) -> Optional[str]:
+    ok = v is None or (isinstance(v, dict) and all(isinstance(k, str) for k in v))
+    return None if ok else "expected a table of key = value (e.g. \"momentum = 0.9, nesterov = true\")"
+
+
+def key_values(text: str) -> dict:
+    """``--optimizer-args "momentum = 0.9, betas = [0.9, 0.95]"``: the keys of a TOML inline table."""
+    try:
+        return tomllib.loads(f"x = {{{text}}}")["x"]
+    except tomllib.TOMLDecodeError as e:
+        raise argparse.ArgumentTypeError(f"expected key = value pairs separated by commas ({e})") from None
+
+
+def _optimizer_keys() -> str:
+    """Each optimizer's keyword arguments, from the constructors (the table's rows)."""
+    out = []
+    for kind in optim.OPTIMIZERS:
+        names = [n for n, p in inspect.signature(optim.CONSTRUCTORS[kind]).parameters.items()
+                 if p.kind != p.VAR_KEYWORD and n not in ("lr", "numerics")]
+        out.append(f"{kind}: {', '.join(names)}")
+    return "; ".join(out)
+
+
+def _optimizer_works(c) -> Optional[str]:
+    if c.weight_decay is not None and c.optimizer not in DECAYING:
+        return None  # --weight-decay's own rule says what is wrong
+    try:
+        c.make_optimizer()
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
 def _folder(v) -> Optional[str]:
     return None if isinstance(v, str) and v else "expected a folder path"
 
@@ -107,8 +143,14 @@ FIELDS = (
     Field("optimizer", "adam", ", ".join(optim.OPTIMIZERS), _choice(optim.OPTIMIZERS), commands=BOTH),
     Field("lr", 0.002, "the (peak) learning rate", _finite("expected a finite number > 0", lambda v: v > 0), float,
           BOTH),
-    Field("scheduler", "none", "none, step, exponential or cosine (per epoch; per update with --schedule-per step)",
-          _choice(SCHEDULERS)),
+    Field("optimizer_args", None, "the optimizer's other keyword arguments, torch's names, as key = value pairs "
+          "(e.g. \"betas = [0.9, 0.95], amsgrad = true\"); in the TOML file an inline table. Keys: "
+          + _optimizer_keys(), _arguments, key_values, BOTH, metavar="KEYS", needs=_optimizer_works),
+    Field("scheduler", "none", ", ".join(SCHEDULERS) + " (per epoch; per update with --schedule-per step; plateau "
+          "reads the test split's loss each epoch)", _choice(SCHEDULERS)),
+    Field("scheduler_args", None, "the schedule's other keyword arguments (e.g. \"gamma = 0.5, milestones = [10, 20]"
+          "\" for multi_step, \"patience = 2\" for plateau)", _arguments, key_values, metavar="KEYS",
+          needs=lambda c: _schedule_works(c)),
     Field("seed", 0, "model initialisation and shuffling seed", _seed, seed_arg, BOTH),
     Field("device", "cpu", "cpu or cuda", _choice(DEVICES)),
     Field("out", "runs/latest", "output folder", _folder),
@@ -125,7 +167,7 @@ FIELDS = (
     Field("weight_decay", None, f"weight decay ({' or '.join(DECAYING)})",
           _finite("expected a finite number >= 0", lambda v: v >= 0, optional=True), float, BOTH,
           needs=lambda c: None if c.weight_decay is None or c.optimizer in DECAYING
-          else f"only {' and '.join(DECAYING)} take a weight decay"),
+          else f"only {', '.join(DECAYING)} take a weight decay"),
     Field("warmup", 1, "warm-up of the cosine schedule (epochs; updates with --schedule-per step)", _integer(0),
           natural),
     Field("schedule_per", "epoch", "index the schedule by epoch (default) or by update (a warm-up over updates)",
@@ -151,7 +193,7 @@ FIELDS = (
     Field("precision", "fp32", "fp32, bf16 (autocast) or fp16 (autocast, loss scaling)", _choice(PRECISIONS)),
     Field("decay_matrices_only", False, "with --weight-decay: no decay on biases and norms (per-slot settings)",
           _boolean, SWITCH, needs=lambda c: None if not c.decay_matrices_only or c.weight_decay is not None
-          else f"needs --weight-decay (with {' or '.join(DECAYING)})"),
+          else "needs --weight-decay"),
     Field("compile", False, "compile each item's loss and gradients with torch.compile (may round differently)",
           _boolean, SWITCH),
 )
@@ -207,10 +249,13 @@ class _Methods:
 
     def make_optimizer(self) -> optim.Optimizer:
         make = optim.OPTIMIZERS[self.optimizer]
+        extra = dict(self.optimizer_args or {})
+        if "lr" in extra:
+            raise ConfigError("--optimizer-args: give the rate with --lr, not in the arguments")
         if self.weight_decay is not None:
-            opt = make(self.lr, weight_decay=self.weight_decay)
+            opt = make(self.lr, weight_decay=self.weight_decay, **extra)
             return opt.per_slot(no_decay_on_vectors) if self.decay_matrices_only else opt
-        return make(self.lr)
+        return make(self.lr, **extra)
 
     def make_schedule(self, steps_per_epoch: int) -> Optional[optim.Schedule]:
         """Indexed by epoch (upstream's rule), or by update with ``schedule_per="step"``:
@@ -225,7 +270,26 @@ class _Methods:
             return optim.exponential(self.lr, 0.9 ** (1.0 / steps_per_epoch) if per_step else 0.9)
         if self.scheduler == "cosine":
             return optim.warmup_cosine(self.lr, self.lr / 20, self.warmup, max(total, self.warmup + 1))
-        return None
+        if self.scheduler == "none":
+            return None
+        args = dict(self.scheduler_args or {})
+        total = max(total, self.warmup + 1)
+        if self.scheduler == "linear":
+            return optim.linear(self.lr, self.warmup, total, **args)
+        if self.scheduler == "wsd":
+            decay = args.pop("decay_steps", max(1, (total - self.warmup) // 10))
+            return optim.warmup_stable_decay(self.lr, self.warmup, max(0, total - self.warmup - decay), decay, **args)
+        if self.scheduler == "polynomial":
+            return optim.polynomial(self.lr, self.warmup, total, **args)
+        if self.scheduler == "inverse_sqrt":
+            return optim.inverse_sqrt(self.lr, self.warmup, **args)
+        if self.scheduler == "one_cycle":
+            return optim.one_cycle(self.lr, total, **args)
+        if self.scheduler == "cosine_restarts":
+            return optim.cosine_restarts(self.lr, args.pop("t_0", max(1, total // 4)), **args)
+        if self.scheduler == "multi_step":
+            return optim.multi_step(self.lr, args.pop("milestones", [total // 2, 3 * total // 4]), **args)
+        return optim.plateau(self.lr, **args)
 
 
 # The run's settings: a frozen dataclass with one field per row, checked when built.
@@ -233,6 +297,16 @@ RunConfig = dataclasses.make_dataclass(
     "RunConfig", [(f.name, Any, dataclasses.field(default=f.default)) for f in FIELDS], bases=(_Methods,),
     frozen=True, namespace={"__post_init__": _post_init, "__module__": __name__},
 )
+
+
+def _schedule_works(c) -> Optional[str]:
+    if c.scheduler_args and c.scheduler in ("none", "step", "exponential", "cosine"):
+        return f"--scheduler {c.scheduler} takes no arguments"
+    try:
+        c.make_schedule(1)
+    except (ConfigError, TypeError) as e:  # TypeError: a key the schedule does not take
+        return str(e)
+    return None
 
 
 def no_decay_on_vectors(p) -> dict:
