@@ -132,19 +132,26 @@ class ASGDRule(_TorchRule):
     @staticmethod
     def update_many(h: ASGD, lr, ss, ps, gs, uniform: bool = False):
         dtype, device = scalar_dtype(), ps[0].device
-        etas = [torch.tensor(_binary32(lr) if s.step == 0 else s.eta, dtype=dtype, device=device) for s in ss]
-        mus = [torch.tensor(s.mu, dtype=dtype, device=device) for s in ss]  # uploads, never reads
+        uploads: dict = {}  # one device scalar per distinct value (torch only reads and overwrites them)
+
+        def upload(value: float) -> torch.Tensor:
+            if value not in uploads:
+                uploads[value] = torch.tensor(value, dtype=dtype, device=device)  # an upload, never a read
+            return uploads[value]
+
+        etas = [upload(_binary32(lr) if s.step == 0 else s.eta) for s in ss]
+        mus = [upload(s.mu) for s in ss]
         steps = step_tensors(ss)
         _functional("asgd", "asgd")(
             list(ps), list(gs), [s.ax for s in ss], mus, etas, steps, foreach=True, maximize=h.maximize,
             lambd=h.lambd, lr=lr, t0=h.t0, alpha=h.alpha, weight_decay=h.weight_decay)
-        out = []
-        for s, step in zip(ss, steps):  # step: the host tensor torch advanced
-            eta = host_counter(0.0)
-            eta.copy_(torch.as_tensor(lr / ((1 + h.lambd * lr * step) ** h.alpha)))  # torch's expression, on the host
-            mu = host_counter(1 / max(1, s.step + 1 - h.t0))
-            out.append(ASGDState(s.step + 1, s.ax, eta.item(), mu.item()))
-        return out
+        after: dict = {}  # step reached -> (eta, mu), by torch's own expressions on the host
+        for s, step in zip(ss, steps):
+            if s.step + 1 not in after:
+                eta = host_counter(0.0)
+                eta.copy_(torch.as_tensor(lr / ((1 + h.lambd * lr * step) ** h.alpha)))
+                after[s.step + 1] = (eta.item(), host_counter(1 / max(1, s.step + 1 - h.t0)).item())
+        return [ASGDState(s.step + 1, s.ax, *after[s.step + 1]) for s in ss]
 
 
 def _binary32(x: float) -> float:
