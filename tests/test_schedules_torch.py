@@ -71,6 +71,16 @@ def test_the_same_rates_as_torch_and_transformers_at_every_index(name):
     assert _ours(ours) == _torch_rates(make, base)
 
 
+@pytest.mark.filterwarnings("ignore")
+def test_chained_factors_equal_torchs_chained_scheduler_to_rounding():
+    ours = optim.chained(0.1, [optim.exponential(1.0, 0.95), optim.multi_step(1.0, [10, 25], 0.5)])
+    theirs = _torch_rates(lambda o: S.ChainedScheduler([S.ExponentialLR(o, 0.95), S.MultiStepLR(o, [10, 25], 0.5)]),
+                          0.1)
+    assert ours.lr_at(0) == theirs[0] == 0.1
+    assert _ours(ours) == pytest.approx(theirs, rel=1e-14)
+    assert ours.max_rate() == 0.1
+
+
 def test_a_schedule_resumes_with_the_rates_it_would_have_had(tmp_path):
     """Killed after 4 of 8 updates and resumed: the same rates at every update, the same bits."""
     data = [(torch.randn(3, generator=torch.Generator().manual_seed(k)), torch.ones(1)) for k in range(8)]

@@ -25,7 +25,7 @@ from .rules import (
 )
 from .plateau import Plateau, plateau
 from .schedules import Constant, Exponential, Schedule, Step, WarmupCosine
-from .torch_schedules import CosineRestarts, Lambda, MultiStep, OneCycle, Sequential
+from .torch_schedules import Chained, CosineRestarts, Lambda, MultiStep, OneCycle, Sequential
 from .warmup_schedules import CosineWithWarmup, InverseSqrt, Linear, Polynomial, WarmupStableDecay
 
 
@@ -115,6 +115,12 @@ def sequential(schedules, milestones) -> Sequential:
                       tuple(milestones) if isinstance(milestones, list) else milestones)
 
 
+def chained(base: float, schedules) -> Chained:
+    """torch's ``ChainedScheduler``: the factors of multiplicative schedules (step,
+    exponential, multi-step) applied together to ``base`` (to rounding of torch's rates)."""
+    return Chained(base, tuple(schedules) if isinstance(schedules, list) else schedules)
+
+
 def lambda_schedule(base: float, fn) -> Lambda:
     """torch's ``LambdaLR``: ``base * fn(t)`` for the user's ``fn`` of the index."""
     return Lambda(base, fn)
@@ -133,6 +139,6 @@ __all__ = [
     "sgd", "adagrad", "rmsprop", "adam", "adamw", "adadelta", "lion",
     "constant", "step", "exponential", "warmup_cosine",
     "Linear", "CosineWithWarmup", "WarmupStableDecay", "Polynomial", "InverseSqrt", "OneCycle", "CosineRestarts",
-    "MultiStep", "Sequential", "Lambda", "linear", "cosine_with_warmup", "warmup_stable_decay", "polynomial",
+    "MultiStep", "Sequential", "Lambda", "Chained", "chained", "linear", "cosine_with_warmup", "warmup_stable_decay", "polynomial",
     "Plateau", "plateau", "inverse_sqrt", "one_cycle", "cosine_restarts", "multi_step", "sequential", "lambda_schedule", "OPTIMIZERS", "HYPERS",
 ]

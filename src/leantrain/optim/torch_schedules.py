@@ -163,6 +163,43 @@ class Sequential(Schedule):
 
 
 @dataclass(frozen=True)
+class Chained(Schedule):
+    """torch's ``ChainedScheduler`` over multiplicative schedules (step, exponential,
+    multi-step...): every schedule's factor applied together, ``base * prod(s.lr_at(t) /
+    s.lr_at(0))``. torch multiplies the factors into the rate in place step by step, so
+    the rates agree to rounding, not to the bit."""
+
+    base: float
+    schedules: tuple
+
+    def __post_init__(self) -> None:
+        op = "optim.chained"
+        object.__setattr__(self, "base", check_rate(op, "base", self.base))
+        if not (isinstance(self.schedules, (list, tuple)) and self.schedules
+                and all(isinstance(s, Schedule) for s in self.schedules)):
+            raise ConfigError(f"{op}: schedules must be a non-empty list of leantrain schedules")
+        for k, s in enumerate(self.schedules):
+            if not s.lr_at(0) > 0:
+                raise ConfigError(f"{op}: schedules[{k}] starts at rate {s.lr_at(0)!r}; a factor needs a start > 0")
+        object.__setattr__(self, "schedules", tuple(self.schedules))
+
+    def lr_at(self, t: int) -> float:
+        lr = self.base
+        for s in self.schedules:
+            lr = lr * (s.lr_at(t) / s.lr_at(0))
+        return lr
+
+    def max_rate(self) -> Optional[float]:
+        peaks = [s.max_rate() for s in self.schedules]
+        if any(p is None for p in peaks):
+            return None
+        lr = self.base
+        for s, p in zip(self.schedules, peaks):
+            lr = lr * (p / s.lr_at(0))
+        return lr
+
+
+@dataclass(frozen=True)
 class Lambda(Schedule):
     """torch's ``LambdaLR``: ``base * fn(t)``, ``fn`` the user's function of the index (it
     must depend on the index alone, so a resumed run gets the same rates)."""
