@@ -10,7 +10,8 @@ wrapper (about 30 to 45 us of a 450 us step of a small model on one CPU thread,
 thread; on a GPU it runs on autograd's device threads, to which ``grad``'s wrapper hands
 the caller's context (torch.compile's settings), so that path is kept whole. Anything
 else (a CUDA loss, a tensor subclass, a torch without the engine handle, or
-``force_public``) goes through ``torch.autograd.grad``.
+``force_public``) goes through ``torch.autograd.grad``. A graph with a reentrant
+activation checkpoint, which ``grad`` cannot run, goes through ``loss.backward()``.
 """
 
 from __future__ import annotations
@@ -42,13 +43,46 @@ def gradients(loss: torch.Tensor, wrt: tuple, plain: bool, force_public: bool = 
     return torch.autograd.grad(loss, wrt, allow_unused=True)
 
 
-def differentiate(loss: torch.Tensor, leaves: Sequence, loss_scale=None, bound=None, force_public: bool = False) -> tuple:
+def reentrant_checkpoint(loss: torch.Tensor) -> bool:
+    """Whether ``loss``'s graph holds a reentrant activation checkpoint
+    (``torch.utils.checkpoint(use_reentrant=True)``, transformers' option): its backward
+    runs a backward of its own, which ``autograd.grad`` cannot host. One walk of the graph."""
+    seen, stack = set(), [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if type(node).__name__ == "CheckpointFunctionBackward":
+            return True
+        stack.extend(n for n, _ in node.next_functions)
+    return False
+
+
+def backward_into(loss: torch.Tensor, wrt: tuple) -> tuple:
+    """The gradients ``loss.backward()`` accumulates into the leaves ``wrt`` (the route a
+    reentrant checkpoint needs: no ``inputs``, no ``grad``), each leaf's own ``.grad`` put
+    back as it was afterwards: the bits of the user's plain ``loss.backward()``."""
+    saved = [t.grad for t in wrt]
+    try:
+        for t in wrt:
+            t.grad = None
+        loss.backward()
+        return tuple(t.grad for t in wrt)
+    finally:
+        for t, g in zip(wrt, saved):
+            t.grad = g
+
+
+def differentiate(loss: torch.Tensor, leaves: Sequence, loss_scale=None, bound=None, force_public: bool = False,
+                  reentrant: bool = False) -> tuple:
     """(the detached loss, per-slot gradients: ``None`` at frozen slots and where the
     forward did not use a leaf, as ``.grad`` stays ``None`` in torch). ``loss_scale``: a
     float16 run's scale tensor, the loss is multiplied by its one element first;
     ``bound``: the ``Binding`` whose leaves these are (its cached leaf tuple and layouts
     are then used); ``force_public``: through ``torch.autograd.grad`` (a compiled step's
-    backward takes the documented route).
+    backward takes the documented route); ``reentrant``: the graph holds a reentrant
+    checkpoint, so the gradients come from ``loss.backward()`` (``backward_into``).
 
     Every gradient comes back dense in its leaf's kernel layout and in memory of its
     own (see ``own_gradients``), so the in-place work that follows (``1/n``, unscaling,
@@ -70,7 +104,18 @@ def differentiate(loss: torch.Tensor, leaves: Sequence, loss_scale=None, bound=N
             "torch.no_grad()?); return the loss tensor autograd built"
         )
     scaled = loss if loss_scale is None else loss * loss_scale[0]
-    grads = own_gradients(gradients(scaled, wrt, plain, force_public), wrt, strides)
+    if reentrant:
+        raw = backward_into(scaled, wrt)
+    else:
+        try:
+            raw = gradients(scaled, wrt, plain, force_public)
+        except RuntimeError as e:
+            if "use_reentrant=True" not in str(e):
+                raise
+            raise ConfigError("Runner.loss: the model started using reentrant activation checkpointing "
+                              "(use_reentrant=True) after this runner's first step, whose graph had none; "
+                              "build a new Runner (or set use_reentrant=False)") from e
+    grads = own_gradients(raw, wrt, strides)
     if len(wrt) == len(leaves):
         return loss.detach(), grads
     it = iter(grads)

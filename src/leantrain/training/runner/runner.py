@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Optional, Sequence, Union
 import torch
 
 from .ema import EMA
-from .backward import differentiate
+from .backward import differentiate, reentrant_checkpoint
 from .compiled import compiler_error, is_compiler_error, make_compiled
 from .binding import MODEL_ERRORS, Binding, same_rng
 from .loop_state import LoopState, RunnerStats, Steady
@@ -56,6 +56,9 @@ class Runner:
         self.locations = self.view.locations
         self.buffer_slots = self.view.buffer_slots
         self.bound: Optional[Binding] = None  # the Binding in force during a call
+        # whether the model's graph holds a reentrant activation checkpoint (learned at the first
+        # gradient: None until then), so its gradients come from loss.backward()
+        self.reentrant: Optional[bool] = None
         self.ema: Optional[EMA] = None  # the weights' moving average the newest loop with ema_decay kept
         self.loop = LoopState()  # what the running loop installed (``looping``); outside loops, nothing
         self.stats = RunnerStats()
@@ -359,6 +362,8 @@ class Runner:
         """(the detached loss, per-slot gradients of ``loss`` for a binding's ``leaves``), dense
         in each leaf's layout (``backward.differentiate``), under the loop's loss scale."""
         bound = self.bound
+        if self.reentrant is None and loss.requires_grad:
+            self.reentrant = reentrant_checkpoint(loss)  # learned once, from the first graph
         return differentiate(loss, leaves, self.loop.loss_scale,
                              bound if bound is not None and bound.leaves is leaves else None,
-                             force_public=self.loop.compiled is not None)
+                             force_public=self.loop.compiled is not None, reentrant=bool(self.reentrant))
