@@ -226,7 +226,7 @@ class Session:
             done = update(self.op, self.runner, self.opt, state, batch, self.options(state), want)
         except NonFiniteError as e:
             raise NonFiniteError(f"step {step}: {e}") from None
-        except RuntimeError as e:
+        except Exception as e:  # a collective's failure, or the user's own error (with its rank under torchrun)
             self._collective_failed(e, f"step {step}")
         state = done.state
         if cfg.ema_decay is not None:
@@ -244,9 +244,10 @@ class Session:
         self.log(log_line(step, value))
         return state, value
 
-    def _collective_failed(self, e: RuntimeError, where: str) -> None:
+    def _collective_failed(self, e: Exception, where: str) -> None:
         """Re-raise ``e``; under torch.distributed as a ``CollectiveError`` saying where it
-        happened and which checkpoint survives (a peer died, stopped or timed out)."""
+        happened and which checkpoint survives (a peer died, stopped or timed out), or, when
+        it is the user's own error, as itself with a note naming the rank."""
         last = (f"{self.cfg.checkpoint_path} (step {self.saved_step})" if self.saved_step is not None
                 else "none saved yet")
         self.reduction.failed(self.op, e, where, last)

@@ -85,6 +85,9 @@ class DataParallel(Reduction):
 
     def failed(self, op: str, e: RuntimeError, where: str, last: str):
         rank, world = distributed.rank_world()
+        if not distributed.from_a_collective(e):  # the user's model or loss: the error as it is, with the rank
+            e.add_note(f"{op}: raised on rank {rank} of {world}, {where}; last good checkpoint: {last}")
+            raise e
         raise distributed.CollectiveError(
             f"{op}: rank {rank} of {world}, {where}: a collective operation failed "
             f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); last good checkpoint: {last}"

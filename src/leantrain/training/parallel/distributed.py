@@ -40,6 +40,25 @@ DEFAULT_TIMEOUT = 300.0  # seconds a collective may wait for the slowest rank
 _group = None
 
 
+def from_a_collective(e: BaseException) -> bool:
+    """Whether ``e`` came out of a collective operation (a peer died, stopped or timed out)
+    rather than from the user's model, loss or data: torch's distributed error types, or a
+    traceback that passes through ``torch.distributed``, or one whose innermost frame is
+    leantrain's own collective code (an async ``work.wait()``). An error raised in the
+    model's forward or backward ends in the user's code, ``torch.nn`` or autograd."""
+    if isinstance(e, LeantrainError):
+        return False
+    if isinstance(e, tuple(t for t in (getattr(dist, "DistError", None),) if t is not None)):
+        return True
+    tb, last = e.__traceback__, ""
+    while tb is not None:
+        last = tb.tb_frame.f_code.co_filename.replace(os.sep, "/")
+        if "/torch/distributed/" in last:
+            return True
+        tb = tb.tb_next
+    return "/leantrain/training/parallel/" in last
+
+
 @contextlib.contextmanager
 def collectives(timeout: Optional[float]) -> Iterator[None]:
     """Run the enclosed loop's collectives on a group of every rank whose operations
