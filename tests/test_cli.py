@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+import leantrain as lt
 from leantrain.cli import main
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -325,3 +326,29 @@ def test_the_command_takes_every_optimizer_option_and_schedule(tmp_path, capsys)
     assert main(base + ["--optimizer", "adam", "--optimizer-args", "momentum = 0.9", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert "--optimizer-args: optim.adam: unknown argument 'momentum'" in err and err.count("\n") == 1
+
+
+def test_export_of_a_hugging_face_run_is_a_folder_from_pretrained_loads(tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    from hf_export_model import tiny
+    from leantrain.cli.runconfig import RunConfig
+
+    run = tmp_path / "run"
+    run.mkdir()
+    model = tiny()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)  # "trained": not the factory's values
+    runner = lt.Runner.from_module(model, "model")
+    lt.save_checkpoint(run / "checkpoint.ckpt", runner, rng=False)
+    (run / "config.json").write_text(json.dumps(RunConfig.build(None, {"model": "hf_export_model:tiny"}).to_dict()))
+    out = tmp_path / "exported"
+    assert main(["export", str(run), "--weights", "-o", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(out)
+    assert loaded.lm_head.weight is loaded.transformer.wte.weight  # the tie kept
+    theirs = loaded.state_dict()
+    assert all(torch.equal(t, theirs[k]) for k, t in model.state_dict().items())
+    (tmp_path / "file").write_text("x")
+    assert main(["export", str(run), "--weights", "-o", str(tmp_path / "file")]) == 2
+    assert "a Hugging Face run exports a folder" in capsys.readouterr().err

@@ -26,10 +26,14 @@ def cmd_export(args) -> int:
     src, out = Path(args.checkpoint), Path(args.output)
     if src.is_dir() and (src / "checkpoint.ckpt").exists():
         src = src / "checkpoint.ckpt"  # a run folder: its checkpoint
-    if out.is_dir():
-        raise UserError(f"export: -o {out}: is a folder; give a file name")
     if args.weights + args.torchlean + args.consolidate != 1:
         raise UserError("export: choose the format: --weights (safetensors), --torchlean or --consolidate")
+    hf = _hf_config(src) if args.weights else None
+    if hf is not None:
+        if out.exists() and not out.is_dir():
+            raise UserError(f"export: -o {out}: is a file; a Hugging Face run exports a folder from_pretrained loads")
+    elif out.is_dir():
+        raise UserError(f"export: -o {out}: is a folder; give a file name")
     if args.consolidate:
         if args.ema:
             raise UserError("export: --consolidate writes the whole checkpoint (its moving average included); "
@@ -46,6 +50,12 @@ def cmd_export(args) -> int:
                             f"give another file name")
     what = "moving average" if args.ema else "weights"
     params = params_from_checkpoint(src, "export", ema=args.ema)
+    if args.weights and hf is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        save_weights(out / "model.safetensors", params)
+        hf.save_pretrained(str(out))
+        print(f"wrote {out}/model.safetensors and {out}/config.json (the {what}; from_pretrained loads the folder)")
+        return 0
     if args.weights:
         save_weights(out, params)
         print(f"wrote {out} (safetensors, {len(params)} slots, the {what})")
@@ -68,6 +78,24 @@ def cmd_export(args) -> int:
         adam.unlink()  # an earlier export's state beside the new parameters would not belong to them
         print(f"removed {adam}: it held an earlier export's optimizer state")
     return 0
+
+
+def _hf_config(src: Path):
+    """The Hugging Face config of a run's model (``--model`` in the run folder's
+    ``config.json`` building a module with a ``config.save_pretrained``), or ``None``."""
+    import json
+
+    from .usermodel import build_model
+    saved = src.parent / "config.json" if src.is_file() else src / "config.json"
+    try:
+        settings = json.loads(saved.read_text())
+    except (OSError, ValueError):
+        return None  # not a run folder: a bare checkpoint exports a weights file
+    ref = settings.get("model") if isinstance(settings, dict) else None
+    if not isinstance(ref, str):
+        return None
+    config = getattr(build_model(ref), "config", None)
+    return config if callable(getattr(config, "save_pretrained", None)) else None
 
 
 def _shape(r: ByteReader, op: str, i: int) -> tuple[tuple[int, ...], int]:

@@ -98,18 +98,23 @@ def collate_for(cfg, train: list) -> Callable[[int], Callable[[list], list]]:
     return pieces
 
 
+def build_model(ref: str) -> torch.nn.Module:
+    """The module ``--model ref`` builds (the factory called once)."""
+    model = _call(resolve(ref, "model"), ref, "model")
+    if not isinstance(model, torch.nn.Module):
+        raise UserError(f"--model {ref}: returned a {type(model).__name__}, expected a torch.nn.Module")
+    return model
+
+
 def build_task(cfg) -> tuple[Callable[[], torch.nn.Module], object, list, list]:
     """(model factory, loss, train samples, test samples) of a run configuration."""
     if cfg.model is None:
         factory = PRESETS[cfg.preset]
     else:
-        fn = resolve(cfg.model, "model")
+        resolve(cfg.model, "model")  # a bad reference is refused before any data is read
 
         def factory():
-            model = _call(fn, cfg.model, "model")
-            if not isinstance(model, torch.nn.Module):
-                raise UserError(f"--model {cfg.model}: returned a {type(model).__name__}, expected a torch.nn.Module")
-            return model
+            return build_model(cfg.model)
     if cfg.data is None:
         train, test = text_split() if cfg.preset == "text-gpt" and cfg.model is None else digits_split()
     else:
