@@ -229,3 +229,28 @@ def test_user_errors_are_errors_not_failed_guarantees(make, match):
 
     with pytest.raises(lt.ConfigError, match=match):
         run_check(make, regression_batches(8, 3), lt.TrainConfig(steps=4, batch_size=2, log_every=0))
+
+
+def token_sum(out, y):
+    """A token-weighted loss: the summed error over the item's valid positions (y != 0)."""
+    mask = y != 0
+    return lt.LossSum(((out - y) ** 2 * mask).sum(), mask.sum())
+
+
+def test_a_token_weighted_loss_passes_the_accumulation_check_and_a_wrong_weighting_fails():
+    g = torch.Generator().manual_seed(3)
+    samples = []
+    for k in range(8):
+        y = torch.randn(4, generator=g)
+        y[: k % 4] = 0.0  # items with 4, 3, 2 and 1 valid positions
+        samples.append((torch.randn(3, generator=g), y))
+    report = check(lambda: lt.Runner.from_module(nn.Linear(3, 4), token_sum), samples, CFG, only=("accumulation",))
+    result = report["accumulation"]
+    assert result.passed, result.line()
+    assert "vs the token-weighted mean of 2 single items" in result.figure
+    # the weighting matters here: the plain mean of the items' gradients is not the batch's
+    torch.manual_seed(0)
+    r = lt.Runner.from_module(nn.Linear(3, 4), token_sum)
+    together = lt.mean_gradients(r, samples[:2])[0]
+    plain = (lt.mean_gradients(r, samples[:1])[0] + lt.mean_gradients(r, samples[1:2])[0]) / 2
+    assert (together - plain).abs().max() > 1e-3

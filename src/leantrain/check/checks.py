@@ -125,17 +125,29 @@ def optimizer(p: Probe) -> tuple[bool, str]:
 
 
 def accumulation(p: Probe) -> tuple[bool, str]:
+    """A list batch's gradient against the mean of its items' gradients: the plain mean,
+    or for a token-weighted loss (``LossSum``) each item weighted by its count, ``sum(count_i
+    * g_i) / sum(count_i)``, the window mean the batch's ``sum(totals) / sum(counts)`` is."""
     r = p.runner().eval()  # buffers hold still in eval mode: items are independent
     batch = p.batch()
     together = mean_gradients(r, batch)
     singles = [mean_gradients(r, [item]) for item in batch]
+    weights, token = [1.0] * len(batch), False
+    with torch.no_grad(), r.binding("check.accumulation") as bound, bound.scratch_buffers():
+        for k, item in enumerate(batch):
+            sample = to_device(item, r.device)
+            loss = r.loss_fn(call_model(r.module, sample), loss_target(sample))
+            if isinstance(loss, LossSum):
+                weights[k], token = float(loss.count), True  # intentional read: a diagnostic
     worst = 0.0
     for i, g in enumerate(together):
         if g is None:
             continue
-        mean = sum(s[i].double() for s in singles if s[i] is not None) / len(batch)
+        mean = sum(w * s[i].double() for w, s in zip(weights, singles) if s[i] is not None) / sum(weights)
         worst = max(worst, relative(g, mean))
-    return worst <= 1e-6, f"list batch of {len(batch)} vs the mean of {len(batch)} single items: max relative difference {worst:.2g}"
+    what = "the token-weighted mean" if token else "the mean"
+    return worst <= 1e-6, (f"list batch of {len(batch)} vs {what} of {len(batch)} single items: max relative "
+                           f"difference {worst:.2g}")
 
 
 def resume_run(factory, samples: list, cfg: TrainConfig, path: str, seed: int, threads: int):
