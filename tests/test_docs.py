@@ -16,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
 FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+CONTINUES = "# continues the block above"
 NO_TEST = re.compile(r"<!-- no-test: (.+?) -->\s*$")
 
 
@@ -37,8 +38,10 @@ WITH_CODE = [p for p in PAGES if blocks(p)]
 @pytest.mark.slow
 @pytest.mark.parametrize("page", WITH_CODE, ids=[str(p.relative_to(ROOT)) for p in WITH_CODE])
 def test_every_python_block_runs(page, tmp_path, monkeypatch):
-    """The blocks of a page run in order in one namespace (a page reads as one script), in
-    an empty folder; a block marked ``no-test`` says why it cannot run here."""
+    """Every block runs alone, as a reader who copies it runs it (a fresh namespace, an
+    empty folder), unless its first line says ``# continues the block above``: then it
+    runs after that block, in its namespace. A block marked ``no-test`` says why it
+    cannot run here."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     namespace: dict = {"__name__": "__docs__"}
@@ -47,6 +50,8 @@ def test_every_python_block_runs(page, tmp_path, monkeypatch):
         if reason:
             assert len(reason) > 10, f"{page.name}:{line}: say why the block cannot run"
             continue
+        if not code.startswith(CONTINUES):
+            namespace = {"__name__": "__docs__"}
         try:
             exec(compile(code, f"{page.name}:{line}", "exec"), namespace)
         except Exception as e:

@@ -174,7 +174,9 @@ FIELDS = (
           _choice(SCHEDULE_PER)),
     Field("max_steps", None, "stop after N updates (mid-epoch if need be)", _integer(1, optional=True), positive,
           metavar="N"),
-    Field("exact_reduction", False, "under torchrun: fold every item's gradient in order (the one-process bits)",
+    Field("exact_reduction", False, "under torchrun: fold every item's gradient in order, giving the bits of a "
+          "one-process run with this same flag on any number of processes (it cuts each minibatch into --pieces "
+          "items, so it is not the bits of a run without it: BatchNorm then sees smaller batches)",
           _boolean, SWITCH),
     Field("sharding", None, "under torchrun: optimizer (ZeRO-1: each rank keeps its share of the optimizer "
           "state) or gradients (ZeRO-2: of the reduced gradients too); the checkpoint becomes a folder",
