@@ -47,6 +47,14 @@ def _items(collated) -> list:
     return list(collated)
 
 
+def map_style(data: object) -> bool:
+    """A dataset read by index: ``len()`` and ``[i]`` (a list, a torch map-style Dataset, a
+    ``datasets.Dataset``), not an iterable-only one."""
+    if isinstance(data, (str, bytes, Mapping)) or isinstance(data, torch.utils.data.IterableDataset):
+        return False
+    return hasattr(data, "__len__") and hasattr(data, "__getitem__")
+
+
 class Dataset(Generic[T]):
     """An immutable, ordered collection of samples."""
 
@@ -131,7 +139,17 @@ class DataLoader(Generic[T]):
     world_size, ...`` (the items data parallel gives this rank anyway), and collates
     only those. ``batch_size`` stays the batch of all ranks together (a multiple of
     ``world_size``), so the order, the batches and a checkpoint's position are those of
-    one process, and a run resumes at any world size."""
+    one process, and a run resumes at any world size.
+
+    ``dataset`` may be any map-style dataset (``len()`` and ``[i]``: a torch Dataset, a
+    ``datasets.Dataset``): its items are read by index when a batch is reached, never
+    copied; the order is the same seeded order. ``num_workers`` processes read and collate
+    them (``pin_memory``, ``prefetch_factor`` as torch's); the batches and their order are
+    the same as without workers. With workers each item is read with the generators
+    (torch's, ``random``'s, numpy's) seeded from the loader's seed, the epoch and the
+    item, so random augmentation gives the same items on every run and after a resume at
+    any batch (not the main process's draws: a run without workers draws from the global
+    generator, which a checkpoint restores)."""
 
     dataset: Dataset
     batch_size: int
@@ -142,16 +160,27 @@ class DataLoader(Generic[T]):
     collate: Optional[Callable[[list], list]] = None  # turns each batch into its list batch
     rank: Optional[int] = None  # with world_size: read only this rank's share of each batch
     world_size: Optional[int] = None
+    num_workers: int = 0  # processes reading (and collating) a map-style dataset's items
+    pin_memory: bool = False
+    prefetch_factor: Optional[int] = None  # batches each worker reads ahead (torch's default: 2)
+    passes: int = 0  # epochs begun: with workers, part of each item's generator seed
 
     def __post_init__(self) -> None:
         op = "DataLoader"
+        check_count(op, "num_workers", self.num_workers, 0)
+        check_bool(op, "pin_memory", self.pin_memory)
+        if self.prefetch_factor is not None:
+            check_count(op, "prefetch_factor", self.prefetch_factor, 1)
+            if self.num_workers == 0:
+                raise ConfigError(f"{op}: prefetch_factor needs num_workers > 0 (the workers read ahead)")
         if not isinstance(self.dataset, Dataset):
-            if not isinstance(self.dataset, (list, tuple)):
+            if not map_style(self.dataset):
                 raise ConfigError(
-                    f"{op}: dataset must be a Dataset or a list of samples, got "
-                    f"{type(self.dataset).__name__}"
+                    f"{op}: dataset must be a Dataset, a list of samples or a map-style dataset (len() and "
+                    f"[i], e.g. a torch Dataset or a datasets.Dataset), got {type(self.dataset).__name__}"
                 )
-            object.__setattr__(self, "dataset", Dataset(self.dataset))
+            if isinstance(self.dataset, (list, tuple)) and self.num_workers == 0:
+                object.__setattr__(self, "dataset", Dataset(self.dataset))
         check_count(op, "batch_size", self.batch_size, 1)
         check_count(op, "seed", self.seed, 0)
         for name in ("shuffle", "drop_last"):
@@ -180,6 +209,8 @@ class DataLoader(Generic[T]):
         """One pass, read lazily: ``(next loader, an iterator of its batches after the first
         ``skip``)``, each batch cut to this rank's share and collated only when reached
         (a skipped batch is never collated)."""
+        if self.lazy:
+            return self._lazy_epoch(tag, skip)
         nxt = self
         if self.shuffle:
             seed, perm = lcg_permutation(self.seed, len(self.dataset))
@@ -195,10 +226,44 @@ class DataLoader(Generic[T]):
             raw = [b for b in raw if len(b) == self.batch_size]
         return nxt, (self.read(b) for b in raw[skip:])
 
+    @property
+    def lazy(self) -> bool:
+        """Whether the items stay in the user's dataset, read by index when a batch is reached
+        (a map-style dataset, or any dataset with ``num_workers``)."""
+        return not isinstance(self.dataset, Dataset)
+
+    def _lazy_epoch(self, tag: str, skip: int) -> tuple["DataLoader[T]", Iterator[list]]:
+        """One pass over a map-style dataset: the same seeded order as an in-memory one, as
+        index lists, each read (by ``num_workers`` processes, or here) when reached."""
+        n = len(self.dataset)
+        if n == 0:
+            raise DataError(f"{tag}: empty dataset")
+        order = self.current_order()
+        nxt = replace(self, passes=self.passes + 1)
+        if self.shuffle:
+            seed, perm = lcg_permutation(self.seed, n)
+            order = tuple(order[p] for p in perm)
+            nxt = replace(nxt, seed=seed, order=order)
+        k = self.batch_size
+        raw = [list(order[i:i + k]) for i in range(0, n, k)]
+        if self.drop_last:
+            raw = [b for b in raw if len(b) == k]
+        mine = [self.share(b) for b in raw[skip:]]
+        if self.num_workers == 0:
+            return nxt, (self._collated([self.dataset[i] for i in b]) for b in mine)
+        from .loader_workers import worker_batches
+        return nxt, worker_batches(self, mine, (self.seed, self.passes))
+
+    def _collated(self, items: list) -> list:
+        return _items(self.collate(items)) if self.collate is not None and items else items
+
     def read(self, batch: list) -> list:
-        """A batch as the loop trains on it: this rank's share, collated."""
+        """A batch as the loop trains on it: this rank's share, collated (``batch``: items,
+        or original indices when the loader is ``lazy``)."""
         mine = self.share(batch)
-        return _items(self.collate(mine)) if self.collate is not None and mine else mine
+        if self.lazy:
+            mine = [self.dataset[i] for i in mine]
+        return self._collated(mine)
 
     def share(self, batch: list) -> list:
         """This rank's items of a batch (all of them without ``rank``/``world_size``)."""
@@ -211,6 +276,10 @@ class DataLoader(Generic[T]):
     def iter_items(self, tag: str = "DataLoader.items", limit: Optional[int] = None) -> Iterator:
         """The items of ``items``, read batch by batch as they are needed, from at most
         ``limit`` batches (``None``: all)."""
+        if self.lazy:
+            order, k = self.current_order(), self.batch_size
+            batches = [list(order[i:i + k]) for i in range(0, len(order), k)]
+            return (item for b in batches[:limit] for item in self.read(b))
         if self.collate is None and self.world_size is None and limit is None:
             return iter(self.dataset.samples)
         batches = self.dataset.batches(tag, self.batch_size)
@@ -222,10 +291,13 @@ class DataLoader(Generic[T]):
 
     def state(self) -> dict:
         """What a checkpoint needs to rebuild this loader from the original one."""
-        return {
+        out = {
             "batch_size": self.batch_size, "shuffle": self.shuffle, "seed": self.seed,
             "drop_last": self.drop_last, "order": list(self.current_order()),
         }
+        if self.lazy:
+            out["passes"] = self.passes  # the workers' item seeds depend on it
+        return out
 
     def restored(self, state: dict, op: str = "DataLoader.restored") -> "DataLoader[T]":
         """This loader's data in the saved order with the saved seed (checks they fit)."""
@@ -245,6 +317,11 @@ class DataLoader(Generic[T]):
                 f"{op}: the saved order is not a permutation of this loader's {n} items "
                 f"(it has {len(order)}); resume with the same data set"
             )
+        passes = state.get("passes", 0)
+        if not (isinstance(passes, int) and not isinstance(passes, bool) and passes >= 0):
+            raise DataError(f"{op}: loader passes: checkpoint has {passes!r}, expected an integer >= 0")
+        if self.lazy:  # the dataset stays where it is: the order is the whole position
+            return replace(self, seed=seed, order=tuple(order), passes=passes)
         base: list = [None] * n
         for j, o in enumerate(self.current_order()):
             base[o] = self.dataset.samples[j]
