@@ -54,6 +54,12 @@ def _has_state(obj: object) -> bool:
 def kind_of(loader: object) -> str:
     if isinstance(loader, DataLoader):
         return "leantrain"
+    if _has_state(loader) and _map_style(loader) and loader.num_workers > 0:
+        # torchdata's StatefulDataLoader with workers: its state fast-forwards the sampler but
+        # not the workers' generators, so random augmentation would draw other numbers after
+        # a resume. Replayed as a torch loader instead: the epoch's generators put back and
+        # the batches done read (by the workers) and dropped, so the workers draw as before.
+        return "sampled"
     if _has_state(loader):
         return "stateful"
     if _map_style(loader):

@@ -1,0 +1,45 @@
+"""Loaders with worker processes and random augmentation, stopped mid-epoch and resumed:
+torch's DataLoader and torchdata's StatefulDataLoader give the uninterrupted run's bits
+(leantrain's own DataLoader: ``test_map_style_loader.py``). A StatefulDataLoader with
+workers is replayed as a torch loader: its saved state fast-forwards the sampler but not
+the workers' generators, which drew other numbers after a resume, silently."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import leantrain as lt
+from test_map_style_loader import Augmented
+
+stateful = pytest.importorskip("torchdata.stateful_dataloader")
+LOADERS = {"torch": torch.utils.data.DataLoader, "stateful": stateful.StatefulDataLoader}
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("name", list(LOADERS))
+def test_a_job_with_workers_and_augmentation_resumes_bit_for_bit(tmp_path, name, workers):
+    def run(max_steps, resume=None):
+        torch.manual_seed(0)
+        runner = lt.Runner.from_module(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)), "mse")
+        loader = LOADERS[name](Augmented(), batch_size=4, shuffle=True, num_workers=workers)
+        cfg = lt.LoaderTrainConfig(epochs=2, max_steps=max_steps, optimizer=lt.optim.adamw(0.01),
+                                   checkpoint_path=tmp_path / f"c{max_steps}.ckpt", checkpoint_every=1,
+                                   resume_from=resume, log_every=1)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            report, _ = lt.train_loader(runner, cfg, loader, log=None)
+        return runner, report, [str(w.message) for w in said if not issubclass(w.category, DeprecationWarning)]
+
+    whole, report, _ = run(12)
+    run(8)  # stopped after 2 of the second epoch's 6 updates
+    (tmp_path / "c8.ckpt").rename(tmp_path / "c12.ckpt")
+    resumed, rest, said = run(12, resume=tmp_path / "c12.ckpt")
+    assert said == []  # exact: nothing to warn about
+    assert all(torch.equal(a, b) for a, b in zip(whole.module.state_dict().values(),
+                                                 resumed.module.state_dict().values()))
+    assert rest.losses == report.losses
