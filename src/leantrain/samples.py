@@ -8,7 +8,9 @@ The rule (the same in every loop, ``evaluate`` and ``check``):
 * a dict sample (what Hugging Face collators yield: ``input_ids``, ``attention_mask``,
   ``labels``...) is ``model(**sample)`` and ``loss(output, sample)``;
 * ``loss="model"`` takes the output's own loss (``output.loss`` or ``output["loss"]``),
-  so a model given its ``labels`` computes it;
+  so a model given its ``labels`` computes it; on a Hugging Face model with a token loss
+  it is weighted by its label tokens (``TokenWeighted``: Trainer's objective);
+  ``loss="model_mean"`` takes it as it is, each item's mean weighing the same;
 * the built-in losses and ``metrics.accuracy`` read ``output.logits`` (or
   ``output["logits"]``) from a model output, and for a dict sample the target
   ``sample["labels"]``; ``cross_entropy`` takes class-last logits ``(..., C)`` against
@@ -91,7 +93,57 @@ def model_loss(output: Any, sample: Any) -> torch.Tensor:
     return loss
 
 
-LOSSES: dict[str, LossFn] = {"mse": mse, "cross_entropy": cross_entropy, "model": model_loss}
+class TokenWeighted:
+    """``loss="model"`` on a Hugging Face model whose loss is a mean over label tokens
+    (causal and masked language models, token and single-label sequence classification):
+    ``LossSum(output.loss * count, count)``, ``count`` the label tokens the loss averaged,
+    counted as transformers' Trainer counts them (``labels[..., 1:]`` for a causal model's
+    shifted loss, ``-100`` ignored), so that an update under accumulation and across ranks
+    is the summed token loss over the window's label tokens, Trainer's objective (to
+    rounding: Trainer divides each micro-batch's summed loss by the window's count)."""
+
+    def __init__(self, shift: bool, config: Any = None) -> None:
+        self.shift, self.config = shift, config
+
+    def __call__(self, output: Any, sample: Any) -> Any:
+        loss = model_loss(output, sample)
+        labels = sample.get("labels") if isinstance(sample, dict) else None
+        if not isinstance(labels, torch.Tensor) or not self._counts(labels):
+            return loss
+        counted = labels[..., 1:] if self.shift else labels
+        count = counted.ne(-100).sum()  # a device tensor, never read back
+        return LossSum(loss * count, count)
+
+    def _counts(self, labels: torch.Tensor) -> bool:
+        if self.config is None:
+            return True
+        kind = getattr(self.config, "problem_type", None)  # sequence classification: class labels only
+        if kind is None:
+            return getattr(self.config, "num_labels", 1) > 1 and not labels.is_floating_point()
+        return kind == "single_label_classification"
+
+
+TOKEN_LOSSES = {"ForCausalLMLoss": True, "ForMaskedLMLoss": False, "ForTokenClassification": False,
+                "ForSequenceClassificationLoss": False}
+
+
+def model_loss_of(module: Any) -> LossFn:
+    """What ``loss="model"`` means for ``module``: Trainer's token-weighted objective
+    (``TokenWeighted``) for a Hugging Face model with one of the token losses, else the
+    output's own loss as it is (``loss="model_mean"`` asks for that everywhere)."""
+    fn = getattr(type(module), "loss_function", None)
+    try:
+        name = getattr(module.loss_function, "__name__", "") if fn is not None else ""
+    except Exception:  # a property that cannot resolve (an unknown loss type)
+        name = ""
+    config = getattr(module, "config", None)
+    if name not in TOKEN_LOSSES or getattr(config, "is_encoder_decoder", False):
+        return model_loss
+    return TokenWeighted(TOKEN_LOSSES[name], config if name == "ForSequenceClassificationLoss" else None)
+
+
+LOSSES: dict[str, LossFn] = {"mse": mse, "cross_entropy": cross_entropy, "model": model_loss,
+                             "model_mean": model_loss}
 
 
 def checked_loss(op: str, value: object) -> Union[torch.Tensor, LossSum]:

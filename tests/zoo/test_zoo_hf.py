@@ -25,7 +25,7 @@ def test_mean_gradients_equal_autograd_of_the_window_mean(entry):
     model = entry.model()
     ref = copy.deepcopy(model)
     batch = entry.samples(3)
-    r = lt.Runner.from_module(model, "model")
+    r = lt.Runner.from_module(model, "model_mean")  # the items' mean rule: what the plain loop differentiates
     ours = canonical(r, lt.mean_gradients(r, batch))
     total = None
     for s in batch:
@@ -44,7 +44,7 @@ def test_a_single_item_gradient_is_autograds(entry):
     model = entry.model()
     ref = copy.deepcopy(model)
     (sample,) = entry.samples(1)
-    r = lt.Runner.from_module(model, "model")
+    r = lt.Runner.from_module(model, "model_mean")
     ours = canonical(r, lt.mean_gradients(r, [sample]))
     model_loss(ref, sample).backward()
     for name, p in ref.named_parameters():
@@ -63,7 +63,7 @@ def test_steps_equal_the_plain_loop(entry, opt_name):
     model = entry.model()
     ref = copy.deepcopy(model)
     samples = entry.samples(4)
-    r = lt.Runner.from_module(model, "model")
+    r = lt.Runner.from_module(model, "model_mean")
     report = lt.train_samples(r, lt.TrainConfig(steps=4, optimizer=opt, log_every=1, measure_loss=False),
                               samples, log=lambda s: None)
     topt = cls([p for p in ref.parameters() if p.requires_grad], **kwargs)

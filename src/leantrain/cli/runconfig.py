@@ -73,8 +73,8 @@ def _reference(v) -> Optional[str]:
 
 
 def _loss(v) -> Optional[str]:
-    ok = v is None or (isinstance(v, str) and (one_of(v, ("mse", "cross_entropy", "model")) or ":" in v))
-    return None if ok else "expected mse, cross_entropy, model or 'package.module:function'"
+    ok = v is None or (isinstance(v, str) and (one_of(v, ("mse", "cross_entropy", "model", "model_mean")) or ":" in v))
+    return None if ok else "expected mse, cross_entropy, model, model_mean or 'package.module:function'"
 
 
 def _arguments(v) -> Optional[str]:
@@ -159,7 +159,8 @@ FIELDS = (
     Field("model", None, "your own model: package.module:factory (instead of a preset)", _reference, commands=BOTH),
     Field("data", None, "your own data: package.module:function returning (train, test)", _reference,
           commands=BOTH),
-    Field("loss", None, "mse, cross_entropy, model (the output's own loss) or package.module:function "
+    Field("loss", None, "mse, cross_entropy, model (the output's own loss; token-weighted on a Hugging Face model, "
+          "Trainer's objective), model_mean (each item's mean alike) or package.module:function "
           "(default: the preset's, cross_entropy for digits, model for text-gpt and dict samples)", _loss,
           commands=BOTH),
     Field("collate", None, "package.module:function making a loader item from a list of samples (default: stack "

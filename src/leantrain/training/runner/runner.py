@@ -24,7 +24,7 @@ from .loop_state import LoopState, RunnerStats, Steady
 from .measure import mean_loss
 from .module_view import ModuleView
 from ...samples import (  # noqa: F401  (re-exported: LOSSES, LossFn)
-    LOSSES, LossFn, LossSum, Sample, call_model, check_sample, checked_loss, describe, loss_target, to_device,
+    LOSSES, LossFn, LossSum, model_loss_of, Sample, call_model, check_sample, checked_loss, describe, loss_target, to_device,
 )
 from ...errors import ConfigError, DataError
 from ...params.paramlist import ParamList
@@ -41,7 +41,7 @@ class Runner:
                 raise ConfigError(
                     f"Runner: unknown loss {loss!r}; expected one of {sorted(LOSSES)} or a callable"
                 )
-            loss_fn = LOSSES[loss]
+            loss_fn = model_loss_of(module) if loss == "model" else LOSSES[loss]
         elif callable(loss):
             loss_fn = loss
         else:
