@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import leantrain as lt
+from optimizer_table import TABLE
 from leantrain import optim
 from models import TiedNet, regression_batches
 
@@ -97,16 +98,18 @@ def test_the_everyday_features_never_sync():
             torch.cuda.set_sync_debug_mode("default")
 
 
-@pytest.mark.parametrize("kind", ["adam", "adamw", "sgd"])
+# the table's optimizers with the device path (plain SGD, Adam, AdamW) and SGD momentum,
+# whose update on the host mirrors torch's device kernel bit for bit
+@pytest.mark.parametrize("kind", [n for n in TABLE if TABLE[n].opt.native or n == "momentum"])
 def test_fused_kernels_equal_torch_fused_on_cuda(kind):
+    """Against torch.optim's fused kernel on the device."""
     torch.manual_seed(4)
     net = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).cuda()
     ref = copy.deepcopy(net)
     r = lt.Runner.from_module(net, "mse").to("cuda")
-    ours = {"adam": optim.adam(0.01), "adamw": optim.adamw(0.01, 0.1), "sgd": optim.sgd(0.05, 0.9)}[kind]
-    theirs = {"adam": lambda ps: torch.optim.Adam(ps, lr=0.01, fused=True),
-              "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1, fused=True),
-              "sgd": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, fused=True)}[kind](ref.parameters())
+    ours = TABLE[kind].make()
+    cls, kwargs = TABLE[kind].torch()
+    theirs = cls(ref.parameters(), **kwargs)
     data = [(x.cuda(), y.cuda()) for x, y in regression_batches(4, 2, d=5, out=3)]
     lt.train_samples(r, lt.TrainConfig(steps=4, batch_size=1, optimizer=ours, log_every=0), data)
     for x, y in data:

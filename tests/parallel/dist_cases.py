@@ -9,6 +9,7 @@ from torch import nn
 
 import leantrain as lt
 from leantrain import optim
+from optimizer_table import TABLE
 
 STOP = 3  # stop (and save) after this many updates in the resume cases
 
@@ -49,7 +50,7 @@ def make(case):
     runner = lt.Runner.from_module(Net(dtype), "mse")
     if case.endswith("-mirrors"):
         runner.to("cpu")
-    opt = optim.sgd(0.1) if kind == "sgd" else optim.adam(0.01)
+    opt = TABLE[kind].make()  # the shared table's setting
     exact = dict(exact_reduction=True, log_every=1) if case.endswith("-exact") else {}
     if loop == "samples":  # batches of 3 items: ranks get 2 and 1
         cfg = replace(lt.TrainConfig(steps=8, batch_size=3, optimizer=opt, log_every=4), **exact)

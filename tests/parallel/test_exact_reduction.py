@@ -98,7 +98,7 @@ def test_a_failed_collective_names_the_rank_the_step_and_the_last_checkpoint(tmp
     def flaky(op, runner, opt, state, *rest):
         if state.steps == 5:  # the sixth update: its all-reduce fails, as when a peer dies
             monkeypatch.setattr(distributed, "rank_world", lambda: (1, 2))
-            raise RuntimeError("Connection closed by peer")
+            raise torch.distributed.DistBackendError("Connection closed by peer")  # what a backend raises
         return real(op, runner, opt, state, *rest)
 
     monkeypatch.setattr(session, "choose", lambda cfg, local=False: RankOneOfTwo())
