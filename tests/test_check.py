@@ -17,6 +17,7 @@ from leantrain.cli import main
 
 sys.path.insert(0, str(Path(__file__).parent / "zoo"))
 from zoo_models import BY_NAME  # noqa: E402
+from optimizer_table import TABLE, HandLion  # noqa: E402
 
 CFG = lt.TrainConfig(steps=4, batch_size=2, optimizer=lt.optim.adam(0.01))
 
@@ -254,3 +255,17 @@ def test_a_token_weighted_loss_passes_the_accumulation_check_and_a_wrong_weighti
     together = lt.mean_gradients(r, samples[:2])[0]
     plain = (lt.mean_gradients(r, samples[:1])[0] + lt.mean_gradients(r, samples[1:2])[0]) / 2
     assert (together - plain).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", sorted(TABLE))
+def test_every_optimizer_of_the_table_passes_the_optimizer_and_host_sync_checks(kind):
+    """check compares each optimizer with its torch counterpart (bit for bit here) and finds
+    no hidden device read (torch's host step counters are not device reads; Adafactor's
+    norms are its torch form's, declared and reported)."""
+    report = check(lambda: lt.Runner.from_module(nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2)), "mse"),
+                   regression(), lt.TrainConfig(steps=4, batch_size=2, optimizer=TABLE[kind].make()),
+                   only=("optimizer", "host syncs"))
+    assert report["host syncs"].passed, report["host syncs"].line()
+    assert report["optimizer"].passed is not False, report["optimizer"].line()
+    if TABLE[kind].torch()[0] is not HandLion:
+        assert "bit-identical" in report["optimizer"].figure, report["optimizer"].line()
