@@ -118,3 +118,24 @@ def test_an_iterable_only_dataset_is_refused_with_what_is_accepted():
 
     with pytest.raises(lt.ConfigError, match="map-style dataset"):
         lt.DataLoader(Stream(), batch_size=2)
+
+
+def test_a_hugging_face_datasets_dataset_is_read_row_by_row_in_the_seeded_order():
+    datasets = pytest.importorskip("datasets")
+    rows = {"x": [[float(i)] * 4 for i in range(12)], "y": [[float(i)] for i in range(12)]}
+    table = datasets.Dataset.from_dict(rows).with_format("torch")
+
+    def pairs(items):
+        return [(r["x"], r["y"]) for r in items]
+
+    loader = lt.DataLoader(table, batch_size=4, shuffle=True, seed=5, collate=pairs)
+    listed = lt.DataLoader([(torch.tensor(rows["x"][i]), torch.tensor(rows["y"][i])) for i in range(12)],
+                           batch_size=4, shuffle=True, seed=5)
+    assert loader.lazy  # the rows stay in the Arrow table
+    _, ours = loader.epoch()
+    _, theirs = listed.epoch()
+    assert [[float(y) for _, y in b] for b in ours] == [[float(y) for _, y in b] for b in theirs]
+    runner = lt.Runner.from_module(nn.Linear(4, 1), "mse")
+    report, _ = lt.train_loader(runner, lt.LoaderTrainConfig(epochs=1, optimizer=lt.optim.sgd(1e-3), log_every=0),
+                                loader, log=None)
+    assert report.steps == 3
