@@ -120,3 +120,20 @@ def test_accumulate_is_validated():
     for bad in (0, -1, 1.5, True, "2"):
         with pytest.raises(lt.ConfigError, match="accumulate"):
             lt.LoaderTrainConfig(epochs=1, accumulate=bad)
+
+
+def test_max_steps_beyond_the_epochs_is_said_once_and_reaching_it_says_nothing():
+    import warnings
+
+    data = [[(torch.randn(3), torch.randn(1))] for _ in range(10)]
+    for max_steps, expect in ((25, 1), (10, 0), (4, 0)):
+        runner = lt.Runner.from_module(torch.nn.Linear(3, 1), "mse")
+        cfg = lt.LoaderTrainConfig(epochs=1, max_steps=max_steps, optimizer=lt.optim.sgd(0.01), log_every=0)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            report, _ = lt.train_loader(runner, cfg, data, log=None)
+        mine = [str(w.message) for w in said if "max_steps" in str(w.message)]
+        assert report.steps == min(10, max_steps) and len(mine) == expect, mine
+        if expect:
+            assert mine[0] == ("train_loader: epochs=1 ended after 10 updates, before max_steps=25; max_steps "
+                               "counts updates over the whole run, so raise epochs to reach it")

@@ -216,6 +216,10 @@ def train_loader(
                 runner, cfg, stream.loader, cfg.optimizer, state, lambda t, s: s.with_lr(lr_for(cfg, t)),
                 start=start, session=session, stream=stream,
             )
+            if cfg.max_steps is not None and steps < cfg.max_steps and not session.stopped:
+                warnings.warn(f"{op}: epochs={cfg.epochs} ended after {steps} updates, before max_steps="
+                              f"{cfg.max_steps}; max_steps counts updates over the whole run, so raise epochs to "
+                              f"reach it", stacklevel=2)
             return session.finish(lambda: _measure(session, stream, cfg), steps, seen), loader
 
 
