@@ -100,16 +100,14 @@ class SGDRule:
             # torch.optim.SGD(fused=True)'s kernel, in one pass (its rounding may differ from
             # the foreach passes below in the last bit; the fallback for other devices).
             bufs = [] if h.momentum == 0.0 else [s.buf for s in ss]
-            first = [dampened and s.step == 0 for s in ss]
+            if not dampened:  # the usual case: one call, no first step to tell apart
+                _fused_sgd(h, lr, ps, gs, bufs, uniform, False)
+                return ss
+            first = [s.step == 0 for s in ss]
             for flag in sorted(set(first)):
                 pick = [k for k, f in enumerate(first) if f == flag]
-                pl, gl = [ps[k] for k in pick], [gs[k] for k in pick]
-                bl = [bufs[k] for k in pick] if bufs else []
-                for group in ([(pl, gl, bl)] if uniform else by_device_dtype(pl, gl, bl)):
-                    torch._fused_sgd_(*group, weight_decay=h.weight_decay, momentum=h.momentum, lr=lr,
-                                      dampening=h.dampening, nesterov=h.nesterov, maximize=h.maximize,
-                                      is_first_step=flag)
-            return [DampenedMomentumState(s.step + 1, s.buf) for s in ss] if dampened else ss
+                _fused_sgd(h, lr, [ps[k] for k in pick], [gs[k] for k in pick], [bufs[k] for k in pick], uniform, flag)
+            return [DampenedMomentumState(s.step + 1, s.buf) for s in ss]
         if h.momentum == 0.0 and not has_options(h):
             torch._foreach_add_(ps, gs, alpha=-lr)
             return ss
@@ -137,6 +135,13 @@ class SGDRule:
         s.buf.mul_(h.momentum).add_(g)
         p.add_(s.buf, alpha=-lr)
         return s
+
+
+def _fused_sgd(h: SGD, lr: float, ps, gs, bufs, uniform: bool, first: bool) -> None:
+    """torch.optim.SGD(fused=True)'s kernel over (device, dtype) groups."""
+    for group in ([(ps, gs, bufs)] if uniform else by_device_dtype(ps, gs, bufs)):
+        torch._fused_sgd_(*group, weight_decay=h.weight_decay, momentum=h.momentum, lr=lr, dampening=h.dampening,
+                          nesterov=h.nesterov, maximize=h.maximize, is_first_step=first)
 
 
 def _cpu_half(ps) -> bool:
