@@ -35,3 +35,15 @@ class TiedNet(nn.Module):
 def regression_batches(n, batch, d=4, out=6, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [(torch.randn(batch, d, generator=g), torch.randn(batch, out, generator=g)) for _ in range(n)]
+
+
+def tiny_classifier(seed=0):
+    """4 features to 3 classes, Linear-Tanh-Linear (the run-management tests' model)."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def class_batches(n, seed, rows=5):
+    """``n`` collated (x, y) batches of ``rows`` examples for ``tiny_classifier``."""
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(rows, 4, generator=g), torch.randint(0, 3, (rows,), generator=g)) for _ in range(n)]

@@ -18,6 +18,8 @@ def test_top_level_names():
         "evaluate", "metrics", "Callback", "EarlyStopping", "ProgressBar", "JSONLLogger", "CSVLogger",
         "TensorBoardLogger", "weights", "torchlean_io", "check", "CheckReport",
         "LossSum", "collate", "split_rows",  # token-weighted losses, ready collate functions, cutting rows
+        # run management: trackers, per-item outputs, the learning-rate range test, seeding
+        "WandbLogger", "MLflowLogger", "predict", "find_lr", "LRFinderResult", "seed_everything",
     }
     assert set(lt.__all__) == expected
     for name in expected:

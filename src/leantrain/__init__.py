@@ -36,13 +36,16 @@ from .params import (
 )
 from .training.loops.callbacks import Callback, CSVLogger, EarlyStopping, JSONLLogger, ProgressBar, TensorBoardLogger
 from .training.loops.config import LoaderTrainConfig, TrainConfig, TrainReport
-from .training.loops.evaluation import evaluate
+from .training.loops.evaluation import evaluate, predict
+from .training.loops.run_options import seed_everything
+from .training.loops.trackers import MLflowLogger, WandbLogger
 from .training.loops.loader_loop import run_loader_epochs, train_loader
 from .training.loops.sample_loop import run_sample_steps, train_dataset, train_samples
 from .training.loops.events import StepEvent
 from .training.runner.runner import Runner
 from .samples import LossSum, split_rows
 from .training.loops.calls import mean_gradients, mean_loss_and_gradients, step_batch, step_batch_and_loss
+from .lr_finder import LRFinderResult, find_lr
 
 # The documented module paths ``leantrain.weights`` and ``leantrain.torchlean_io`` name
 # modules that live in ``leantrain.io``; both spellings import the same module object.
@@ -63,6 +66,7 @@ __all__ = [
     "LeantrainError", "PackError", "PackTypeError", "AliasError", "ConfigError",
     "OptimizerStateError", "DataError", "CheckpointError", "NonFiniteError",
     "evaluate", "metrics", "Callback", "EarlyStopping", "ProgressBar", "JSONLLogger", "CSVLogger",
-    "TensorBoardLogger", "weights", "torchlean_io", "check", "CheckReport", "collate",
+    "TensorBoardLogger", "WandbLogger", "MLflowLogger", "predict", "find_lr", "LRFinderResult",
+    "seed_everything", "weights", "torchlean_io", "check", "CheckReport", "collate",
     "__version__",
 ]

@@ -227,7 +227,7 @@ def build_job(plan: Plan) -> Job:
         collective_timeout=None,  # the process group itself was made with --collective-timeout
         clip_grad_norm=cfg.clip_grad_norm, accumulate=cfg.accumulate, ema_decay=cfg.ema,
         autocast=PRECISIONS[cfg.precision], compile=cfg.compile, schedule_per=cfg.schedule_per,
-        max_steps=cfg.max_steps, eval_data=test_batches, eval_every=1, sharding=cfg.sharding, shard_by=cfg.shard_by,
+        max_steps=cfg.max_steps, eval_data=test_batches, sharding=cfg.sharding, shard_by=cfg.shard_by,
         eval_metrics={"accuracy": accuracy} if classify else None,
     )
     tokens = tokens_of(train) / len(train) if isinstance(train[0], dict) and "input_ids" in train[0] else None

@@ -31,6 +31,17 @@ def as_list_batch(op: str, batch: object) -> list[Sample]:
     )
 
 
+def examples_in(raw: object, items: list) -> int:
+    """How many examples a loader batch holds: a collated batch's leading size (its
+    target's, or a dict's ``input_ids``' or first tensor's), else one per item."""
+    t = None
+    if isinstance(raw, Mapping):
+        t = raw.get("input_ids", next((v for v in raw.values() if isinstance(v, torch.Tensor)), None))
+    elif len(items) == 1 and isinstance(raw, (tuple, list)) and len(raw) == 2 and isinstance(raw[1], torch.Tensor):
+        t = raw[1]
+    return t.shape[0] if isinstance(t, torch.Tensor) and t.dim() > 0 else len(items)
+
+
 def plain_tensor_loader(loader: object) -> bool:
     """A plain ``torch.utils.data.DataLoader`` on a two-tensor ``TensorDataset`` (default
     collate, no workers, no pinned memory, batched): each batch is one ``(x, y)`` pair."""

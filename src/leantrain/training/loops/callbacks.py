@@ -4,6 +4,7 @@ A callback subclasses ``Callback`` and overrides the hooks it needs; a hook that
 returns ``True`` asks the loop to stop after the current step (a checkpoint is saved
 when one is configured). The loop calls, in order:
 
+* ``on_config(config)``: the loop's settings as plain data, once;
 * ``on_begin(total, start)``: the number of updates the run will have made when it
   ends (``None`` when a loader's length is unknown) and the update it starts from;
 * ``on_step(event)`` after each update (``event.loss`` is set on logged steps only, so
@@ -41,6 +42,10 @@ class Callback:
 
     reads_only = False
     every_rank = False
+
+    def on_config(self, config: dict) -> None:
+        """Before ``on_begin``, once: the loop's settings as plain data (``run_config``)."""
+        return None
 
     def on_begin(self, total: Optional[int], start: int) -> None:
         """Before the first update: ``total`` updates the run will have made when it ends (``None`` when a
@@ -162,7 +167,9 @@ class ProgressBar(Callback):
         if self.bar is not None:
             self.bar.update(1)
             if event.loss is not None:
-                self.bar.set_postfix(loss=f"{event.loss:.4f}", lr=f"{event.state.lr:.3g}")
+                rates = event.throughput or {}
+                shown = {"tok/s": f"{rates['tokens_per_s']:.3g}"} if "tokens_per_s" in rates else {}
+                self.bar.set_postfix(loss=f"{event.loss:.4f}", lr=f"{event.state.lr:.3g}", **shown)
 
     def on_eval(self, step: int, results: dict) -> None:
         if self.bar is None:
@@ -251,6 +258,7 @@ class JSONLLogger(Callback):
                       "loss": event.loss, "lr": event.state.lr}
             if event.grad_norm is not None:
                 record["grad_norm"] = event.grad_norm  # before clipping
+            record.update(event.throughput or {})
             self._write(record)
 
     def on_epoch_end(self, event: StepEvent) -> None:
@@ -341,6 +349,8 @@ class TensorBoardLogger(Callback):
             self.writer.add_scalar("train/lr", event.state.lr, event.step - 1)
             if event.grad_norm is not None:
                 self.writer.add_scalar("train/grad_norm", event.grad_norm, event.step - 1)
+            for name, value in (event.throughput or {}).items():
+                self.writer.add_scalar(f"train/{name}", value, event.step - 1)
 
     def on_eval(self, step: int, results: dict) -> None:
         for name, value in results.items():

@@ -4,6 +4,7 @@ frozen dataclasses, validated when built."""
 from __future__ import annotations
 
 import os
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Union
 
@@ -14,6 +15,9 @@ from ..runner.ema import check_decay
 from ..runner.precision import check_autocast
 from ..parallel.sharding.plan import SHARD_BY, SHARDING_MODES
 from ...validate import check_bool, check_choice, check_count
+from .checkpoint_folder import check_keeping
+from .evaluation import check_eval_sets
+from .run_options import check_run_options
 from ..update.options import ACCUMULATION_MODES, NONFINITE_MODES
 
 PathArg = Union[str, os.PathLike]
@@ -43,7 +47,8 @@ def _common(op: str, cfg) -> None:
     check_choice(op, "nonfinite", cfg.nonfinite, NONFINITE_MODES)
     check_bool(op, "replica_check", cfg.replica_check)
     check_choice(op, "accumulation", cfg.accumulation, ACCUMULATION_MODES)
-    check_count(op, "eval_every", cfg.eval_every, 1)
+    if cfg.eval_every is not None:
+        check_count(op, "eval_every", cfg.eval_every, 1)
     check_bool(op, "measure_loss", cfg.measure_loss)
     check_bool(op, "exact_reduction", cfg.exact_reduction)
     t = cfg.collective_timeout
@@ -61,14 +66,15 @@ def _common(op: str, cfg) -> None:
         raise ConfigError(f"{op}: eval_ema evaluates the moving average: set ema_decay")
     if cfg.exact_reduction and cfg.accumulation != "exact":
         raise ConfigError(f"{op}: exact_reduction folds items one by one: it needs accumulation='exact'")
+    check_eval_sets(op, cfg.eval_data)
+    check_keeping(op, cfg)
+    check_run_options(op, cfg)
     if cfg.eval_metrics is not None and (
         not isinstance(cfg.eval_metrics, Mapping) or not all(callable(f) for f in cfg.eval_metrics.values())
     ):
         raise ConfigError(f"{op}: eval_metrics must map names to callables (output, target) -> tensor")
     if cfg.eval_metrics and cfg.eval_data is None:
         raise ConfigError(f"{op}: eval_metrics needs eval_data")
-    if cfg.eval_data is not None and hasattr(cfg.eval_data, "__len__") and len(cfg.eval_data) == 0:
-        raise ConfigError(f"{op}: eval_data is empty: an evaluation over nothing measures nothing")
 
 
 SCHEDULE_PER = ("epoch", "step")
@@ -90,9 +96,15 @@ class LoopOptions:
     it stopped); ``replica_check``:
     verify the ranks agree at the start (distributed); ``nonfinite``: ``"raise"`` or
     ``"skip"`` for NaN/inf losses and gradients; ``eval_data``/``eval_every``/
-    ``eval_metrics``: evaluate (``leantrain.evaluate``) every ``eval_every`` steps
-    (in-memory loops) or epochs (loaders), results in ``TrainReport.evals`` and in
-    checkpoints; ``measure_loss=False`` skips the ``before``/``after`` passes;
+    ``eval_metrics``: evaluate (``leantrain.evaluate``) every ``eval_every`` updates (both
+    loops; loaders also take ``eval_every_epochs``; with neither, an in-memory loop
+    evaluates after every update and a loader loop after every epoch), results in
+    ``TrainReport.evals`` and in checkpoints; ``eval_data`` may be a dict of named sets
+    (``{"val": ..., "test": ...}``), whose results are named ``val_loss``, ``test_loss``...;
+    ``checkpoint_path`` with ``{step}`` in its name (``"runs/a/step{step}.ckpt"``) keeps a
+    folder of checkpoints: ``keep_last``/``keep_best`` (by ``monitor``, ``mode``),
+    ``load_best_at_end`` (see ``checkpoint_folder.py``); ``seed``/``deterministic``/
+    ``peak_flops``/``profile``/``profile_dir``: see ``run_options.py``; ``measure_loss=False`` skips the ``before``/``after`` passes;
     ``exact_reduction``: under ``torch.distributed``, every rank folds all items' gradients
     in item order, so any number of ranks gives the one-process bits (see distributed.py);
     ``collective_timeout``: seconds a collective waits for the slowest rank before the
@@ -119,7 +131,7 @@ class LoopOptions:
     replica_check: bool = True
     nonfinite: str = "raise"
     eval_data: Optional[object] = None
-    eval_every: int = 1
+    eval_every: Optional[int] = None
     eval_metrics: Optional[Mapping[str, Callable]] = None
     measure_loss: bool = True
     exact_reduction: bool = False
@@ -132,6 +144,16 @@ class LoopOptions:
     compile: bool = False
     sharding: Optional[str] = None
     shard_by: str = "range"
+    keep_last: Optional[int] = None
+    keep_best: Optional[int] = None
+    monitor: str = "loss"
+    mode: str = "min"
+    load_best_at_end: bool = False
+    seed: Optional[int] = None
+    deterministic: Union[bool, str] = False
+    peak_flops: Optional[float] = None
+    profile: Optional[tuple[int, int]] = None
+    profile_dir: Optional[PathArg] = None
 
 
 @dataclass(frozen=True)
@@ -157,6 +179,10 @@ class TrainConfig(LoopOptions):
         check_count(op, "mem_watch", self.mem_watch, 0)
         _common(op, self)
 
+    def eval_due(self, step: int) -> bool:
+        """Whether an evaluation follows update ``step`` (every update without a cadence)."""
+        return self.eval_data is not None and step % (self.eval_every or 1) == 0
+
 
 @dataclass(frozen=True)
 class LoaderTrainConfig(LoopOptions):
@@ -178,7 +204,7 @@ class LoaderTrainConfig(LoopOptions):
     depend on the world size keeps ``exact_reduction``'s bits the same on any number of
     ranks. Pieces count as items in ``samples_seen``; ``before``/``after`` read uncut items."""
 
-    epochs: int
+    epochs: Optional[int]
     optimizer: Optimizer = field(default_factory=lambda: sgd(0.01))
     scheduler: Optional[Schedule] = None
     log_every: int = 1
@@ -187,10 +213,17 @@ class LoaderTrainConfig(LoopOptions):
     schedule_per: str = "epoch"
     measure_batches: Optional[int] = None
     pieces: Optional[int] = None
+    eval_every_epochs: Optional[int] = None
 
     def __post_init__(self) -> None:
         op = "LoaderTrainConfig"
-        check_count(op, "epochs", self.epochs, 0)
+        if self.epochs is None:
+            if self.max_steps is None:
+                raise ConfigError(f"{op}: epochs=None trains until max_steps: set max_steps")
+        else:
+            check_count(op, "epochs", self.epochs, 0)
+        if self.eval_every_epochs is not None:
+            check_count(op, "eval_every_epochs", self.eval_every_epochs, 1)
         check_count(op, "accumulate", self.accumulate, 1)
         for name in ("max_steps", "measure_batches", "pieces"):
             if getattr(self, name) is not None:
@@ -198,12 +231,24 @@ class LoaderTrainConfig(LoopOptions):
         check_choice(op, "schedule_per", self.schedule_per, SCHEDULE_PER)
         _common(op, self)
 
+    def eval_due(self, step: int) -> bool:
+        """Whether an evaluation follows update ``step`` (on the ``eval_every`` cadence)."""
+        return self.eval_data is not None and self.eval_every is not None and step % self.eval_every == 0
+
+    def epoch_eval_due(self, epoch: int) -> bool:
+        """Whether an evaluation follows epoch ``epoch`` (0-based): every
+        ``eval_every_epochs``, or every epoch when no cadence is set."""
+        if self.eval_data is None or (self.eval_every is not None and self.eval_every_epochs is None):
+            return False
+        return (epoch + 1) % (self.eval_every_epochs or 1) == 0
+
 
 @dataclass(frozen=True)
 class TrainReport:
     """Mean training loss before and after, plus what the run did.
 
-    ``losses`` holds the logged ``(step, loss)`` pairs (pre-update losses).
+    ``losses`` holds the logged ``(step, loss)`` pairs (pre-update losses). ``samples_seen``
+    counts the items trained on (loader items, or their pieces).
     """
 
     before: Optional[float]  # None with measure_loss=False
@@ -216,3 +261,38 @@ class TrainReport:
     skipped_steps: int = 0
     evals: tuple = ()  # (step, evaluate's results) per evaluation
     grad_norms: tuple[tuple[int, float], ...] = ()  # (step, norm before clipping), logged steps
+    best_checkpoint: Optional[str] = None  # with keep_best: the best checkpoint kept (loaded with load_best_at_end)
+    resumed_from: Optional[str] = None  # the checkpoint this run continued (resume_from, "auto" resolved)
+
+
+def run_config(cfg) -> dict:
+    """A loop config as plain data (what trackers record as the run's settings): numbers,
+    strings and flags as they are, the optimizer as its kind and hyperparameters, paths
+    as strings, data as its kind (and size when known), anything else as its repr."""
+    out: dict = {}
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if v is None or isinstance(v, (bool, int, float, str)):
+            out[f.name] = v
+        elif isinstance(v, Optimizer):
+            out[f.name] = v.kind
+            out.update({f"{f.name}.{k}": _plain(x) for k, x in dataclasses.asdict(v.hyper).items()})
+        elif isinstance(v, os.PathLike):
+            out[f.name] = os.fspath(v)
+        elif f.name == "eval_data":
+            sets = v if isinstance(v, Mapping) else {"": v}
+            out[f.name] = ", ".join(f"{k or type(d).__name__}" + (f"({len(d)})" if hasattr(d, "__len__") else "")
+                                    for k, d in sets.items())
+        elif f.name == "eval_metrics":
+            out[f.name] = ", ".join(v)
+        else:
+            out[f.name] = _plain(v)
+    return out
+
+
+def _plain(v):
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (tuple, list)) and all(isinstance(x, (bool, int, float, str)) for x in v):
+        return list(v)
+    return repr(v)

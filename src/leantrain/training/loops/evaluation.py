@@ -1,4 +1,5 @@
-"""``evaluate``: the mean loss and named metrics of a runner on held-out data.
+"""``evaluate``: the mean loss and named metrics of a runner on held-out data; the loops'
+named evaluation sets; ``predict``: the model's outputs per item.
 
 Runs in eval mode with no gradients and no buffer updates, restores the runner's mode
 and leaves the random generators as found (a torch DataLoader's too). The loss is the
@@ -9,7 +10,7 @@ example, over items when it returns one value per item.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
 import torch
 
@@ -101,3 +102,90 @@ def evaluate(
         results[name] = float(s.item()) / k if k else 0.0  # intentional sync
     results["items"] = float(n)
     return results
+
+
+def check_eval_sets(op: str, data: object) -> None:
+    """A loop's ``eval_data``: ``None``, one set, or a dict of named sets (names made of
+    letters, digits and ``_``); no set empty."""
+    sets = data if isinstance(data, Mapping) else {None: data}
+    if isinstance(data, Mapping) and not data:
+        raise ConfigError(f"{op}: eval_data is an empty dict: name at least one evaluation set")
+    for name, one in sets.items():
+        where = "eval_data" if name is None else f"eval_data[{name!r}]"
+        if name is not None and not (isinstance(name, str) and name.replace("_", "a").isalnum()):
+            raise ConfigError(f"{op}: eval_data's set names must be words (letters, digits, _), got {name!r}")
+        if isinstance(one, Mapping):
+            raise ConfigError(f"{op}: {where} is a dict: give a sample list, a Dataset or a loader")
+        if one is not None and hasattr(one, "__len__") and len(one) == 0:
+            raise ConfigError(f"{op}: {where} is empty: an evaluation over nothing measures nothing")
+
+
+def result_names(cfg) -> set[str]:
+    """The names a loop's evaluations give (what ``EarlyStopping``, ``keep_best`` and the
+    plateau schedule may monitor)."""
+    base = {"loss", "items", *(cfg.eval_metrics or {})}
+    if isinstance(cfg.eval_data, Mapping):
+        return {f"{name}_{key}" for name in cfg.eval_data for key in base}
+    return base
+
+
+def evaluate_sets(runner: Runner, data: Union[EvalData, Mapping[str, EvalData]],
+                  metrics: Optional[Mapping[str, Metric]] = None, *, ema: bool = False) -> dict[str, float]:
+    """``evaluate`` on one set, or on each named set of a dict with its results' names
+    prefixed by the set's (``val_loss``, ``test_accuracy``), in the dict's order."""
+    if not isinstance(data, Mapping):
+        return evaluate(runner, data, metrics, ema=ema)
+    out: dict[str, float] = {}
+    for name, one in data.items():
+        out.update({f"{name}_{k}": v for k, v in evaluate(runner, one, metrics, ema=ema).items()})
+    return out
+
+
+def predict(runner: Runner, data: EvalData, *, collect: bool = False, to: Optional[Any] = None):
+    """The model's output for each item of ``data`` (a sample list, a ``Dataset``, a
+    loader: a collated batch is one item), in eval mode with no gradient and no buffer
+    update, the runner's mode restored after each item.
+
+    Streamed: returns an iterator that computes one item's output when asked, so memory
+    does not grow with the data; ``collect=True`` returns the list of every output
+    instead. ``to``: a device to move each output to (``"cpu"`` frees the accelerator's
+    memory as outputs are kept); outputs are detached. A loader's random generators are
+    put back as found when the walk ends (or the iterator is closed).
+
+    Raises:
+        ConfigError: ``runner`` is not a Runner, ``data`` is not data.
+        DataError: a sample the model rejects.
+    """
+    op = "predict"
+    if not isinstance(runner, Runner):
+        raise ConfigError(f"{op}: expected a Runner, got {type(runner).__name__}")
+    items = eval_items(op, data)
+    outputs = _outputs(runner, data, items, to)
+    return list(outputs) if collect else outputs
+
+
+def _outputs(runner: Runner, data: EvalData, items: Iterator[Sample], to) -> Iterator[Any]:
+    with rng_preserved(runner.device, loader_generators(data)):
+        for sample in items:
+            with runner.in_mode("eval"), torch.no_grad(), runner.binding("predict") as bound, \
+                    bound.scratch_buffers():
+                s = runner.inputs(sample)
+                with runner.autocast():
+                    out = call_model(runner.module, s)
+            yield _moved(out, to)
+
+
+def _moved(out: Any, to) -> Any:
+    """``out`` detached (tensors inside dicts, tuples and model outputs too), on ``to``."""
+    if isinstance(out, torch.Tensor):
+        out = out.detach()
+        return out if to is None else out.to(to)
+    if isinstance(out, Mapping):
+        moved = {k: _moved(v, to) for k, v in out.items()}
+        try:
+            return type(out)(moved)
+        except TypeError:
+            return moved
+    if isinstance(out, (list, tuple)) and not hasattr(out, "_fields"):
+        return type(out)(_moved(v, to) for v in out)
+    return out

@@ -21,6 +21,9 @@ class StepEvent:
     epoch: Optional[int] = None
     batch: Optional[int] = None  # batches completed in this epoch (loaders)
     grad_norm: Optional[float] = None  # the norm before clipping, on logged steps with clip_grad_norm
+    # On logged steps: samples_per_s, and for token data tokens_per_s and (with a known peak) mfu,
+    # over the updates since the previous logged one (throughput.py).
+    throughput: Optional[dict] = None
 
 
 # A callback returning True asks the loop to stop after this step (saving a checkpoint

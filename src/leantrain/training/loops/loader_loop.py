@@ -19,7 +19,7 @@ from typing import Iterable, Iterator, Optional, Sequence, Union
 from ...data import DataLoader
 from ...errors import ConfigError, DataError
 from ...optim import OptState, Optimizer
-from .batches import Loader, as_list_batch, loader_generators
+from .batches import Loader, as_list_batch, examples_in, loader_generators
 from ..runner.binding import rng_preserved
 from .config import LoaderTrainConfig, TrainReport, lr_for
 from ..runner.runner import Runner, Sample
@@ -90,13 +90,15 @@ def _epochs(cfg: LoaderTrainConfig, stream: Stream, state: OptState, schedule_st
     op = session.op
     at, skip = start, start.batch
     event: Optional[StepEvent] = None
-    while at.epoch < cfg.epochs and not _reached(cfg, at):
+    while (cfg.epochs is None or at.epoch < cfg.epochs) and not _reached(cfg, at):
         if cfg.schedule_per == "epoch":
             state = schedule_state(at.epoch, state)  # the schedule advances once per epoch
         group: list[Sample] = []  # the items of up to cfg.accumulate loader batches
         b = skip - 1
         for b, raw in enumerate(stream.epoch(at.epoch, skip), start=skip):
-            group += cut(as_list_batch(op, raw), cfg.pieces)
+            items = as_list_batch(op, raw)
+            session.meter.examples += examples_in(raw, items)  # for the throughput: host shapes only
+            group += cut(items, cfg.pieces)
             if (b + 1) % cfg.accumulate == 0:
                 if not session.reduction.local:  # rank-local data: every rank has its own items
                     warn_idle_ranks(op, cfg, group, at, start)
@@ -149,7 +151,7 @@ def _group_update(cfg: LoaderTrainConfig, session: Session, stream: Stream, stat
         state = schedule_state(at.step, state)  # indexed by update: a warm-up over updates
     state, loss = session.update(state, group, at.step)
     at = at.after(b + 1, len(group))
-    event = StepEvent(at.step, state, loss, at.epoch, at.batch, grad_norm=session.last_norm)
+    event = session.event(at.step, state, loss, at.epoch, at.batch)
     return state, at, event, session.after_update(event, at.record(), stream.state)
 
 
@@ -190,7 +192,7 @@ def train_loader(
     check_inputs(op, runner, cfg, LoaderTrainConfig)
     if not isinstance(loader, (DataLoader, Iterable)):
         raise ConfigError(f"{op}: expected a DataLoader or an iterable of batches, got {type(loader).__name__}")
-    if isinstance(loader, Iterator) and cfg.epochs > 1:  # has __next__: walked once, then empty
+    if isinstance(loader, Iterator) and (cfg.epochs is None or cfg.epochs > 1):  # has __next__: walked once, then empty
         raise DataError(
             f"{op}: the loader is a one-shot iterator ({type(loader).__name__}: iter() returns itself), "
             f"read once, but epochs={cfg.epochs}; train it with epochs=1 (and max_steps), or pass a "
@@ -216,7 +218,7 @@ def train_loader(
                 runner, cfg, stream.loader, cfg.optimizer, state, lambda t, s: s.with_lr(lr_for(cfg, t)),
                 start=start, session=session, stream=stream,
             )
-            if cfg.max_steps is not None and steps < cfg.max_steps and not session.stopped:
+            if cfg.max_steps is not None and steps < cfg.max_steps and not session.stopped and cfg.epochs:
                 warnings.warn(f"{op}: epochs={cfg.epochs} ended after {steps} updates, before max_steps="
                               f"{cfg.max_steps}; max_steps counts updates over the whole run, so raise epochs to "
                               f"reach it", stacklevel=2)
@@ -238,6 +240,6 @@ def _total_steps(loader: Loader, cfg: LoaderTrainConfig) -> Optional[int]:
     """Updates in the whole run, when the loader knows its length (or ``max_steps`` bounds it)."""
     try:
         total = cfg.epochs * -(-len(loader) // cfg.accumulate)
-    except TypeError:
+    except TypeError:  # a loader without a length, or epochs=None
         return cfg.max_steps
     return total if cfg.max_steps is None else min(total, cfg.max_steps)

@@ -5,8 +5,10 @@ resumed checkpoint's progress record."""
 
 from __future__ import annotations
 
+import json
 import math
 import sys
+import warnings
 from typing import Sequence
 
 import numpy
@@ -17,6 +19,8 @@ from ...optim.plateau import Plateau
 from ...optim.rules import elementwise
 from ...validate import is_int, is_number
 from .callbacks import Callback, EarlyStopping, PlateauFeed, ProgressBar
+from .evaluation import result_names
+from ..runner.precision import scaler_state_problems
 from ..runner.runner import Runner
 from ..parallel.sharding.state import check_shardable
 
@@ -69,7 +73,7 @@ def loop_callbacks(op: str, cfg, callbacks: Sequence[Callback], main: bool) -> l
         if isinstance(cb, EarlyStopping):  # refused before training, not after the first evaluation
             if cfg.eval_data is None:
                 raise ConfigError(f"{op}: EarlyStopping watches evaluations: set eval_data (and eval_every)")
-            names = {"loss", "items", *(cfg.eval_metrics or {})}
+            names = result_names(cfg)
             if cb.monitor not in names:
                 raise ConfigError(f"{op}: EarlyStopping monitors {cb.monitor!r}, but the evaluations give "
                                   f"{sorted(names)}")
@@ -77,7 +81,7 @@ def loop_callbacks(op: str, cfg, callbacks: Sequence[Callback], main: bool) -> l
     if isinstance(cfg.scheduler, Plateau):
         if cfg.eval_data is None:
             raise ConfigError(f"{op}: the plateau schedule reads evaluations: set eval_data (and eval_every)")
-        names = {"loss", "items", *(cfg.eval_metrics or {})}
+        names = result_names(cfg)
         if cfg.scheduler.monitor not in names:
             raise ConfigError(f"{op}: the plateau schedule monitors {cfg.scheduler.monitor!r}, but the evaluations "
                               f"give {sorted(names)}")
@@ -85,6 +89,35 @@ def loop_callbacks(op: str, cfg, callbacks: Sequence[Callback], main: bool) -> l
     if main and cfg.log_every and sys.stderr.isatty() and not any(isinstance(c, ProgressBar) for c in out):
         out.append(ProgressBar())
     return out
+
+
+def check_savable(op: str, callbacks: Sequence[Callback]) -> None:
+    """Each callback's saved state is JSON data (a checkpoint's progress holds it): checked
+    when the loop starts, so a tensor in it is refused before the first update, not at
+    the first save."""
+    for cb in callbacks:
+        state = cb.state_dict()
+        if state is None:
+            continue
+        try:
+            json.dumps(state, allow_nan=True)
+        except (TypeError, ValueError, RecursionError) as e:
+            raise ConfigError(f"{op}: {type(cb).__name__}.state_dict() is not JSON data ({e}); a checkpoint saves "
+                              f"it as JSON: return numbers, strings, lists and dicts (float(t) for a tensor "
+                              f"t)") from None
+
+
+def restore_callbacks(op: str, callbacks: Sequence[Callback], saved: list) -> None:
+    """Give the callbacks that keep state theirs back (the same kinds in the same order
+    as when saved); otherwise say that they start afresh."""
+    mine = stateful(callbacks)
+    kinds = [type(cb).__name__ for cb in mine]
+    if kinds == [kind for kind, _ in saved]:
+        for cb, (_, state) in zip(mine, saved):
+            cb.load_state_dict(state)
+    elif saved or mine:
+        warnings.warn(f"{op}: the checkpoint carries the state of the callbacks {[k for k, _ in saved]}, this "
+                      f"run's callbacks keeping state are {kinds}: they start afresh", stacklevel=5)
 
 
 def stateful(callbacks: Sequence[Callback]) -> list[Callback]:
@@ -130,3 +163,31 @@ def progress_problems(kind: str, p: dict) -> list[str]:
             isinstance(x, list) and len(x) == 2 and is_int(x[0]) and isinstance(x[1], dict) for x in evals)):
         out.append("progress.evals: expected a list of [step, results] pairs")
     return out
+
+
+def resume_check(kind: str, cfg, expect: dict, want_path: str, scaling: bool, extra: list):
+    """``accept(manifest, tensors)`` for ``load_checkpoint``: why a checkpoint cannot resume
+    this ``kind`` of loop (its progress, ``expect``, the moving average, the update path,
+    the float16 loss scale when ``scaling``, and each of ``extra``'s problems), decided
+    before anything is installed."""
+    def fits(manifest: dict, tensors: dict) -> list[str]:
+        p = manifest.get("progress") or {}
+        if not isinstance(p, dict) or p.get("kind") != kind or not manifest.get("optimizer"):
+            return [f"not a {kind} training checkpoint with optimizer state"]
+        problems = progress_problems(kind, p)
+        if scaling and p.get("autocast") == "float16":
+            problems += scaler_state_problems(p)
+        problems += [f"{key}: checkpoint has {p.get(key, EXPECT_DEFAULTS.get(key))!r}, this run has {value!r}"
+                     for key, value in expect.items() if p.get(key, EXPECT_DEFAULTS.get(key)) != value]
+        e = manifest.get("ema")
+        if cfg.ema_decay is not None and (e is None or e["decay"] != cfg.ema_decay):
+            problems.append(f"ema: checkpoint has {None if e is None else e['decay']!r}, "
+                            f"this run has ema_decay={cfg.ema_decay!r}")
+        if manifest["optimizer"].get("path") != want_path:
+            problems.append(f"the checkpoint's optimizer history is {manifest['optimizer'].get('path')}; "
+                            f"resume with parameters on the same kind of device")
+        for check in extra:
+            problems += check(manifest, tensors)
+        return problems
+
+    return fits

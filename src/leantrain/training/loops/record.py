@@ -23,6 +23,7 @@ class RunRecord:
     grad_norms: list = field(default_factory=list)
     evals: list = field(default_factory=list)
     last_norm: Optional[float] = None
+    last_rates: Optional[dict] = None  # the newest logged update's throughput (throughput.py)
 
     @classmethod
     def resumed(cls, progress: dict) -> "RunRecord":
@@ -35,3 +36,10 @@ class RunRecord:
         """The fields a checkpoint's progress saves."""
         return dict(before=self.before, losses=list(self.logged), evals=[[k, r] for k, r in self.evals],
                     **({"grad_norms": list(self.grad_norms)} if self.grad_norms else {}))
+
+    def metric_at(self, step: int, name: str) -> Optional[float]:
+        """``name`` from the evaluation made after update ``step`` (``None``: none made)."""
+        if self.evals and self.evals[-1][0] == step:
+            value = self.evals[-1][1].get(name)
+            return None if value is None else float(value)
+        return None

@@ -18,7 +18,7 @@ from .config import TrainConfig, TrainReport, lr_for
 from .memory import MemoryWatch, cadence
 from ..runner.runner import Runner, Sample, check_sample
 from .callbacks import Callback
-from .events import StepCallback, StepEvent
+from .events import StepCallback
 from ..parallel import distributed
 from .loop_checks import check_inputs
 from .session import Log, ScheduleState, Session
@@ -65,7 +65,7 @@ def run_sample_steps(
             state, loss = session.update(state, batch, step)
             step += 1
             watch_memory(step)
-            if session.after_update(StepEvent(step, state, loss, grad_norm=session.last_norm), {"batch_size": k}):
+            if session.after_update(session.event(step, state, loss), {"batch_size": k}):
                 break
     return state, session.logged[first_logged:], step
 

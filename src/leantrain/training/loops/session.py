@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import warnings
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -27,17 +26,22 @@ from ...optim.optimizer import GENERIC, NATIVE
 from ..parallel.distributed import ReplicaError
 from ..parallel.strategy import choose
 from ..runner.loop_state import LoopState
-from ..runner.precision import AUTOCAST, LossScaler, scaler_state_problems
+from ..runner.precision import AUTOCAST, LossScaler
 from ..runner.runner import Runner, Sample
 from ..update.options import StepOptions
 from ..update.reduction import Reduction
 from ..update.step import update
 from .callbacks import Callback
-from .config import TrainReport
-from .evaluation import evaluate
+from .checkpoint_folder import CheckpointFolder, template_fields
+from .config import TrainReport, run_config
+from .evaluation import evaluate_sets
 from .events import StepCallback, StepEvent
-from .loop_checks import EXPECT_DEFAULTS, check_schedule, loop_callbacks, progress_problems, stateful, wants_stop
+from .loop_checks import (check_savable, check_schedule, loop_callbacks, restore_callbacks, resume_check, stateful,
+                          wants_stop)
+from .profiling import UpdateProfiler
 from .record import RunRecord
+from .run_options import deterministic_mode, seed_everything
+from .throughput import Throughput
 
 Log = Callable[[str], None]
 ScheduleState = Callable[[int, OptState], OptState]
@@ -54,13 +58,19 @@ def uses_native(runner: Runner, opt: Optimizer) -> bool:
     return opt.native and runner.params.has_mirrors()
 
 
-def resume_path(cfg):
+def resume_path(cfg, folder: Optional[CheckpointFolder] = None):
     """The checkpoint a run resumes from: ``cfg.resume_from``, or with ``"auto"`` the
-    checkpoint at ``cfg.checkpoint_path`` when one exists (``None``: start fresh)."""
+    checkpoint at ``cfg.checkpoint_path`` when one exists, the newest whole one of a
+    folder of checkpoints (``None``: start fresh)."""
     if cfg.resume_from != "auto":
         return cfg.resume_from
+    if folder is not None:
+        return folder.newest_valid()
     path = Path(cfg.checkpoint_path)
     return path if path.is_file() or (path / INDEX).is_file() else None  # a folder: once its index exists
+
+
+_NO_RANGE = contextlib.nullcontext()
 
 
 def _silent(line: str) -> None:
@@ -101,6 +111,12 @@ class Session:
         self.pending: Optional[tuple[dict, OptState, Optional[dict]]] = None  # the newest step
         self.saved = True  # whether ``pending`` is on disk
         self.saved_step: Optional[int] = None  # the step of the newest checkpoint written
+        self.saved_path = cfg.checkpoint_path  # and its file
+        # A folder of checkpoints ({step} in checkpoint_path): each save a new file, pruned.
+        self.folder = CheckpointFolder(op, cfg) if template_fields(cfg.checkpoint_path) else None
+        self.resume_from = None
+        self.meter = Throughput(runner, cfg.peak_flops)  # rates read at the log cadence only
+        self.profiler = UpdateProfiler(op, *cfg.profile, cfg.profile_dir, runner.device) if cfg.profile else None
         self._options: Optional[StepOptions] = None  # how the updates run: built at the first one
 
     @property
@@ -112,6 +128,11 @@ class Session:
     def last_norm(self) -> Optional[float]:
         """The newest logged update's gradient norm before clipping (``None``: not logged)."""
         return self.record.last_norm
+
+    def event(self, step: int, state: OptState, loss: Optional[float], epoch=None, batch=None) -> StepEvent:
+        """What the callbacks hear after update ``step`` (norm and rates on logged updates)."""
+        return StepEvent(step, state, loss, epoch, batch, grad_norm=self.record.last_norm,
+                         throughput=self.record.last_rates)
 
     def _log(self, line: str) -> None:
         self.user_log(line)
@@ -125,7 +146,7 @@ class Session:
         state = LoopState(amp=AUTOCAST[cfg.autocast] if cfg.autocast else None,
                           loss_scale=self.scaler.scale if self.scaler is not None else None,
                           compiled=self.runner.compiled_loss() if cfg.compile else None)
-        with self.runner.looping(state):
+        with deterministic_mode(self.op, cfg.deterministic, self.runner.device), self.runner.looping(state):
             yield
 
     def options(self, state: OptState) -> StepOptions:
@@ -143,15 +164,22 @@ class Session:
         ``cfg.resume_from``, the checkpoint's state (its progress must match ``expect``,
         and ``loader_check(manifest, tensors)`` find no problem)."""
         check_schedule(self.op, self.cfg, self.runner)
-        if self.cfg.checkpoint_path is not None and self.cfg.sharding is None:
+        check_savable(self.op, self.callbacks)  # before the first update, not at the first save
+        if self.folder is not None:
+            check_destination(self.op, self.folder.path_for(0, 0, None))
+        elif self.cfg.checkpoint_path is not None and self.cfg.sharding is None:
             check_destination(self.op, self.cfg.checkpoint_path)  # a folder is refused now, not at the first save
         elif self.cfg.checkpoint_path is not None:
             check_folder(self.op, self.cfg.checkpoint_path)  # a sharded run saves a folder
         self.expect = dict(expect, ema_decay=self.cfg.ema_decay, autocast=self.cfg.autocast)
-        self.resume_from = resume_path(self.cfg)
+        self.resume_from = resume_path(self.cfg, self.folder)
+        if self.resume_from is not None and self.cfg.resume_from == "auto":
+            self.log(f"{self.op}: resuming from {self.resume_from}")
         self.reduction.agree_on_start(self.op, dict(self.expect, resume=self.resume_from is not None))
         # Nothing of the runner changes (its mode, its moving average) until the start is accepted.
         if self.resume_from is None:
+            if self.cfg.seed is not None:
+                seed_everything(self.cfg.seed)  # a fresh run only: a resume restores the saved generators
             self._start_replicas()
             state = self.reduction.start(self.op, self.cfg, self.runner, self.opt, uses_native(self.runner, self.opt))
             self.runner.train()
@@ -164,7 +192,9 @@ class Session:
         if self.scaler is not None:
             self.scaler.scale.fill_(ck.progress["loss_scale"])
             self.scaler.tracker.fill_(ck.progress["scale_tracker"])
-        self._restore_callbacks(ck.progress.get("callbacks", []))
+        restore_callbacks(self.op, self.callbacks, ck.progress.get("callbacks", []))
+        if self.folder is not None:
+            self.folder.resume(ck.progress.get("checkpoints", []))
         self.record = RunRecord.resumed(ck.progress)
         self._start_replicas()
         state = self.reduction.start(self.op, self.cfg, self.runner, self.opt, ck.state.path == NATIVE, ck.state)
@@ -172,45 +202,16 @@ class Session:
             self.runner.keep_ema(self.reduction.ema(self.runner, self.cfg.ema_decay, ck.ema))
         return state, ck
 
-    def _restore_callbacks(self, saved: list) -> None:
-        """Give the callbacks that keep state theirs back (the same kinds in the same
-        order as when saved); otherwise say that they start afresh."""
-        mine = stateful(self.callbacks)
-        kinds = [type(cb).__name__ for cb in mine]
-        if kinds == [kind for kind, _ in saved]:
-            for cb, (_, state) in zip(mine, saved):
-                cb.load_state_dict(state)
-        elif saved or mine:
-            warnings.warn(f"{self.op}: the checkpoint carries the state of the callbacks "
-                          f"{[k for k, _ in saved]}, this run's callbacks keeping state are {kinds}: "
-                          f"they start afresh", stacklevel=4)
-
     def _resume(self, expect: dict, loader_check=None) -> Checkpoint:
         """Load the checkpoint; whether it fits this run (its kind, ``expect``, the update
         path, and ``loader_check``) is decided before anything is installed."""
         path = self.resume_from
         want_path = NATIVE if uses_native(self.runner, self.opt) else GENERIC
 
-        def fits(manifest: dict, tensors: dict) -> list[str]:
-            p = manifest.get("progress") or {}
-            if not isinstance(p, dict) or p.get("kind") != self.kind or not manifest.get("optimizer"):
-                return [f"not a {self.kind} training checkpoint with optimizer state"]
-            problems = progress_problems(self.kind, p)
-            if self.scaler is not None and p.get("autocast") == "float16":
-                problems += scaler_state_problems(p)
-            problems += [f"{key}: checkpoint has {p.get(key, EXPECT_DEFAULTS.get(key))!r}, this run has {value!r}"
-                         for key, value in expect.items() if p.get(key, EXPECT_DEFAULTS.get(key)) != value]
-            e = manifest.get("ema")
-            if self.cfg.ema_decay is not None and (e is None or e["decay"] != self.cfg.ema_decay):
-                problems.append(f"ema: checkpoint has {None if e is None else e['decay']!r}, "
-                                f"this run has ema_decay={self.cfg.ema_decay!r}")
-            if manifest["optimizer"].get("path") != want_path:
-                problems.append(f"the checkpoint's optimizer history is {manifest['optimizer'].get('path')}; "
-                                f"resume with parameters on the same kind of device")
-            if loader_check is not None:
-                problems += loader_check(manifest, tensors)
-            return problems
-
+        extra = [loader_check] if loader_check is not None else []
+        if self.folder is not None:
+            extra.append(lambda manifest, tensors: self.folder.problems(manifest["progress"].get("checkpoints", [])))
+        fits = resume_check(self.kind, self.cfg, expect, want_path, self.scaler is not None, extra)
         return load_checkpoint(path, self.runner, optimizer=self.opt, accept=fits, follow_trainable=True,
                                host_state=self.reduction.host_state)  # sharding moves its ranges only
 
@@ -218,6 +219,13 @@ class Session:
     def update(self, state: OptState, batch: list[Sample], step: int) -> tuple[OptState, Optional[float]]:
         """One update at index ``step``; the loss is read (one host read) only when a log
         line is due."""
+        if self.profiler is not None:
+            self.profiler.before(step + 1)
+            with self.profiler.range("leantrain.update"):
+                return self._update(state, batch, step)
+        return self._update(state, batch, step)
+
+    def _update(self, state: OptState, batch: list[Sample], step: int) -> tuple[OptState, Optional[float]]:
         cfg = self.cfg
         want = bool(cfg.log_every) and step % cfg.log_every == 0
         self.runner.confirm_steady()  # the user's code may have run: before anything reads what was checked
@@ -232,7 +240,8 @@ class Session:
         if cfg.ema_decay is not None:
             self.runner.ema.update(self.runner.params)  # after the step, on the device
         record = self.record
-        record.last_norm = None
+        record.last_norm = record.last_rates = None
+        self.meter.count(batch)
         if not want:
             return state, None
         if done.norm is None:
@@ -241,6 +250,7 @@ class Session:
             value, record.last_norm = torch.stack([done.loss.detach().double(), done.norm.double()]).tolist()
             record.grad_norms.append((step, record.last_norm))
         record.logged.append((step, value))
+        record.last_rates = self.meter.read()
         self.log(log_line(step, value))
         return state, value
 
@@ -248,7 +258,7 @@ class Session:
         """Re-raise ``e``; under torch.distributed as a ``CollectiveError`` saying where it
         happened and which checkpoint survives (a peer died, stopped or timed out), or, when
         it is the user's own error, as itself with a note naming the rank."""
-        last = (f"{self.cfg.checkpoint_path} (step {self.saved_step})" if self.saved_step is not None
+        last = (f"{self.saved_path} (step {self.saved_step})" if self.saved_step is not None
                 else "none saved yet")
         self.reduction.failed(self.op, e, where, last)
 
@@ -263,35 +273,51 @@ class Session:
     def begin(self, total: Optional[int], start: int) -> None:
         """Tell the callbacks the run's length in updates (``None``: unknown) and its start."""
         for cb in self.callbacks:
+            cb.on_config(run_config(self.cfg))
             cb.on_begin(total, start)
+        self.meter.start()
 
     def after_update(self, event: StepEvent, progress: dict, loader_state: Optional[dict] = None) -> bool:
-        """Hear the callbacks (and evaluate when due, in-memory loops); save on the
-        cadence, or when asked to stop. True: stop."""
+        """Hear the callbacks (and evaluate when due); save on the cadence, or when asked
+        to stop. True: stop."""
+        if self.profiler is not None:
+            with self.profiler.range("leantrain.after_update"):
+                stop = self._after_update(event, progress, loader_state)
+            self.profiler.after(event.step)
+            return stop
+        return self._after_update(event, progress, loader_state)
+
+    def _after_update(self, event: StepEvent, progress: dict, loader_state: Optional[dict]) -> bool:
         stop = self.callback is not None and wants_stop(self.op, "the step callback", self.callback(event))
         for cb in self.callbacks:
             stop = wants_stop(self.op, f"{type(cb).__name__}.on_step", cb.on_step(event)) or stop
         if self.user_hooks:
             self.runner.user_code_ran()  # the user's code ran: confirm the module at the next step
-        if self.kind == "samples" and self.cfg.eval_data is not None and event.step % self.cfg.eval_every == 0:
+        evaluated = self.cfg.eval_due(event.step)
+        if evaluated:
             stop = self.evaluate(event.step) or stop
         self.pending, self.saved = (dict(progress, step=event.step), event.state, loader_state), False
         every = self.cfg.checkpoint_every
-        if self.cfg.checkpoint_path and (stop or (every and event.step % every == 0)):
+        best = evaluated and self.cfg.keep_best is not None  # each evaluated update saved, to be ranked
+        if self.cfg.checkpoint_path and (stop or best or (every and event.step % every == 0)):
             self.save()
         self.stopped = stop
         return stop
 
     def end_epoch(self, event: StepEvent, epoch: int) -> bool:
         """After a loader epoch's last update: the callbacks, and an evaluation when one
-        is due (``eval_every`` counts epochs here). True: stop (saved first)."""
+        is due by epochs (``eval_every_epochs``; not twice after one update). True: stop
+        (saved first)."""
         stop = False
         for cb in self.callbacks:
             stop = wants_stop(self.op, f"{type(cb).__name__}.on_epoch_end", cb.on_epoch_end(event)) or stop
         if self.user_hooks:
             self.runner.user_code_ran()
-        if self.cfg.eval_data is not None and (epoch + 1) % self.cfg.eval_every == 0:
+        if self.cfg.epoch_eval_due(epoch) and not (self.record.evals and self.record.evals[-1][0] == event.step):
             stop = self.evaluate(event.step) or stop
+            if self.cfg.keep_best is not None:
+                self.saved = False  # saved again with its metric, to be ranked
+                self.save()
         if stop:
             self.stopped = True
             if self.cfg.checkpoint_path:
@@ -300,7 +326,8 @@ class Session:
 
     def evaluate(self, step: int) -> bool:
         """Evaluate on ``cfg.eval_data``, keep the results, tell the callbacks."""
-        results = evaluate(self.runner, self.cfg.eval_data, self.cfg.eval_metrics, ema=self.cfg.eval_ema)
+        with self.profiler.range("leantrain.evaluate") if self.profiler is not None else _NO_RANGE:
+            results = evaluate_sets(self.runner, self.cfg.eval_data, self.cfg.eval_metrics, ema=self.cfg.eval_ema)
         self.record.evals.append((step, results))
         stop = False
         for cb in self.callbacks:
@@ -317,14 +344,22 @@ class Session:
         if self.runner.params.has_mirrors():
             self.runner.recheck()  # saving syncs mirrors to the host: check again at the next step
         progress, state, loader_state = self.pending
+        step, path, kept = progress["step"], self.cfg.checkpoint_path, {}
+        if self.folder is not None:
+            metric = self.record.metric_at(step, self.cfg.monitor)
+            path = self.folder.path_for(step, progress.get("epoch"), metric)
+            kept = {"checkpoints": self.folder.record(path, step, metric)}
         # the loader's position (a function: asked for when a file is written)
-        self.reduction.save(self.cfg.checkpoint_path, self.runner, state, self._progress(progress), loader_state,
-                            self.runner.ema if self.cfg.ema_decay is not None else None)
-        self.saved, self.saved_step = True, progress["step"]
+        with self.profiler.range("leantrain.checkpoint") if self.profiler is not None else _NO_RANGE:
+            self.reduction.save(path, self.runner, state, dict(self._progress(progress), **kept), loader_state,
+                                self.runner.ema if self.cfg.ema_decay is not None else None)
+        if self.folder is not None:
+            self.folder.written(path, kept["checkpoints"], self.main)
+        self.saved, self.saved_step, self.saved_path = True, step, path
 
     def _progress(self, progress: dict) -> dict:
         """A checkpoint's progress record: the step's, with the run's history."""
-        return dict(self.expect, **progress, kind=self.kind, **self.record.progress(),
+        return dict(self.expect, **progress, kind=self.kind, seed=self.cfg.seed, **self.record.progress(),
                     **self._callback_states(), **(self.scaler.state() if self.scaler is not None else {}))
 
     def _callback_states(self) -> dict:
@@ -337,7 +372,12 @@ class Session:
         (``measure()``), the module synced to the trained values, and the report."""
         if self.cfg.checkpoint_path and not self.saved:
             self.save()
+        if self.profiler is not None:
+            self.profiler.close()  # the run ended inside the profiled updates: write what was recorded
         self.reduction.finish(self.runner)
+        best = self.folder.best() if self.folder is not None and self.cfg.keep_best is not None else None
+        if best is not None and self.cfg.load_best_at_end:
+            load_checkpoint(best, self.runner, restore_rng=False)  # the best parameters, nothing else
         after = measure() if self.cfg.measure_loss else None
         self.runner.sync()  # intentional, once: the module shows the trained values
         skipped = 0 if self.skipped is None else int(self.skipped.item())  # intentional, end of run
@@ -345,6 +385,8 @@ class Session:
         report = TrainReport(
             r.before, after, steps, seen, tuple(r.logged), time.perf_counter() - self.started,
             interrupted=self.stopped, skipped_steps=skipped, evals=tuple(r.evals), grad_norms=tuple(r.grad_norms),
+            best_checkpoint=None if best is None else str(best),
+            resumed_from=None if self.resume_from is None else str(self.resume_from),
         )
         for cb in self.callbacks:
             cb.on_end(report)

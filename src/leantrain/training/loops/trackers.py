@@ -1,0 +1,156 @@
+"""Experiment trackers: Weights & Biases and MLflow, on the same records as the JSONL log.
+
+Each logs the loop's settings once (``on_config``), then per logged update
+``train/loss``, ``train/lr``, ``train/grad_norm`` (clipping by norm) and the throughput
+(``train/samples_per_s``, ``train/tokens_per_s``, ``train/mfu``), and after each
+evaluation ``eval/NAME`` for every result; the step is the updates done, from 1, as in
+``metrics.jsonl``. Both run on rank 0 only and only read.
+
+A tracker keeps its run's id in every checkpoint, so a resumed run continues the same
+tracker run. The updates between the checkpoint and the interruption are logged again
+by the resumed run (the tracker keeps both values for those steps; W&B's server can
+rewind a run, ``wandb.init(resume_from=...)``, offline runs cannot).
+
+``pip install 'leantrain[wandb]'`` or ``'leantrain[mlflow]'`` (the light
+``mlflow-skinny``); without the package the constructor raises ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from typing import Any, Optional
+
+from ...errors import ConfigError
+from .callbacks import Callback
+from .events import StepEvent
+
+
+def step_metrics(event: StepEvent) -> dict[str, float]:
+    """What a tracker logs for a logged update (``{}`` for one that was not)."""
+    if event.loss is None:
+        return {}
+    out = {"train/loss": event.loss, "train/lr": float(event.state.lr)}
+    if event.grad_norm is not None:
+        out["train/grad_norm"] = event.grad_norm
+    out.update({f"train/{k}": v for k, v in (event.throughput or {}).items()})
+    return out
+
+
+def eval_metrics(results: dict) -> dict[str, float]:
+    return {f"eval/{k}": float(v) for k, v in results.items() if math.isfinite(float(v))}
+
+
+def _need(package: str, who: str, extra: str):
+    try:
+        return __import__(package)
+    except ImportError:
+        raise ConfigError(f"{who}: the {package} package is not installed; install it with: "
+                          f"pip install 'leantrain[{extra}]'") from None
+
+
+class WandbLogger(Callback):
+    """Log to Weights & Biases. ``project``, ``name``, ``dir``, ``mode`` (``"online"``,
+    ``"offline"``, ``"disabled"``), ``tags`` and ``config`` (added to the loop's
+    settings) go to ``wandb.init``, and so does any other keyword; ``id`` continues an
+    existing run (a resume does so by itself)."""
+
+    reads_only = True
+
+    def __init__(self, project: Optional[str] = None, *, name: Optional[str] = None, dir: Optional[str] = None,
+                 mode: Optional[str] = None, tags: Optional[list] = None, config: Optional[dict] = None,
+                 id: Optional[str] = None, **init: Any) -> None:
+        self.wandb = _need("wandb", "WandbLogger", "wandb")
+        self.init = dict(project=project, name=name, dir=None if dir is None else str(dir), mode=mode, tags=tags,
+                         **init)
+        self.config, self.run_id, self.run = dict(config or {}), id, None
+
+    def state_dict(self) -> dict:
+        return {"run_id": self.run_id}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.run_id = state.get("run_id") or self.run_id
+
+    def on_config(self, config: dict) -> None:
+        self.config = {**config, **self.config}
+
+    def on_begin(self, total: Optional[int], start: int) -> None:
+        wandb = self.wandb
+        settings = self.init.pop("settings", None) or wandb.Settings(console="off", silent=True)
+        self.run_id = self.run_id or uuid.uuid4().hex[:12]  # ours, so a checkpoint can carry it
+        self.run = wandb.init(id=self.run_id, resume="allow", config=self.config, settings=settings,
+                              reinit="create_new", **{k: v for k, v in self.init.items() if v is not None})
+
+    def on_step(self, event: StepEvent) -> None:
+        values = step_metrics(event)
+        if values and self.run is not None:
+            self.run.log(values, step=event.step)
+
+    def on_eval(self, step: int, results: dict) -> None:
+        if self.run is not None:
+            self.run.log(eval_metrics(results), step=step)
+
+    def on_end(self, report) -> None:
+        if self.run is not None:
+            self.run.summary["steps"] = report.steps
+            self.run.finish()
+            self.run = None
+
+
+class MLflowLogger(Callback):
+    """Log to MLflow through its client (no global active run is set): ``tracking_uri``
+    (``None``: MLflow's default), ``experiment`` (made when missing), ``run_name``,
+    ``tags``; ``run_id`` continues an existing run (a resume does so by itself). The
+    loop's settings are logged as parameters when the run is made."""
+
+    reads_only = True
+
+    def __init__(self, tracking_uri: Optional[str] = None, *, experiment: str = "leantrain",
+                 run_name: Optional[str] = None, tags: Optional[dict] = None, run_id: Optional[str] = None) -> None:
+        _need("mlflow", "MLflowLogger", "mlflow")
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri)
+        self.experiment, self.run_name, self.tags = experiment, run_name, dict(tags or {})
+        self.run_id, self.config = run_id, {}
+
+    def state_dict(self) -> dict:
+        return {"run_id": self.run_id}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.run_id = state.get("run_id") or self.run_id
+
+    def on_config(self, config: dict) -> None:
+        self.config = config
+
+    def on_begin(self, total: Optional[int], start: int) -> None:
+        from mlflow.entities import Param
+
+        if self.run_id is not None:
+            self.client.update_run(self.run_id, status="RUNNING")
+            return
+        found = self.client.get_experiment_by_name(self.experiment)
+        exp = found.experiment_id if found is not None else self.client.create_experiment(self.experiment)
+        self.run_id = self.client.create_run(exp, run_name=self.run_name, tags=self.tags).info.run_id
+        params = [Param(k, str(v)[:6000]) for k, v in self.config.items()]
+        for i in range(0, len(params), 100):  # MLflow takes at most 100 parameters per batch
+            self.client.log_batch(self.run_id, params=params[i:i + 100])
+
+    def _log(self, values: dict, step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, float(v), now, step) for k, v in values.items()]
+        if metrics and self.run_id is not None:
+            self.client.log_batch(self.run_id, metrics=metrics)
+
+    def on_step(self, event: StepEvent) -> None:
+        self._log(step_metrics(event), event.step)
+
+    def on_eval(self, step: int, results: dict) -> None:
+        self._log(eval_metrics(results), step)
+
+    def on_end(self, report) -> None:
+        if self.run_id is not None:
+            self.client.set_terminated(self.run_id, status="FINISHED")
