@@ -102,3 +102,29 @@ def test_the_transformers_example_runs(tmp_path):
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "reloaded: True" in done.stdout and (tmp_path / "runs" / "gpt2" / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_the_fine_tune_example_is_short_keeps_the_best_and_a_rerun_resumes(tmp_path):
+    """examples/gpt2_finetune.py: at most 20 lines of code (the issue's bar for what a
+    Trainer user writes), the best checkpoint kept, and run again it resumes from the
+    newest checkpoint of its folder instead of starting over."""
+    import ast
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent.parent / "examples" / "gpt2_finetune.py"
+    source = script.read_text()
+    body_start = ast.parse(source).body[0].end_lineno  # after the module docstring
+    code = [line for n, line in enumerate(source.splitlines(), 1)
+            if n > body_start and line.strip() and not line.strip().startswith("#")]
+    assert len(code) <= 20, len(code)
+    first = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    kept = sorted(p.name for p in (tmp_path / "runs" / "gpt2-ft").iterdir())
+    assert "step24.ckpt" in kept and len(kept) <= 2 and "best kept and loaded: runs/gpt2-ft/step" in first.stdout
+    again = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "train_loader: resuming from runs/gpt2-ft/step24.ckpt" in again.stdout
+    assert again.stdout.splitlines()[-1] == first.stdout.splitlines()[-1]  # the same evaluations, the same best

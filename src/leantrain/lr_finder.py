@@ -10,8 +10,9 @@ data position is unchanged too. The rate at update ``t`` of ``steps`` is ``start
 loss, smoothed by an exponential moving average with bias correction (as fastai and
 Lightning do). The test stops early once the smoothed loss passes ``diverge`` times its
 best, or is not finite. The suggestion is the rate where the smoothed loss falls
-fastest (its steepest slope against log rate, before its minimum), the usual reading of
-the curve; it is a starting point, not a guarantee.
+fastest (its steepest slope against log rate, before its minimum, past the first points
+where the average settles), the usual reading of the curve; it is a starting point, not
+a guarantee.
 """
 
 from __future__ import annotations
@@ -76,6 +77,10 @@ class LRFinderResult:
             if self.suggestion is not None:
                 ax.axvline(self.suggestion, color="red", linestyle="--", label=f"suggested {self.suggestion:.2e}")
             ax.set_xscale("log")
+            low, first = min(self.smoothed, default=0.0), self.smoothed[0] if self.smoothed else 0.0
+            if math.isfinite(low) and math.isfinite(first) and first > low:  # the curve, not its blow-up
+                span = first - low
+                ax.set_ylim(low - 0.2 * span, first + 0.5 * span)
             ax.set_xlabel("learning rate")
             ax.set_ylabel("loss (before the update)")
             ax.legend()
@@ -116,16 +121,19 @@ class _Watch(Callback):
 
 
 def suggest(lrs: list[float], smoothed: list[float]) -> Optional[float]:
-    """The rate of steepest descent of the smoothed loss against log rate, before its minimum."""
+    """The rate of steepest descent of the smoothed loss against log rate, before its
+    minimum; the first points (up to 10, a tenth of the sweep when it is short) are left
+    out, where the average is still settling, as Lightning does."""
     finite = [i for i, v in enumerate(smoothed) if math.isfinite(v)]
     if len(finite) < 3:
         return None
     end = min(finite, key=lambda i: smoothed[i]) + 1
-    if end < 3:
+    skip = min(10, len(smoothed) // 10)
+    if end - skip < 3:
         return None
-    slope = numpy.gradient(numpy.asarray(smoothed[:end]), numpy.log(numpy.asarray(lrs[:end])))
+    slope = numpy.gradient(numpy.asarray(smoothed[skip:end]), numpy.log(numpy.asarray(lrs[skip:end])))
     i = int(numpy.argmin(slope))
-    return float(lrs[i]) if slope[i] < 0 else None
+    return float(lrs[skip + i]) if slope[i] < 0 else None
 
 
 def find_lr(runner: Runner, data, optimizer: Optimizer, *, start_lr: float = 1e-7, end_lr: float = 10.0,

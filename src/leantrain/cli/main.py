@@ -1,4 +1,4 @@
-"""The ``leantrain`` command: quickstart-mlp, train, check, inspect, export, plot.
+"""The ``leantrain`` command: quickstart-mlp, train, check, inspect, export, find-lr, plot.
 
 A user error (bad flag or value, missing or corrupt file, a resume into another
 model) prints one line and exits with status 2; Ctrl-C during training saves a
@@ -55,6 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one checkpoint file from a sharded checkpoint folder (what an unsharded run writes)")
     e.add_argument("--ema", action="store_true", help="the moving average of the weights (trained with --ema)")
     e.add_argument("-o", "--output", required=True, help="the parameter file to write")
+    f = sub.add_parser("find-lr", help="the learning-rate range test on the job train would run (a plot and a "
+                       "suggested --lr)")
+    f.add_argument("config", nargs="?", help="a TOML file with the same keys as train")
+    add_flags(f, "train")
+    f.add_argument("--start-lr", type=float, default=1e-7, help="the sweep's first rate (default 1e-7)")
+    f.add_argument("--end-lr", type=float, default=10.0, help="the sweep's last rate (default 10)")
+    f.add_argument("--steps", type=positive, default=100, help="updates in the sweep (default 100)")
     p = sub.add_parser("plot", help="plot a metrics.jsonl file")
     p.add_argument("metrics")
     p.add_argument("-o", "--output", required=True, help="PNG file to write")
@@ -78,6 +85,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return cmd_export(args)
         if args.command == "check":
             return cmd_check(args)
+        if args.command == "find-lr":
+            from .find_lr import cmd_find_lr
+
+            return cmd_find_lr(args)
         return cmd_plot(args)
     except BrokenPipeError:  # output piped into a closed reader (e.g. `| head`)
         sys.stderr.close()

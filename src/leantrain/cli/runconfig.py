@@ -28,6 +28,7 @@ from ..training.loops.config import SCHEDULE_PER
 from ..training.parallel.sharding.plan import SHARD_BY, SHARDING_MODES
 from ..validate import is_int, is_number
 from .digits import PRESETS
+from .managed import TRACKERS, check_keep_best, check_log_to, check_profile
 from .usage import natural, positive, seed as seed_arg
 
 SCHEDULERS = ("none", "step", "exponential", "cosine", "linear", "wsd", "polynomial", "inverse_sqrt", "one_cycle",
@@ -199,6 +200,19 @@ FIELDS = (
           else "needs --weight-decay"),
     Field("compile", False, "compile each item's loss and gradients with torch.compile (may round differently)",
           _boolean, SWITCH),
+    Field("eval_every", None, "evaluate on the test split every N updates (default: after every epoch)",
+          _integer(1, optional=True), positive, metavar="N"),
+    Field("keep_last", None, "keep a folder of checkpoints (checkpoints/stepN.ckpt), the last K of them",
+          _integer(1, optional=True), positive, metavar="K"),
+    Field("keep_best", None, "keep the best checkpoint by a test metric (loss, accuracy; :min or :max, by default "
+          "min for losses, max otherwise); each evaluation then saves a checkpoint", check_keep_best,
+          metavar="METRIC"),
+    Field("log_to", None, "also log to " + ", ".join(TRACKERS) + " (comma-separated; wandb and mlflow need "
+          "pip install 'leantrain[wandb]' or 'leantrain[mlflow]')", check_log_to, metavar="LIST"),
+    Field("profile", None, "profile updates A to B with torch.profiler, the trace in OUT/profile", check_profile,
+          metavar="A:B"),
+    Field("deterministic", False, "torch's deterministic algorithms only (an operation without one stops the run, "
+          "named)", _boolean, SWITCH),
 )
 BY_NAME = {f.name: f for f in FIELDS}
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,18 +30,18 @@ from ..metrics import accuracy
 from ..training.parallel import distributed
 from ..training.loops.callbacks import Callback, JSONLLogger, ProgressBar
 from ..training.loops.config import LoaderTrainConfig, TrainReport
-from ..training.loops.evaluation import evaluate
 from ..training.loops.events import StepEvent
 from ..training.loops.loader_loop import train_loader
 from ..training.runner.runner import Runner
-from .plotting import plot_metrics
+from .managed import FOLDER, checkpoint_path, keep_best, managed, profile_range, resumable, trackers
+from .report import report_run
 from .runconfig import PRECISIONS, RunConfig, flag_values
-from .usage import EXIT_INTERRUPTED, UserError
-from .text import perplexity, samples_through, tokens_of
+from .usage import UserError
+from .text import tokens_of
 from .usermodel import build_task, collate_for
 
 EXACT_PIECES = 8  # with --exact-reduction: items per minibatch whatever the world size (1 to 8 ranks alike)
-RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.ckpt", "report.json", "loss.png")
+RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.ckpt", "checkpoints", "report.json", "loss.png")
 
 
 def cmd_train(args) -> int:
@@ -71,7 +72,8 @@ class Plan:
 
     @property
     def checkpoint(self) -> Path:
-        return self.out / "checkpoint.ckpt"
+        """The checkpoint file, or with --keep-last/--keep-best the folder's name template."""
+        return checkpoint_path(self.out, self.cfg)
 
     @property
     def metrics(self) -> Path:
@@ -90,7 +92,7 @@ def plan_run(args) -> Plan:
     if resuming:
         from ..io.checkpoint import read_checkpoint
 
-        start = int(read_checkpoint(Path(cfg.out) / "checkpoint.ckpt", f"--resume {cfg.out}")[0]["progress"]
+        start = int(read_checkpoint(resumable(Path(cfg.out)), f"--resume {cfg.out}")[0]["progress"]
                     .get("step", 0))
     plan = Plan(cfg, resuming, world, distributed.is_main(), start)
     if resuming and plan.main:
@@ -98,16 +100,11 @@ def plan_run(args) -> Plan:
     return plan
 
 
-def has_checkpoint(path: Path) -> bool:
-    """A checkpoint file, or a sharded run's checkpoint folder with its index."""
-    return path.is_file() or (path / INDEX).is_file()
-
-
 def _config(args) -> tuple[RunConfig, bool]:
     overrides = flag_values(args, "train")
     if args.resume == "auto":  # a restarted job: continue the --out folder's run if it has one
         cfg = RunConfig.build(args.config, overrides)
-        if not has_checkpoint(Path(cfg.out) / "checkpoint.ckpt"):
+        if resumable(Path(cfg.out)) is None:
             if _partial_start_of(Path(cfg.out), cfg):
                 args.overwrite = True  # this same run, killed before its first checkpoint: start it again
             return cfg, False  # anything else there is refused unless --overwrite
@@ -116,8 +113,9 @@ def _config(args) -> tuple[RunConfig, bool]:
         return RunConfig.build(args.config, overrides), False
     folder = Path(args.resume)
     saved = folder / "config.json"
-    if not saved.is_file() or not has_checkpoint(folder / "checkpoint.ckpt"):
-        raise UserError(f"--resume {folder}: not a run folder (needs config.json and checkpoint.ckpt)")
+    if not saved.is_file() or resumable(folder) is None:
+        raise UserError(f"--resume {folder}: not a run folder (needs config.json and checkpoint.ckpt, or "
+                        f"checkpoints/ with a whole checkpoint)")
     try:
         base = json.loads(saved.read_text())
     except (ValueError, RecursionError, OSError):
@@ -214,6 +212,9 @@ def build_job(plan: Plan) -> Job:
     if cfg.device == "cuda":
         runner.to(f"cuda:{torch.cuda.current_device()}")
     classify = loss == "cross_entropy"
+    monitor, mode = keep_best(cfg.keep_best)
+    if monitor not in (None, "loss") and not (classify and monitor == "accuracy"):
+        raise UserError(f"--keep-best {cfg.keep_best}: the test split gives loss" + (", accuracy" if classify else ""))
     collate = collate_for(cfg, train)
     test_batches = collate(512)(test)
     pieces = cfg.pieces or (EXACT_PIECES if cfg.exact_reduction else plan.world)  # items per minibatch
@@ -223,12 +224,16 @@ def build_job(plan: Plan) -> Job:
     tcfg = LoaderTrainConfig(
         epochs=cfg.epochs, optimizer=cfg.make_optimizer(), scheduler=cfg.make_schedule(steps_per_epoch),
         log_every=cfg.log_every, checkpoint_every=cfg.checkpoint_every, checkpoint_path=plan.checkpoint,
-        resume_from=plan.checkpoint if plan.resuming else None, exact_reduction=cfg.exact_reduction,
+        resume_from=("auto" if managed(cfg) else plan.checkpoint) if plan.resuming else None,
+        exact_reduction=cfg.exact_reduction,
         collective_timeout=None,  # the process group itself was made with --collective-timeout
         clip_grad_norm=cfg.clip_grad_norm, accumulate=cfg.accumulate, ema_decay=cfg.ema,
         autocast=PRECISIONS[cfg.precision], compile=cfg.compile, schedule_per=cfg.schedule_per,
         max_steps=cfg.max_steps, eval_data=test_batches, sharding=cfg.sharding, shard_by=cfg.shard_by,
-        eval_metrics={"accuracy": accuracy} if classify else None,
+        eval_metrics={"accuracy": accuracy} if classify else None, eval_every=cfg.eval_every,
+        keep_last=cfg.keep_last, keep_best=1 if cfg.keep_best else None, monitor=monitor or "loss", mode=mode,
+        deterministic=cfg.deterministic, profile=profile_range(cfg.profile),
+        profile_dir=plan.out / "profile" if cfg.profile else None,
     )
     tokens = tokens_of(train) / len(train) if isinstance(train[0], dict) and "input_ids" in train[0] else None
     return Job(runner, loader, tcfg, classify, test_batches, len(train), len(test), steps_per_epoch, loss, tokens)
@@ -241,10 +246,12 @@ def prepare_folder(plan: Plan, overwrite: bool) -> None:
         return
     if not plan.resuming:
         _refuse_an_earlier_run(plan.out, overwrite)  # before anything is written
-        ck = plan.checkpoint
-        if ck.exists() and ck.is_dir() != (plan.cfg.sharding is not None):
-            remove_checkpoint(ck)  # --overwrite: the earlier run's checkpoint is of the other kind
-    _make_folder(plan.out)
+        ck = plan.out / "checkpoint.ckpt"
+        if ck.exists() and (managed(plan.cfg) or ck.is_dir() != (plan.cfg.sharding is not None)):
+            remove_checkpoint(ck)  # --overwrite: the earlier run's checkpoint is of another kind
+        if (plan.out / FOLDER).is_dir():
+            remove_checkpoints(plan.out / FOLDER)  # --overwrite: the earlier run's folder of checkpoints
+    make_folder(plan.out)
     if not plan.resuming:
         atomic_write_bytes(plan.out / "config.json", (json.dumps(plan.cfg.to_dict(), indent=2) + "\n").encode(),
                            "--out")
@@ -265,7 +272,19 @@ def remove_checkpoint(path: Path) -> None:
     path.rmdir()
 
 
-def _make_folder(out: Path) -> None:
+def remove_checkpoints(folder: Path) -> None:
+    """Delete an earlier run's folder of checkpoints (its ``stepN.ckpt`` files only; a
+    folder holding anything else is the user's: refused)."""
+    others = [p.name for p in folder.iterdir() if not (re.fullmatch(r"step\d+\.ckpt", p.name) and p.is_file())]
+    if others:
+        raise UserError(f"--overwrite: {folder} holds files that are not checkpoints ({', '.join(others[:3])}); "
+                        f"move them away first")
+    for p in folder.iterdir():
+        p.unlink()
+    folder.rmdir()
+
+
+def make_folder(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -316,13 +335,15 @@ def run_job(plan: Plan, job: Job) -> TrainReport:
 
     def epoch_line(step: int, results: dict) -> str:
         shown = f"test accuracy {results['accuracy']:.4f}" if job.classify else f"test loss {results['loss']:.6f}"
+        if cfg.eval_every is not None:
+            return f"step {step:>5}  {shown}"
         return f"epoch {step // job.steps_per_epoch:>3}/{cfg.epochs}: step {step:>5}  {shown}"
 
     if plan.main:
         describe(plan, job)
     interrupt = Interrupt(job.runner.device, len(job.loader), plan.world)
     callbacks = [interrupt, ProgressBar(file=None, eval_line=epoch_line, disable=None),
-                 JSONLLogger(plan.metrics, epoch_results="test_")]
+                 JSONLLogger(plan.metrics, epoch_results="test_"), *trackers(plan.out, cfg.log_to, plan.main)]
     with interrupt.installed():
         report, _ = train_loader(job.runner, job.tcfg, job.loader, log=None, callbacks=callbacks)
     return report
@@ -342,53 +363,3 @@ def describe(plan: Plan, job: Job) -> None:
     print(f"slots: {len(params)} ({aliases} aliased, {frozen} frozen), "
           f"{sum(s.host.numel() for s in params.storages()):,} values in {len(params.storages())} storages"
           + (f"; resuming at step {plan.start_step}" if plan.resuming else ""))
-
-
-# ---------------------------------------------------------------------- report
-def report_run(plan: Plan, job: Job, report: TrainReport) -> int:
-    """The final evaluation (and with the moving average), ``report.json``, the plot and
-    the summary lines (rank 0). Exit status 130 when interrupted."""
-    if not plan.main:
-        return 0
-    cfg, out = plan.cfg, plan.out
-    if report.interrupted:
-        print(f"interrupted at step {report.steps}; checkpoint saved to {plan.checkpoint}\n"
-              f"continue with: leantrain train --resume {out}")
-        return EXIT_INTERRUPTED
-    res = evaluate(job.runner, job.test_batches, job.metrics)
-    res_ema = evaluate(job.runner, job.test_batches, job.metrics, ema=True) if cfg.ema is not None else None
-    reps = job.runner.params.canonical_slot_indices()
-    total = samples_through(report.steps, job.n_train, cfg.batch_size, cfg.accumulate)  # --max-steps may stop early
-    result = {
-        "preset": cfg.preset if cfg.model is None else None, "model": cfg.model,
-        "loss_before": report.before, "loss_after": report.after, "test_loss": res["loss"],
-        "test_accuracy": res["accuracy"] if job.classify else None,
-        "steps": report.steps, "images_seen": total,
-        "wall_time_s": round(report.wall_time, 3),
-        "aliased_slots": sum(1 for i, c in enumerate(reps) if c is not None and c != i),
-        "frozen_slots": sum(1 for c in reps if c is None),
-    }
-    if res_ema is not None:
-        result["test_loss_ema"] = res_ema["loss"]
-        result["test_accuracy_ema"] = res_ema["accuracy"] if job.classify else None
-    if job.tokens_per_sample is not None:  # token samples: a language model's figures
-        seen = total - samples_through(plan.start_step, job.n_train, cfg.batch_size, cfg.accumulate)
-        result["tokens_per_second"] = round(seen * job.tokens_per_sample / max(report.wall_time, 1e-9), 1)
-        result["test_perplexity"] = perplexity(res["loss"]) if job.loss == "model" else None
-    atomic_write_bytes(out / "report.json", (json.dumps(result, indent=2) + "\n").encode(), "--out")
-    plot_metrics(plan.metrics, out / "loss.png")
-    print(f"mean training loss: {report.before:.4f} -> {report.after:.4f}")
-    if job.classify:
-        print(f"test accuracy: {res['accuracy']:.4f} ({round(res['accuracy'] * job.n_test)}/{job.n_test})")
-    else:
-        print(f"test loss: {res['loss']:.6f}")
-    if res_ema is not None:
-        shown = f"accuracy {res_ema['accuracy']:.4f}" if job.classify else f"loss {res_ema['loss']:.6f}"
-        print(f"test {shown} with the moving average (decay {cfg.ema})")
-    if "tokens_per_second" in result:
-        shown = f", perplexity {result['test_perplexity']:.2f}" if result["test_perplexity"] is not None else ""
-        print(f"tokens per second: {result['tokens_per_second']:,.0f}{shown}")
-    print(f"steps: {report.steps}, samples: {total}, wall time: {report.wall_time:.1f} s"
-          + (" (this session)" if plan.resuming else ""))
-    print(f"wrote {plan.checkpoint}, {plan.metrics}, {out / 'loss.png'}, {out / 'report.json'}")
-    return 0

@@ -92,13 +92,7 @@ class CheckpointFolder:
         self.template = Path(cfg.checkpoint_path)
         self.folder = self.template.parent
         self.entries: list[list] = []
-        pattern, named = "", set()
-        for literal, field, _, _ in string.Formatter().parse(self.template.name):
-            pattern += re.escape(literal)
-            if field is not None:
-                pattern += FIELDS[field] if field in named else f"(?P<{field}>{FIELDS[field]})"
-                named.add(field)
-        self.pattern = re.compile(pattern)
+        self.pattern = name_pattern(self.template)
 
     def path_for(self, step: int, epoch: Optional[int], metric: Optional[float]) -> Path:
         value = float("nan") if metric is None else metric
@@ -161,18 +155,37 @@ class CheckpointFolder:
 
     def newest_valid(self) -> Optional[Path]:
         """The newest checkpoint of the folder that reads back whole (``None``: none)."""
-        if not self.folder.is_dir():
-            return None
-        found = []
-        for p in self.folder.iterdir():
-            m = self.pattern.fullmatch(p.name)
-            if m and p.is_file() and not p.is_symlink():
-                found.append((int(m.group("step")), p))
-        for step, p in sorted(found, key=lambda x: x[0], reverse=True):
-            try:
-                read_checkpoint(p, self.op)
-                return p
-            except CheckpointError as e:
-                warnings.warn(f"{self.op}: resume_from='auto' passes over {p} ({str(e).splitlines()[0]})",
-                              stacklevel=5)
+        return newest_whole(self.template, self.op)
+
+
+def name_pattern(template: Path) -> re.Pattern:
+    """The file names ``template``'s name makes (its ``step`` a named group)."""
+    pattern, named = "", set()
+    for literal, field, _, _ in string.Formatter().parse(template.name):
+        pattern += re.escape(literal)
+        if field is not None:
+            pattern += FIELDS[field] if field in named else f"(?P<{field}>{FIELDS[field]})"
+            named.add(field)
+    return re.compile(pattern)
+
+
+def newest_whole(template, op: str) -> Optional[Path]:
+    """The newest file (by its step) of ``template``'s folder whose name the template
+    makes and that reads back whole; each newer file that does not is passed over with a
+    warning saying why (``None``: none)."""
+    template = Path(template)
+    folder, pattern = template.parent, name_pattern(template)
+    if not folder.is_dir():
         return None
+    found = []
+    for p in folder.iterdir():
+        m = pattern.fullmatch(p.name)
+        if m and p.is_file() and not p.is_symlink():
+            found.append((int(m.group("step")), p))
+    for _, p in sorted(found, key=lambda x: x[0], reverse=True):
+        try:
+            read_checkpoint(p, op)
+            return p
+        except CheckpointError as e:
+            warnings.warn(f"{op}: resume_from='auto' passes over {p} ({str(e).splitlines()[0]})", stacklevel=5)
+    return None

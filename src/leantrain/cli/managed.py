@@ -1,0 +1,119 @@
+"""What ``leantrain train`` adds to a run from its run-management flags: where the
+checkpoints go (one file, or with ``--keep-last``/``--keep-best`` a folder of them), the
+trackers of ``--log-to``, the metric ``--keep-best`` watches, ``--profile``'s updates.
+
+A run folder holds ``checkpoint.ckpt`` (one file, replaced at each save), or, with
+``--keep-last K`` or ``--keep-best METRIC``, ``checkpoints/step{N}.ckpt`` (the last K and
+the best, pruned as the run goes); ``--resume`` continues from the newest whole one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+from ..training.loops.callbacks import Callback, CSVLogger, TensorBoardLogger
+from ..training.loops.checkpoint_folder import newest_whole
+from ..training.loops.trackers import MLflowLogger, WandbLogger
+from .usage import UserError
+
+TRACKERS = ("tensorboard", "csv", "wandb", "mlflow")
+FOLDER = "checkpoints"
+TEMPLATE = "step{step}.ckpt"
+LOWER_IS_BETTER = ("loss", "perplexity", "error")
+
+
+def managed(cfg) -> bool:
+    """Whether the run keeps a folder of checkpoints."""
+    return cfg.keep_last is not None or cfg.keep_best is not None
+
+
+def checkpoint_path(out: Path, cfg) -> Path:
+    """The run's checkpoint: the file, or the folder's name template."""
+    return out / FOLDER / TEMPLATE if managed(cfg) else out / "checkpoint.ckpt"
+
+
+def resumable(out: Path) -> Optional[Path]:
+    """The checkpoint a resume of the run in ``out`` starts from (``None``: none): its file,
+    or the newest whole file of its folder of checkpoints."""
+    single = out / "checkpoint.ckpt"
+    if single.is_file() or (single / "index.json").is_file():
+        return single
+    return newest_whole(out / FOLDER / TEMPLATE, "--resume")
+
+
+def keep_best(value: Optional[str]) -> tuple[Optional[str], str]:
+    """``--keep-best METRIC[:min|max]``: the evaluation result watched (``test_`` as the
+    metrics file names it, or not) and the direction (by default lower is better for
+    losses, perplexity and errors, higher for anything else)."""
+    if value is None:
+        return None, "min"
+    name, _, mode = value.partition(":")
+    name = name.removeprefix("test_")
+    if mode not in ("", "min", "max"):
+        raise UserError(f"--keep-best {value}: the direction after ':' is min or max")
+    return name, mode or ("min" if name.endswith(LOWER_IS_BETTER) else "max")
+
+
+def check_keep_best(value: Optional[str]) -> Optional[str]:
+    """The rule ``--keep-best`` breaks (``None``: fine): a metric name, then ``:min`` or ``:max``."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or value.partition(":")[2] not in ("", "min", "max"):
+        return "expected a metric of the evaluation (loss, accuracy), optionally :min or :max"
+    return None
+
+
+def profile_range(value: Optional[str]) -> Optional[tuple[int, int]]:
+    """``--profile A:B``: updates A to B, counted from 1."""
+    if value is None:
+        return None
+    first, _, last = value.partition(":")
+    try:
+        a, b = int(first), int(last or first)
+    except ValueError:
+        raise UserError(f"--profile {value}: expected FIRST:LAST updates (e.g. 5:8)") from None
+    if not 1 <= a <= b:
+        raise UserError(f"--profile {value}: expected 1 <= FIRST <= LAST")
+    return a, b
+
+
+def check_profile(value: Optional[str]) -> Optional[str]:
+    if value is not None and not isinstance(value, str):
+        return "expected FIRST:LAST updates (e.g. 5:8)"
+    try:
+        profile_range(value)
+    except UserError as e:
+        return str(e).split(": ", 1)[1]
+    return None
+
+
+def check_log_to(value: Optional[str]) -> Optional[str]:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        return f"expected a comma-separated list of {', '.join(TRACKERS)}"
+    names = [n.strip() for n in str(value).split(",")]
+    bad = [n for n in names if n not in TRACKERS]
+    return f"expected a comma-separated list of {', '.join(TRACKERS)}" if bad or not names else None
+
+
+def trackers(out: Path, log_to: Optional[str], main: bool) -> list[Callback]:
+    """The loggers ``--log-to`` names, writing into the run folder (rank 0 only): TensorBoard
+    in ``tb/``, ``metrics.csv``, W&B's files in ``wandb/`` (its mode from ``WANDB_MODE``),
+    MLflow at ``MLFLOW_TRACKING_URI`` (MLflow's default when unset)."""
+    if not log_to or not main:
+        return []
+    out_cbs: list[Callback] = []
+    for name in dict.fromkeys(n.strip() for n in log_to.split(",")):
+        if name == "tensorboard":
+            out_cbs.append(TensorBoardLogger(out / "tb"))
+        elif name == "csv":
+            out_cbs.append(CSVLogger(out / "metrics.csv", epoch_results="test_"))
+        elif name == "wandb":
+            out_cbs.append(WandbLogger(os.environ.get("WANDB_PROJECT", "leantrain"), name=out.name, dir=out))
+        else:
+            out_cbs.append(MLflowLogger(os.environ.get("MLFLOW_TRACKING_URI"), experiment="leantrain",
+                                        run_name=out.name))
+    return out_cbs

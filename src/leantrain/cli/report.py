@@ -1,0 +1,69 @@
+"""``leantrain train``'s last step: the final evaluation, ``report.json``, the plot and
+the summary lines."""
+
+from __future__ import annotations
+
+import json
+
+from ..io.atomic import atomic_write_bytes
+from ..training.loops.config import TrainReport
+from ..training.loops.evaluation import evaluate
+from .managed import managed
+from .plotting import plot_metrics
+from .text import perplexity, samples_through
+from .usage import EXIT_INTERRUPTED
+
+
+def report_run(plan, job, report: TrainReport) -> int:
+    """The final evaluation (and with the moving average), ``report.json``, the plot and
+    the summary lines (rank 0). Exit status 130 when interrupted."""
+    if not plan.main:
+        return 0
+    cfg, out = plan.cfg, plan.out
+    if report.interrupted:
+        print(f"interrupted at step {report.steps}; checkpoint saved to {plan.checkpoint}\n"
+              f"continue with: leantrain train --resume {out}")
+        return EXIT_INTERRUPTED
+    res = evaluate(job.runner, job.test_batches, job.metrics)
+    res_ema = evaluate(job.runner, job.test_batches, job.metrics, ema=True) if cfg.ema is not None else None
+    reps = job.runner.params.canonical_slot_indices()
+    total = samples_through(report.steps, job.n_train, cfg.batch_size, cfg.accumulate)  # --max-steps may stop early
+    result = {
+        "preset": cfg.preset if cfg.model is None else None, "model": cfg.model,
+        "loss_before": report.before, "loss_after": report.after, "test_loss": res["loss"],
+        "test_accuracy": res["accuracy"] if job.classify else None,
+        "steps": report.steps, "samples_seen": total,
+        "wall_time_s": round(report.wall_time, 3),
+        "aliased_slots": sum(1 for i, c in enumerate(reps) if c is not None and c != i),
+        "frozen_slots": sum(1 for c in reps if c is None),
+    }
+    if res_ema is not None:
+        result["test_loss_ema"] = res_ema["loss"]
+        result["test_accuracy_ema"] = res_ema["accuracy"] if job.classify else None
+    if job.tokens_per_sample is not None:  # token samples: a language model's figures
+        seen = total - samples_through(plan.start_step, job.n_train, cfg.batch_size, cfg.accumulate)
+        result["tokens_seen"] = round(total * job.tokens_per_sample)
+        result["tokens_per_second"] = round(seen * job.tokens_per_sample / max(report.wall_time, 1e-9), 1)
+        result["test_perplexity"] = perplexity(res["loss"]) if job.loss == "model" else None
+    atomic_write_bytes(out / "report.json", (json.dumps(result, indent=2) + "\n").encode(), "--out")
+    plot_metrics(plan.metrics, out / "loss.png")
+    print(f"mean training loss: {report.before:.4f} -> {report.after:.4f}")
+    if job.classify:
+        print(f"test accuracy: {res['accuracy']:.4f} ({round(res['accuracy'] * job.n_test)}/{job.n_test})")
+    else:
+        print(f"test loss: {res['loss']:.6f}")
+    if res_ema is not None:
+        shown = f"accuracy {res_ema['accuracy']:.4f}" if job.classify else f"loss {res_ema['loss']:.6f}"
+        print(f"test {shown} with the moving average (decay {cfg.ema})")
+    if "tokens_per_second" in result:
+        shown = f", perplexity {result['test_perplexity']:.2f}" if result["test_perplexity"] is not None else ""
+        print(f"tokens per second: {result['tokens_per_second']:,.0f}{shown}")
+    print(f"steps: {report.steps}, samples: {total}, wall time: {report.wall_time:.1f} s"
+          + (" (this session)" if plan.resuming else ""))
+    if report.best_checkpoint is not None:
+        result["best_checkpoint"] = report.best_checkpoint
+        atomic_write_bytes(out / "report.json", (json.dumps(result, indent=2) + "\n").encode(), "--out")
+        print(f"best checkpoint ({cfg.keep_best}): {report.best_checkpoint}")
+    shown = plan.checkpoint.parent if managed(cfg) else plan.checkpoint
+    print(f"wrote {shown}, {plan.metrics}, {out / 'loss.png'}, {out / 'report.json'}")
+    return 0
