@@ -263,21 +263,20 @@ def remove_checkpoint(path: Path) -> None:
     if path.is_file():
         path.unlink()
         return
-    others = [p.name for p in path.iterdir() if p.name != INDEX and not SHARD.fullmatch(p.name)]
-    if others:
-        raise UserError(f"--overwrite: {path} holds files that are not a checkpoint's ({', '.join(others[:3])}); "
-                        f"move them away first")
-    for p in path.iterdir():
-        p.unlink()
-    path.rmdir()
+    _remove_folder(path, lambda p: p.name == INDEX or bool(SHARD.fullmatch(p.name)), "a checkpoint's")
 
 
 def remove_checkpoints(folder: Path) -> None:
     """Delete an earlier run's folder of checkpoints (its ``stepN.ckpt`` files only; a
     folder holding anything else is the user's: refused)."""
-    others = [p.name for p in folder.iterdir() if not (re.fullmatch(r"step\d+\.ckpt", p.name) and p.is_file())]
+    _remove_folder(folder, lambda p: bool(re.fullmatch(r"step\d+\.ckpt", p.name)), "checkpoints")
+
+
+def _remove_folder(folder: Path, ours, what: str) -> None:
+    """Delete ``folder`` when every entry is a regular file ``ours`` accepts; else refuse."""
+    others = [p.name for p in folder.iterdir() if not (p.is_file() and not p.is_symlink() and ours(p))]
     if others:
-        raise UserError(f"--overwrite: {folder} holds files that are not checkpoints ({', '.join(others[:3])}); "
+        raise UserError(f"--overwrite: {folder} holds files that are not {what} ({', '.join(others[:3])}); "
                         f"move them away first")
     for p in folder.iterdir():
         p.unlink()
