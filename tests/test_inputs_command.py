@@ -120,7 +120,9 @@ def test_resume_over_a_damaged_middle_line_is_refused(tmp_path, capsys, run):
 
 
 @pytest.mark.parametrize("content, needle", [
-    ('{"kind": "step"}\n', "no step or epoch records"),
+    ('{"kind": "step"}\n', "no step, evaluation or epoch records"),
+    ('{"kind": "meta", "format": 2, "step": 0}\n{"kind": "epoch"}\n', "no step, evaluation or epoch records"),
+    ('{"kind": "eval", "step": "x", "loss": 1}\n', "expected numbers"),
     ('{"kind": "step", "step": "a", "loss": "b"}\n', "expected numbers"),
     ('{"kind": "step", "step": 1, "loss": null}\n', "expected numbers"),
     ('{"kind": "epoch", "epoch": null, "test_accuracy": 1}\n', "expected numbers"),

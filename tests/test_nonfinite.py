@@ -34,7 +34,7 @@ def test_raise_names_the_step_and_changes_nothing(kind, mirrors, unchanged):
     with unchanged(r.params, state), pytest.raises(lt.NonFiniteError, match="NaN or infinite; nothing was updated"):
         lt.step_batch(r, opt, state, mirrors and opt.native, [data[2]])
     r2 = lt.Runner.from_module(TiedNet(bn=False), "mse")
-    with pytest.raises(lt.NonFiniteError, match=r"^step 2: "):
+    with pytest.raises(lt.NonFiniteError, match=r"^update 3: "):
         lt.train_samples(r2, lt.TrainConfig(steps=6, optimizer=opt, log_every=0), data)
 
 

@@ -24,6 +24,8 @@ units (tokens), so that a list batch's update is the gradient of (sum of totals)
 
 from __future__ import annotations
 
+import numbers
+
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Union
@@ -146,11 +148,15 @@ LOSSES: dict[str, LossFn] = {"mse": mse, "cross_entropy": cross_entropy, "model"
                              "model_mean": model_loss}
 
 
+MAX_COUNT = 2**53  # counts stay exact in the float64 their reciprocal is taken in
+
+
 def checked_loss(op: str, value: object) -> Union[torch.Tensor, LossSum]:
     """What a loss returned, checked: a floating-point scalar tensor, or a ``LossSum``
-    whose total is one and whose count is an ``int`` >= 1 or an integer scalar tensor
-    (never read back: a tensor count of 0 makes the update non-finite, which the step's
-    non-finite check refuses or skips)."""
+    whose total is one and whose count is an integer in [1, 2**53] (``int`` or NumPy) or an
+    integer scalar tensor, made int64 on the total's device so sums cannot overflow (never
+    read back: a summed tensor count below 1 makes the update non-finite, which the
+    step's non-finite check refuses or skips)."""
     if isinstance(value, LossSum):
         t, c = value.total, value.count
         if not (isinstance(t, torch.Tensor) and t.dim() == 0 and t.is_floating_point()):
@@ -160,9 +166,15 @@ def checked_loss(op: str, value: object) -> Union[torch.Tensor, LossSum]:
             if c.dim() != 0 or c.is_floating_point() or c.is_complex() or c.dtype == torch.bool:
                 raise DataError(f"{op}: LossSum.count must be an integer (units summed), got a tensor "
                                 f"{tuple(c.shape)} {c.dtype}")
-        elif not (isinstance(c, int) and not isinstance(c, bool)) or c < 1:
-            raise DataError(f"{op}: LossSum.count must be an integer >= 1 (the units the total sums), got {c!r}")
-        return value
+            if c.device != t.device and "meta" in (c.device.type, t.device.type):
+                raise DataError(f"{op}: LossSum.count is on {c.device}, its total on {t.device}: give the count "
+                                f"on the total's device (or as an int)")
+            # summed in int64 on the total's device: a uint8 or int16 count cannot wrap around
+            return LossSum(t, c.to(device=t.device, dtype=torch.int64))
+        if isinstance(c, numbers.Integral) and not isinstance(c, bool) and 1 <= int(c) <= MAX_COUNT:
+            return LossSum(t, int(c))  # a NumPy integer too
+        raise DataError(f"{op}: LossSum.count must be an integer in [1, 2**53] (the units the total sums), "
+                        f"got {c!r}")
     if not isinstance(value, torch.Tensor) or value.dim() != 0 or not value.is_floating_point():
         got = (type(value).__name__ if not isinstance(value, torch.Tensor) else
                f"shape {tuple(value.shape)}" if value.dim() != 0 else f"dtype {value.dtype}")

@@ -56,7 +56,7 @@ def test_a_stopped_rank_is_a_collective_error_in_seconds(tmp_path, how):
         procs[1].kill()  # SIGKILL ends a stopped process too
         procs[1].communicate(timeout=60)
     assert procs[0].returncode == 3, err[-2000:]
-    assert out.startswith("CollectiveError | train_samples: rank 0 of 2, step 3: a collective operation failed"), out
+    assert out.startswith("CollectiveError | train_samples: rank 0 of 2, update 4: a collective operation failed"), out
     assert f"last good checkpoint: {tmp_path / 'run.ckpt'} (step 3)" in out
     runner = lt.Runner.from_module(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)),
                                    "mse")
@@ -94,7 +94,7 @@ def test_the_command_takes_a_collective_timeout(tmp_path):
         capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     assert proc.returncode != 0
-    assert "error: train_loader: rank 0 of 2, step 12: a collective operation failed" in proc.stderr, proc.stderr[-3000:]
+    assert "error: train_loader: rank 0 of 2, update 13: a collective operation failed" in proc.stderr, proc.stderr[-3000:]
     assert f"last good checkpoint: {out / 'checkpoint.ckpt'} (step 10)" in proc.stderr
     assert "Traceback" not in proc.stderr.split("error: train_loader: rank 0")[0][-500:]
     lt.read_checkpoint(out / "checkpoint.ckpt")  # intact

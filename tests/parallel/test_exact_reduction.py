@@ -104,7 +104,7 @@ def test_a_failed_collective_names_the_rank_the_step_and_the_last_checkpoint(tmp
     monkeypatch.setattr(session, "choose", lambda cfg, local=False: RankOneOfTwo())
     monkeypatch.setattr(session, "update", flaky)
     with pytest.raises(distributed.CollectiveError,
-                       match=r"rank 1 of 2, step 5: a collective operation failed \(Connection closed by peer\); "
+                       match=r"rank 1 of 2, update 6: a collective operation failed \(Connection closed by peer\); "
                              r"last good checkpoint: .*run.ckpt \(step 4\)"):
         go(cfg)
 

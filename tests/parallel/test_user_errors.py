@@ -62,5 +62,5 @@ def test_a_users_backward_error_is_itself_on_its_rank_and_a_collective_error_on_
     assert [p.returncode for p in procs] == [3, 3], [e[-1500:] for _, e in outs]
     zero, one = outs[0][0], outs[1][0]
     assert one.startswith("RuntimeError | the model's own backward failed | train_samples: raised on rank 1 of 2, "
-                          "step 2"), one
+                          "update 3"), one
     assert zero.startswith("CollectiveError | train_samples: rank 0 of 2"), zero

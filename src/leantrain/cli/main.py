@@ -17,6 +17,7 @@ import torch
 
 from ..errors import LeantrainError
 from ..errors import CheckpointError
+from ..io.atomic import path_problem
 from ..io.bits import read_regular
 from ..io.torchlean import detect_format
 from .check import cmd_check
@@ -75,6 +76,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command is None:
             ap.print_help()
             return EXIT_USER
+        for name in ("checkpoint", "metrics", "output"):  # the paths a subcommand reads or writes
+            problem = path_problem(getattr(args, name, None))
+            if problem is not None:
+                raise UserError(f"{args.command}: {getattr(args, name)!r:.80}: {problem}")
         if args.command == "quickstart-mlp":
             return cmd_quickstart(args)
         if args.command == "train":
@@ -95,6 +100,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     except UserError as e:
         print(printable(f"error: {e}"), file=sys.stderr)
+        return EXIT_USER
+    except OSError as e:  # a path the OS refused where no check knew it would
+        where = f": {e.filename!r:.80}" if e.filename else ""
+        print(printable(f"error: {args.command}{where}: {e.strerror or e}"), file=sys.stderr)
         return EXIT_USER
     except LeantrainError as e:
         lines = str(e).splitlines()

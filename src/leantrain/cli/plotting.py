@@ -1,4 +1,5 @@
-"""Plots of a run's metrics file: training loss per step, test accuracy per epoch."""
+"""Plots of a run's metrics file: training loss per update, the evaluations' accuracy (or
+loss) per update."""
 
 from __future__ import annotations
 
@@ -76,8 +77,8 @@ def output_path(out: str | Path) -> Path:
 
 
 def plot_metrics(metrics: str | Path, out: str | Path) -> Path:
-    """Write a PNG with the loss curve (left) and test accuracy per epoch (right; the test
-    loss for a run without accuracy, a regression or a language model)."""
+    """Write a PNG with the loss curve (left) and the evaluations' test accuracy (right; the
+    test loss for a run without accuracy, a regression or a language model)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -87,13 +88,18 @@ def plot_metrics(metrics: str | Path, out: str | Path) -> Path:
     records = read_metrics(metrics)
     offset = step_offset(records)  # older files number step records from 0
     steps = [(x + offset, y) for x, y in _points(metrics, records, "step", "step", "loss")]
-    epochs = [(e + 1, a) for e, a in _points(metrics, records, "epoch", "epoch", "test_accuracy")]
+    # the evaluations by update (every epoch, or --eval-every N); files without eval records: the epochs'
+    epochs, xlabel = _points(metrics, records, "eval", "step", "accuracy"), "update"
     shown = "test accuracy"
     if not epochs:
-        epochs = [(e + 1, v) for e, v in _points(metrics, records, "epoch", "epoch", "test_loss")]
-        shown = "test loss"
+        epochs, shown = _points(metrics, records, "eval", "step", "loss"), "test loss"
+    if not epochs:
+        xlabel, shown = "epoch", "test accuracy"
+        epochs = [(e + 1, a) for e, a in _points(metrics, records, "epoch", "epoch", "test_accuracy")]
+    if not epochs:
+        epochs, shown = [(e + 1, v) for e, v in _points(metrics, records, "epoch", "epoch", "test_loss")], "test loss"
     if not steps and not epochs:
-        raise ConfigError(f"{metrics}: no step or epoch records to plot")
+        raise ConfigError(f"{metrics}: no step, evaluation or epoch records to plot")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
     if steps:
         ax1.plot(*zip(*steps), color="tab:blue", linewidth=1.2)
@@ -103,7 +109,7 @@ def plot_metrics(metrics: str | Path, out: str | Path) -> Path:
     ax1.grid(alpha=0.3)
     if epochs:
         ax2.plot(*zip(*epochs), marker="o", color="tab:green")
-    ax2.set_xlabel("epoch")
+    ax2.set_xlabel(xlabel)
     ax2.set_ylabel(shown)
     ax2.grid(alpha=0.3)
     fig.suptitle("leantrain run")

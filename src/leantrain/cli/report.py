@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from ..errors import ConfigError
 from ..io.atomic import atomic_write_bytes
 from ..training.loops.config import TrainReport
 from ..training.loops.evaluation import evaluate
@@ -46,7 +47,10 @@ def report_run(plan, job, report: TrainReport) -> int:
         result["tokens_per_second"] = round(seen * job.tokens_per_sample / max(report.wall_time, 1e-9), 1)
         result["test_perplexity"] = perplexity(res["loss"]) if job.loss == "model" else None
     atomic_write_bytes(out / "report.json", (json.dumps(result, indent=2) + "\n").encode(), "--out")
-    plot_metrics(plan.metrics, out / "loss.png")
+    try:
+        plot_metrics(plan.metrics, out / "loss.png")
+    except ConfigError as e:  # nothing logged to draw (--log-every 0, no evaluation yet): the run itself is fine
+        print(f"no plot: {e}")
     print(f"mean training loss: {report.before:.4f} -> {report.after:.4f}")
     if job.classify:
         print(f"test accuracy: {res['accuracy']:.4f} ({round(res['accuracy'] * job.n_test)}/{job.n_test})")

@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 
 from .. import optim
 from ..errors import ConfigError
+from ..io.atomic import path_problem
 from ..training.loops.config import SCHEDULE_PER
 from ..training.parallel.sharding.plan import SHARD_BY, SHARDING_MODES
 from ..validate import is_int, is_number
@@ -112,7 +113,10 @@ def _optimizer_works(c) -> Optional[str]:
 
 
 def _folder(v) -> Optional[str]:
-    return None if isinstance(v, str) and v else "expected a folder path"
+    if not (isinstance(v, str) and v):
+        return "expected a folder path"
+    problem = path_problem(v)
+    return None if problem is None else f"expected a folder path the OS can make ({problem})"
 
 
 @dataclass(frozen=True)
@@ -339,6 +343,10 @@ def read_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: no such config file") from None
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not a valid TOML file ({e})") from None
+    if "train" in data and len(data) > 1:  # both places: one of them would be dropped silently
+        others = sorted(k for k in data if k != "train")
+        raise ConfigError(f"{path}: settings both at the top level ({', '.join(others[:5])}) and in a [train] "
+                          f"table; put them all in one place (the top level, or under [train])")
     data = data.get("train", data)  # keys at the top level or under [train]
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: 'train' must be a table ([train] with key = value lines), got {data!r:.60}")

@@ -18,6 +18,16 @@ from ..io.weights import save_weights
 from .usage import UserError
 
 
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` lies inside ``folder`` (a sharded checkpoint's own files)."""
+    if not folder.is_dir():
+        return False
+    try:
+        return path.resolve().is_relative_to(folder.resolve())
+    except (OSError, RuntimeError):
+        return False
+
+
 def cmd_export(args) -> int:
     """``--consolidate``: a sharded checkpoint folder as one checkpoint file. ``--weights``: a safetensors weights file at ``-o FILE``. ``--torchlean``: the
     parameters as the ``TLPF32B`` stream at ``-o FILE``; Adam/AdamW state, when the
@@ -38,14 +48,15 @@ def cmd_export(args) -> int:
         if args.ema:
             raise UserError("export: --consolidate writes the whole checkpoint (its moving average included); "
                             "drop --ema")
-        if src.exists() and out.exists() and src.samefile(out):
-            raise UserError(f"export: -o {out} would write over the checkpoint being exported; give another name")
+        if src.exists() and out.exists() and src.samefile(out) or _inside(out, src):
+            raise UserError(f"export: -o {out} would write over the checkpoint being exported ({src}); give a name "
+                            f"outside it")
         consolidate(src, out)
         print(f"wrote {out} (one checkpoint file)")
         return 0
     adam = out.with_name(out.name + ".adam")
     for target in (out, adam) if args.torchlean else (out,):
-        if src.exists() and target.exists() and src.samefile(target):
+        if src.exists() and target.exists() and src.samefile(target) or _inside(target, src):
             raise UserError(f"export: -o {out} would write over the checkpoint being exported ({src}); "
                             f"give another file name")
     what = "moving average" if args.ema else "weights"

@@ -17,7 +17,7 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 from safetensors import SafetensorError
 
@@ -35,11 +35,34 @@ def scratch_key(path: Path) -> str:
     return hashlib.sha256(os.fsencode(path.name)).hexdigest()[:16]
 
 
+def path_problem(path: object) -> Optional[str]:
+    """Why the OS would refuse ``path`` before touching the disk (``None``: it may take it):
+    a NUL byte, a name over 255 bytes, a path over 4096 bytes."""
+    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
+    if not isinstance(text, str):
+        return None
+    if "\x00" in text:
+        return "the path holds a NUL byte"
+    raw = os.fsencode(text)
+    if len(raw) >= 4096:
+        return f"the path is {len(raw)} bytes long (the limit is 4095)"
+    long = next((part for part in raw.split(b"/") if len(part) > 255), None)
+    return None if long is None else f"a name in the path is {len(long)} bytes long (the limit is 255)"
+
+
+def checked_path(op: str, path: PathLike) -> Path:
+    """``path`` as a ``Path``, refused (``CheckpointError``) when the OS would refuse it."""
+    problem = path_problem(path)
+    if problem is not None:
+        raise CheckpointError(f"{op}: {os.fspath(path)!r:.120}: {problem}")
+    return Path(path)
+
+
 def atomic_write(path: PathLike, write: Callable[[Path], None], op: str = "write") -> Path:
     """Call ``write(tmp)`` to produce the new file, then move it over ``path``. A failure
     (disk full, no permission, a missing folder) raises ``CheckpointError`` naming the
     path and the OS's reason; the previous file is intact and the scratch removed."""
-    path = Path(path)
+    path = checked_path(op, path)
     folder = path.parent if str(path.parent) else Path(".")
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -83,26 +106,31 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
     """Delete the scratch folders of ``path`` that writers which died left behind: only
     folders whose whole name is one this module makes for this file name, and whose
     process is gone (never another live writer's, never a file of the user's)."""
+    return remove_dead_scratch(path.parent if str(path.parent) else Path("."), scratch_key(path))
+
+
+def remove_dead_scratch(folder: Path, key: Optional[str] = None) -> list[Path]:
+    """Delete the scratch folders in ``folder`` (of the file whose name digests to ``key``,
+    or of any file) whose writer's process is gone."""
     removed = []
-    key = scratch_key(path)
-    folder = path.parent if str(path.parent) else Path(".")
     try:
         entries = list(os.scandir(folder))
     except OSError:
         return removed
     for entry in entries:
         m = SCRATCH.fullmatch(entry.name)
-        if m is None or m.group(1) != key or not entry.is_dir(follow_symlinks=False):
+        if m is None or (key is not None and m.group(1) != key) or not entry.is_dir(follow_symlinks=False):
             continue
         pid = int(m.group(2))
-        if pid == os.getpid() or _alive(pid):
+        if pid == os.getpid() or process_alive(pid):
             continue  # in flight (another thread of ours, or another live process)
         shutil.rmtree(entry.path, ignore_errors=True)
         removed.append(Path(entry.path))
     return removed
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (ours counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

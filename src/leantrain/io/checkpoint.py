@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 import torch
 from safetensors.torch import save_file
 
-from .atomic import PathLike, atomic_write
+from .atomic import PathLike, atomic_write, checked_path
 from . import checkfile
 from .checkfile import FORMAT, VERSION, checksum, dtype_name, raise_all, seal
 from .sharded import read_folder
@@ -37,7 +37,7 @@ from ..params.paramlist import ParamList, params_of
 def read_checked(path: PathLike, op: str):
     """A checkpoint read whole and checked (``checkfile.read_checked``): a file, or a
     sharded folder (``sharded.read_folder``: its pieces verified and put together)."""
-    path = Path(path)
+    path = checked_path(op, path)
     return read_folder(path, op) if path.is_dir() else checkfile.read_checked(path, op)
 
 
@@ -162,7 +162,7 @@ def check_destination(op: str, path: object) -> Path:
     """``path`` as a file path that can be written (not empty, not a folder)."""
     if not isinstance(path, (str, os.PathLike)) or not str(path):
         raise CheckpointError(f"{op}: expected a file path, got {path!r}")
-    path = Path(path)
+    path = checked_path(op, path)
     if path.is_dir():
         raise CheckpointError(f"{op}: {path}: is a folder; give a file path inside it")
     return path

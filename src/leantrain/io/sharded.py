@@ -21,6 +21,7 @@ checkpoint loads like a single file: at any world size, sharded or not.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -30,7 +31,7 @@ from typing import Optional
 import torch
 from safetensors.torch import save_file
 
-from .atomic import atomic_write, atomic_write_bytes
+from .atomic import SCRATCH, atomic_write, atomic_write_bytes, checked_path, process_alive, remove_dead_scratch
 from .checkfile import checksum, manifest_of, raise_all, seal, tensor_list_problems, unseal
 from .manifest import expected_tensors
 from .tensorfile import TensorFile
@@ -78,22 +79,77 @@ def write_index(folder: Path, manifest: dict, world: int, generation: str, files
              "manifest": seal(json.dumps(manifest, sort_keys=True)),
              "files": [{"name": f["name"], "rank": f["rank"], "bytes": f["bytes"]} for f in files],
              "pieces": {n: sorted(p, key=lambda x: x["start"]) for n, p in sorted(pieces.items())}}
+    replaced = _generation_of(folder)  # the index this one replaces (None: none, or unreadable)
     path = atomic_write_bytes(folder / INDEX, seal(json.dumps(index, sort_keys=True)).encode(), "save_checkpoint")
-    keep = {f["name"] for f in files}
-    for entry in os.scandir(folder):
-        if SHARD.fullmatch(entry.name) and entry.name not in keep:
-            os.remove(entry.path)  # a generation no index names any more
+    # Only files this save knows are superseded go: the generation of the index it replaced, once the
+    # folder's index is verified to be its own (a concurrent writer's index and files are never touched).
+    if _generation_of(folder) == generation:
+        live = live_generations(folder)
+        for entry in os.scandir(folder):
+            m = SHARD.fullmatch(entry.name)
+            g = m.group(1) if m else None
+            if g is not None and g != generation and (g == replaced or g not in live) \
+                    and entry.is_file(follow_symlinks=False):
+                os.remove(entry.path)  # superseded by this index, or left by a writer that died
+    remove_dead_scratch(folder)  # what killed writers left (a full-size shard each)
     return path
+
+
+MARKER = re.compile(r"\.leantrain-gen-(g[0-9]{8}-[0-9a-f]{8})-([0-9]+)")
+
+
+@contextlib.contextmanager
+def generation_marked(folder: Path, generation: str):
+    """While a save of ``generation`` is in flight, a marker names its writer's process, so
+    a concurrent save never deletes its shards; a marker of a dead process is removed
+    (with its generation's shards, which no index names) by the next successful save."""
+    marker = folder / f".leantrain-gen-{generation}-{os.getpid()}"
+    marker.touch(exist_ok=False)
+    try:
+        yield
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def live_generations(folder: Path) -> set[str]:
+    """The generations whose writers are alive (their markers' processes); dead markers go."""
+    live = set()
+    for entry in os.scandir(folder):
+        m = MARKER.fullmatch(entry.name)
+        if m is None or not entry.is_file(follow_symlinks=False):
+            continue
+        if process_alive(int(m.group(2))):
+            live.add(m.group(1))
+        else:
+            os.remove(entry.path)
+    return live
+
+
+def _generation_of(folder: Path) -> Optional[str]:
+    """The generation the folder's index names, if it reads back whole."""
+    try:
+        return read_index(folder, "save_checkpoint")["generation"]
+    except CheckpointError:
+        return None
 
 
 def check_folder(op: str, path: object) -> Path:
     """``path`` as a folder a sharded checkpoint can be written to (absent, or a folder)."""
     if not isinstance(path, (str, os.PathLike)) or not str(path):
         raise CheckpointError(f"{op}: expected a folder path, got {path!r}")
-    path = Path(path)
+    path = checked_path(op, path)
     if path.exists() and not path.is_dir():
         raise CheckpointError(f"{op}: {path}: is a file; a sharded run saves a folder (one file per rank and "
                               f"an index): give a folder path")
+    if path.is_dir():
+        others = [e.name for e in os.scandir(path) if not (
+            (e.name == INDEX or SHARD.fullmatch(e.name)) and e.is_file(follow_symlinks=False)
+            or SCRATCH.fullmatch(e.name) and e.is_dir(follow_symlinks=False)
+            or MARKER.fullmatch(e.name) and e.is_file(follow_symlinks=False))]
+        if others:
+            raise CheckpointError(f"{op}: {path}: holds files that are not a sharded checkpoint's "
+                                  f"({', '.join(sorted(others)[:3])}); a sharded run writes into its own folder: "
+                                  f"give an empty or new one")
     return path
 
 
@@ -101,6 +157,8 @@ def check_folder(op: str, path: object) -> Path:
 def read_index(folder: Path, op: str) -> dict:
     """The folder's index, checked for its checksum, format and shape."""
     path = folder / INDEX
+    if path.is_symlink():
+        raise CheckpointError(f"{op}: {path}: is a symbolic link; a checkpoint folder's files are its own")
     if not path.is_file():
         raise CheckpointError(f"{op}: {folder}: a folder without {INDEX}: not a checkpoint (a sharded save that "
                               f"never finished its first index, or the wrong folder)")
@@ -112,11 +170,46 @@ def read_index(folder: Path, op: str) -> dict:
         raise CheckpointError(f"{op}: {path}: the index fails its checksum (the file is corrupt)")
     try:
         index = json.loads(text)
-    except ValueError:
-        raise CheckpointError(f"{op}: {path}: the index is not valid JSON") from None
+    except (ValueError, RecursionError):
+        raise CheckpointError(f"{op}: {path}: the index is not valid JSON (or nests too deep)") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT or index.get("version") != VERSION:
         raise CheckpointError(f"{op}: {path}: not a {FORMAT} index of version {VERSION}")
+    raise_all(op, folder, index_problems(index))
     return index
+
+
+def _is_count(v, low: int = 0, high: int = 2**62) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
+
+
+def index_problems(index: dict) -> list[str]:
+    """Why an index's own fields cannot be used, checked before any is (each file it names
+    must be exactly the shard name of its rank in this generation: a plain name in the
+    folder, never a path out of it)."""
+    world, generation, files, pieces = (index.get(k) for k in ("world", "generation", "files", "pieces"))
+    if not _is_count(world, 1, 99999):
+        return [f"world: expected an integer in [1, 99999], got {world!r:.40}"]
+    if not (isinstance(generation, str) and re.fullmatch(r"g[0-9]{8}-[0-9a-f]{8}", generation)):
+        return [f"generation: expected a generation name, got {generation!r:.40}"]
+    if not isinstance(index.get("manifest"), str):
+        return ["manifest: expected the sealed manifest text"]
+    if not (isinstance(files, list) and len(files) == world and all(
+            isinstance(f, dict) and _is_count(f.get("rank"), 0, world - 1) and _is_count(f.get("bytes"))
+            for f in files) and sorted(f["rank"] for f in files) == list(range(world))):
+        ranks = [f.get("rank") for f in files[:8] if isinstance(f, dict)] if isinstance(files, list) else files
+        return [f"files: the index names files of ranks {ranks!r:.60}, not one per rank of its world size {world} "
+                f"({{name, rank, bytes}} each)"]
+    wrong = [f.get("name") for f in files if f.get("name") != shard_name(generation, f["rank"], world)]
+    if wrong:
+        return [f"files: {wrong[0]!r:.80} is not the shard name of its rank (a file of this folder)"]
+    names = {f["name"] for f in files}
+    if not (isinstance(pieces, dict) and all(
+            isinstance(n, str) and isinstance(parts, list) and all(
+                isinstance(p, dict) and _is_count(p.get("start")) and _is_count(p.get("stop"))
+                and p["start"] <= p["stop"] and _is_count(p.get("crc32c"), 0, 2**32 - 1) and p.get("file") in names
+                for p in parts) for n, parts in pieces.items())):
+        return ["pieces: expected {tensor: [{start, stop, crc32c, file}]} naming the index's files"]
+    return []
 
 
 def read_folder(folder: Path, op: str):
@@ -124,24 +217,22 @@ def read_folder(folder: Path, op: str):
     a file's: every file and piece verified, the pieces put together."""
     index = read_index(folder, op)
     manifest, checked = manifest_of(index.get("manifest"), op, folder)
-    world, files = index.get("world"), index.get("files")
+    files = index["files"]
     problems = []
-    if not (isinstance(world, int) and world >= 1 and isinstance(files, list)
-            and sorted(f.get("rank") for f in files if isinstance(f, dict)) == list(range(world))):
-        raise_all(op, folder, [f"the index names files of ranks {[f.get('rank') for f in files or []]}, "
-                               f"not one per rank of its world size {world!r}"])
     names = {f["name"] for f in files}
     for entry in os.scandir(folder):
         m = SHARD.fullmatch(entry.name)
         if entry.name == INDEX or entry.name in names or (m and m.group(1) != index.get("generation")):
             continue
-        if entry.name.startswith(".leantrain-tmp-"):
-            continue  # a writer's scratch (removed by the next save)
+        if SCRATCH.fullmatch(entry.name) or MARKER.fullmatch(entry.name):
+            continue  # a writer's scratch or in-flight marker (removed by the next save)
         problems.append(f"stray file {entry.name!r} (the index does not name it)")
     stored: dict = {}
     for f in files:
         p = folder / f["name"]
-        if not p.is_file():
+        if p.is_symlink():
+            problems.append(f"file {f['name']!r} is a symbolic link (a checkpoint's files are its own)")
+        elif not p.is_file():
             problems.append(f"missing file {f['name']!r} (rank {f['rank']})")
         elif p.stat().st_size != f["bytes"]:
             problems.append(f"file {f['name']!r} is {p.stat().st_size} bytes, the index says {f['bytes']}")
@@ -183,28 +274,29 @@ def _assembled(name: str, parts: list, stored: dict, want: dict, problems: list)
     numel = 1
     for d in shape or ():
         numel *= d
-    at = 0
-    flat = torch.empty(numel, dtype=dtype)
-    for p in sorted(parts, key=lambda x: x.get("start", -1)):
-        key = piece_key(name, p.get("start"))
-        t = stored.get(key)
-        if p.get("start") != at:
+    at, checked = 0, []
+    for p in sorted(parts, key=lambda x: x["start"]):  # every piece checked before anything is allocated
+        t = stored.get(piece_key(name, p["start"]))
+        if p["start"] != at:
             problems.append(f"tensor {name!r}: pieces leave a gap or overlap at element {at} "
-                            f"(the next piece starts at {p.get('start')})")
+                            f"(the next piece starts at {p['start']})")
             return None
-        if t is None or t.dtype != dtype or t.dim() != 1 or t.numel() != p.get("stop", -1) - at:
-            problems.append(f"tensor {name!r}: piece [{at}, {p.get('stop')}) is missing or of the wrong size or dtype "
-                            f"in {p.get('file')!r}")
+        if t is None or t.dtype != dtype or t.dim() != 1 or t.numel() != p["stop"] - at:
+            problems.append(f"tensor {name!r}: piece [{at}, {p['stop']}) is missing or of the wrong size or dtype "
+                            f"in {p['file']!r}")
             return None
-        if checksum(t) != p.get("crc32c"):
-            problems.append(f"tensor {name!r}: piece [{at}, {p.get('stop')}) in {p.get('file')!r} fails its "
+        if checksum(t) != p["crc32c"]:
+            problems.append(f"tensor {name!r}: piece [{at}, {p['stop']}) in {p['file']!r} fails its "
                             f"checksum (the file is corrupt)")
             return None
-        flat[at: p["stop"]] = t
+        checked.append((at, t))
         at = p["stop"]
-    if at != numel:
+    if at != numel:  # the pieces are in memory: a shape they do not cover is refused before an allocation
         problems.append(f"tensor {name!r}: its pieces cover {at} of its {numel} elements")
         return None
+    flat = torch.empty(numel, dtype=dtype)
+    for start, t in checked:
+        flat[start: start + t.numel()] = t
     return flat.view(shape) if shape is not None else flat
 
 

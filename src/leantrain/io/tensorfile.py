@@ -32,6 +32,7 @@ from typing import Optional
 import torch
 
 from ..errors import CheckpointError
+from .atomic import checked_path
 
 MAX_HEADER = 100 * 2**20  # the bound the safetensors library itself applies
 MAX_RANK = 64
@@ -59,6 +60,7 @@ class TensorFile:
     """An open safetensors file: ``metadata``, ``entries`` (name -> Entry), ``read(name)``."""
 
     def __init__(self, path: Path, op: str) -> None:
+        path = checked_path(op, path)
         self.path, self.op = path, op
         self.map: Optional[mmap.mmap] = None
         try:

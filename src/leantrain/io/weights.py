@@ -16,13 +16,14 @@ a single file, and takes a tied name that is absent as given by its representati
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Mapping
 
 import torch
 from safetensors.torch import save_file
 
-from .atomic import PathLike, atomic_write
+from .atomic import PathLike, atomic_write, atomic_write_bytes, checked_path
 from .tensorfile import TensorFile
 from ..params.paramlist import params_of
 from .checkpoint import current_value, dtype_name
@@ -60,15 +61,22 @@ def save_weights(path: PathLike, target, *, ema: bool = False, pretrained: bool 
     a Hugging Face ``config`` (``save_pretrained``), its ``config.json``: a folder
     ``from_pretrained`` loads, ties kept. Returns the weights file written."""
     if pretrained:
-        folder = Path(path)
+        folder = checked_path("save_weights", path)
         if folder.exists() and not folder.is_dir():
             raise CheckpointError(f"save_weights: {folder}: is a file; pretrained=True writes a folder")
         params_of("save_weights", target)  # checked before the folder is made
-        folder.mkdir(parents=True, exist_ok=True)
-        written = save_weights(folder / "model.safetensors", target, ema=ema)
         config = getattr(getattr(target, "module", None), "config", None)
-        if config is not None and callable(getattr(config, "save_pretrained", None)):
-            config.save_pretrained(str(folder))
+        text = None
+        if config is not None and callable(getattr(config, "to_json_string", None)):
+            try:
+                text = config.to_json_string()  # what save_pretrained writes, made before anything is written
+            except Exception as e:  # the config's own code: any failure, before a byte is written
+                raise CheckpointError(f"save_weights: {folder}: the model's config cannot be written as JSON "
+                                      f"({type(e).__name__}: {e}); nothing was written") from None
+        written = save_weights(folder / "model.safetensors", target, ema=ema)
+        if text is not None:
+            atomic_write_bytes(folder / "config.json", text.encode(), "save_weights")
+        _remove_replaced_shards(folder)
         return written
     params = params_of("save_weights", target)
     first: dict[int, str] = {}
@@ -88,8 +96,8 @@ def load_weights(path: PathLike, target, *, strict: bool = True) -> list[str]:
     """Import weights by name: a file written by ``save_weights`` (or any safetensors
     file), a folder holding ``model.safetensors``, or a sharded Hugging Face checkpoint
     (a folder with ``model.safetensors.index.json``, or that index file)."""
-    path = Path(path)
     op = "load_weights"
+    path = checked_path(op, path)
     weights, aliases = {}, {}
     for file in _weight_files(op, path):
         with TensorFile(file, op) as f:
@@ -111,15 +119,37 @@ def load_weights(path: PathLike, target, *, strict: bool = True) -> list[str]:
     return import_state_dict(target, weights, strict=strict, op=f"load_weights: {path}")
 
 
+HF_SHARD = re.compile(r"model-[0-9]{5}-of-[0-9]{5}\.safetensors")
+
+
+def _remove_replaced_shards(folder: Path) -> None:
+    """After a folder's ``model.safetensors`` is written: the sharded format it replaces
+    goes (its index, then the shards the index names that are files of the usual
+    ``model-NNNNN-of-NNNNN.safetensors`` names), so no reader finds the old weights."""
+    index = folder / "model.safetensors.index.json"
+    if not index.is_file() or index.is_symlink():
+        return
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        shards = set(weight_map.values()) if isinstance(weight_map, dict) else set()
+    except (OSError, ValueError, RecursionError, AttributeError, TypeError):
+        shards = set()
+    index.unlink()
+    for name in shards:
+        p = folder / name if isinstance(name, str) and HF_SHARD.fullmatch(name) else None
+        if p is not None and p.is_file() and not p.is_symlink():
+            p.unlink()
+
+
 def _weight_files(op: str, path: Path) -> list[Path]:
-    """The safetensors files ``path`` names: itself, a folder's ``model.safetensors``, or
-    the shards a ``model.safetensors.index.json`` lists (each once, in order)."""
+    """The safetensors files ``path`` names: itself, a folder's ``model.safetensors`` (first,
+    as ``from_pretrained`` prefers it), or the shards a ``model.safetensors.index.json``
+    lists (each once, in order)."""
     index = path / "model.safetensors.index.json" if path.is_dir() else path
+    if path.is_dir() and (path / "model.safetensors").is_file():
+        return [path / "model.safetensors"]
     if path.is_dir() and not index.is_file():
-        single = path / "model.safetensors"
-        if not single.is_file():
-            raise CheckpointError(f"{op}: {path}: a folder without model.safetensors or model.safetensors.index.json")
-        return [single]
+        raise CheckpointError(f"{op}: {path}: a folder without model.safetensors or model.safetensors.index.json")
     if index.name.endswith(".index.json"):
         try:
             weight_map = json.loads(index.read_text()).get("weight_map")
@@ -128,9 +158,10 @@ def _weight_files(op: str, path: Path) -> list[Path]:
         if not (isinstance(weight_map, dict) and all(isinstance(v, str) for v in weight_map.values())):
             raise CheckpointError(f"{op}: {index}: its weight_map is not a map of names to shard files")
         shards = list(dict.fromkeys(weight_map.values()))
-        bad = [s for s in shards if Path(s).name != s]
+        bad = [s for s in shards if Path(s).name != s or s in ("", ".", "..") or (index.parent / s).is_symlink()]
         if bad:
-            raise CheckpointError(f"{op}: {index}: shard names must be files beside the index, got {bad[:3]}")
+            raise CheckpointError(f"{op}: {index}: shard names must be files beside the index (no folder, no "
+                                  f"symlink), got {bad[:3]}")
         return [index.parent / s for s in shards]
     return [path]
 

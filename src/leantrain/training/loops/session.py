@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ...errors import NonFiniteError
+from ...errors import LeantrainError, NonFiniteError
 from ...io.checkpoint import Checkpoint, check_destination, load_checkpoint
 from ...io.sharded import INDEX, check_folder
 from ...metrics import BUILTIN as BUILTIN_METRICS
@@ -233,9 +233,9 @@ class Session:
         try:
             done = update(self.op, self.runner, self.opt, state, batch, self.options(state), want)
         except NonFiniteError as e:
-            raise NonFiniteError(f"step {step}: {e}") from None
+            raise NonFiniteError(f"update {step + 1}: {e}") from None  # updates count from 1, as everywhere
         except Exception as e:  # a collective's failure, or the user's own error (with its rank under torchrun)
-            self._collective_failed(e, f"step {step}")
+            self._collective_failed(e, f"update {step + 1}")
         state = done.state
         if cfg.ema_decay is not None:
             self.runner.ema.update(self.runner.params)  # after the step, on the device
@@ -351,8 +351,13 @@ class Session:
             kept = {"checkpoints": self.folder.record(path, step, metric)}
         # the loader's position (a function: asked for when a file is written)
         with self.profiler.range("leantrain.checkpoint") if self.profiler is not None else _NO_RANGE:
-            self.reduction.save(path, self.runner, state, dict(self._progress(progress), **kept), loader_state,
-                                self.runner.ema if self.cfg.ema_decay is not None else None)
+            try:
+                self.reduction.save(path, self.runner, state, dict(self._progress(progress), **kept), loader_state,
+                                    self.runner.ema if self.cfg.ema_decay is not None else None)
+            except LeantrainError:
+                raise
+            except Exception as e:  # a peer lost inside a sharded save: a CollectiveError naming what survives
+                self._collective_failed(e, f"saving the checkpoint of update {step}")
         if self.folder is not None:
             self.folder.written(path, kept["checkpoints"], self.main)
         self.saved, self.saved_step, self.saved_path = True, step, path

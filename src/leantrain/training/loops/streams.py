@@ -33,6 +33,8 @@ from typing import Iterator, Optional
 
 import torch
 
+from ..runner.binding import rng_preserved
+
 from ...data import DataLoader
 from ...errors import DataError
 from .batches import as_list_batch, fast_batches, loader_generators, plain_tensor_loader
@@ -178,6 +180,31 @@ class Stream:
         if saved.get("generators") != len(self.generators):
             return [f"loader: the checkpoint's loader drew from {saved.get('generators')!r} generator(s), "
                     f"this one draws from {len(self.generators)}"]
+        if self.kind in ("stateful", "iterable"):
+            return self._state_refused(saved)
+        return []
+
+    def _state_refused(self, saved: dict) -> list[str]:
+        """Whether the loader (or its dataset) takes the saved state: tried before anything
+        is installed, then its own state put back (a refused resume leaves it as found)."""
+        target = self.loader if self.kind == "stateful" else self.loader.dataset
+        try:
+            mine = target.state_dict()
+        except Exception as e:  # the user's loader code
+            return [f"loader: its state_dict() raised {type(e).__name__}: {e}"]
+        try:
+            target.load_state_dict(decode(saved.get("state"), saved.get("tensors", {})))
+            if self.kind == "stateful" and getattr(target, "num_workers", 1) == 0:
+                with rng_preserved(torch.device("cpu"), self.generators):
+                    iter(target)  # torchdata applies (and checks) a state when an iterator starts
+        except Exception as e:  # torch's or torchdata's own checks, or the dataset's
+            return [f"loader: {type(target).__name__}.load_state_dict refused the checkpoint's state "
+                    f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"]
+        finally:
+            try:
+                target.load_state_dict(mine)
+            except Exception:  # its own state, taken a moment ago: nothing better to put back
+                pass
         return []
 
     def restore(self, saved: Optional[dict], epoch: int, skip: int) -> None:

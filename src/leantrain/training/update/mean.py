@@ -44,7 +44,9 @@ class Mean:
         if isinstance(loss, LossSum):
             count = loss.count
             if isinstance(count, torch.Tensor):  # a tensor count is never read back (on any device)
-                factor = count.to(loss.total.device, torch.float64).reciprocal().float().reshape(1)
+                c = count.to(loss.total.device, torch.float64)
+                # a summed count below 1 (a negative count) poisons the update: refused or skipped as non-finite
+                factor = torch.where(c >= 1, c.reciprocal(), torch.nan).float().reshape(1)
                 value = loss.total * factor[0]
                 if defer and all(g is None or (g.dtype == torch.float32 and g.layout == torch.strided) for g in grads):
                     return cls(value, grads, factor)

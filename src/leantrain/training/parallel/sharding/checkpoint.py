@@ -8,6 +8,7 @@ generator and loader states) and, once every rank's file is on disk, the index.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Optional
@@ -18,7 +19,7 @@ from .. import distributed
 from .plan import ShardPlan
 from ....io.checkfile import checksum
 from ....io.checkpoint import contents
-from ....io.sharded import check_folder, write_index, write_shard
+from ....io.sharded import check_folder, generation_marked, write_index, write_shard
 from ....optim import OptState
 from ....optim.records import record_scalars
 
@@ -38,8 +39,16 @@ def save_sharded(path, runner, plan: ShardPlan, rank: int, state: OptState, *, p
     op = "save_checkpoint"
     folder = check_folder(op, path)
     folder.mkdir(parents=True, exist_ok=True)
-    world = plan.world
-    generation = _everyone(f"g{int(progress.get('step', 0)) % 10**8:08d}-{os.urandom(4).hex()}", world)[0]
+    proposed = f"g{int(progress.get('step', 0)) % 10**8:08d}-{os.urandom(4).hex()}"
+    with generation_marked(folder, proposed) if rank == 0 else contextlib.nullcontext():
+        _save(folder, runner, plan, rank, state, progress, loader_state, ema, proposed)
+    return folder
+
+
+def _save(folder, runner, plan: ShardPlan, rank: int, state: OptState, progress: dict, loader_state, ema,
+          proposed: str) -> None:
+    op, world = "save_checkpoint", plan.world
+    generation = _everyone(proposed, world)[0]  # rank 0's, marked in flight before any shard is written
     owned = [r for r in plan.owned(rank) if state.slots[r.slot] is not None]
     mine = {str(r.slot): {"type": type(state.slots[r.slot]).__name__, "scalars": record_scalars(state.slots[r.slot]),
                           "tensors": sorted(state.slots[r.slot].tensors())} for r in owned}
@@ -61,4 +70,3 @@ def save_sharded(path, runner, plan: ShardPlan, rank: int, state: OptState, *, p
         write_index(folder, manifest, world, generation, sorted(files, key=lambda f: f["rank"]))
     if world > 1:
         dist.barrier(group=distributed.group())  # the index is written before any rank goes on
-    return folder

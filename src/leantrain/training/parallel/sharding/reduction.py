@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from ....errors import ConfigError
 from ...runner.runner import Runner
 from ...update.apply import clipped, skipping
 from ...update.mean import Mean
@@ -29,6 +30,21 @@ from .ema import ShardedEMA
 from .overlap import overlapped_ranges
 from .plan import ShardPlan
 from .state import check_plan, loop_start
+
+
+def check_trainable_kept(op: str, runner: Runner) -> None:
+    """A sharded run trains the slots trainable at its start: a ``requires_grad`` turned on
+    or off since (a callback unfreezing a backbone) is refused before the next update or
+    save, so no checkpoint marks a slot trainable without its optimizer state."""
+    changed = runner.view.changed_requires_grad()
+    if changed:
+        i = changed[0]
+        now = "on" if runner.view.originals[i].requires_grad else "off"
+        raise ConfigError(
+            f"{op}: {runner.params.label(i)}: requires_grad was turned {now} during a sharded run; sharding cut "
+            f"the optimizer state of the slots trainable when the run started, so it cannot follow (nothing was "
+            f"saved with the change: the last checkpoint stays valid). Start a new sharded run with the slot "
+            f"{'trainable' if now == 'on' else 'frozen'} from the start (from these weights), or train unsharded")
 
 
 class Sharded(DataParallel):
@@ -100,10 +116,12 @@ class Sharded(DataParallel):
         return ShardedEMA.cut(runner.params, saved, self.plan, self.rank)  # cut from host memory
 
     def check_step(self, op: str, runner: Runner, batch: list) -> None:
+        check_trainable_kept(op, runner)  # before the binding would follow a changed requires_grad
         check_plan(op, self.plan, runner.slot_map())
         super().check_step(op, runner, batch)
 
     def save(self, path, runner: Runner, state, progress: dict, loader_state, ema) -> None:
+        check_trainable_kept("save_checkpoint", runner)  # never a checkpoint marking a slot with no state
         # every rank writes its file, rank 0 the index (checkpoint.py)
         if callable(loader_state):
             loader_state = loader_state()
