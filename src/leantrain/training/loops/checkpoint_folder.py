@@ -30,6 +30,7 @@ from typing import Optional
 
 from ...errors import CheckpointError, ConfigError
 from ...io.checkpoint import read_checkpoint
+from ...io.sharded import INDEX
 from .evaluation import result_names
 from ...validate import check_bool, check_choice, check_count, is_int, is_number
 
@@ -189,3 +190,15 @@ def newest_whole(template, op: str) -> Optional[Path]:
         except CheckpointError as e:
             warnings.warn(f"{op}: resume_from='auto' passes over {p} ({str(e).splitlines()[0]})", stacklevel=5)
     return None
+
+
+def resume_path(cfg, folder: Optional[CheckpointFolder] = None):
+    """The checkpoint a run resumes from: ``cfg.resume_from``, or with ``"auto"`` the
+    checkpoint at ``cfg.checkpoint_path`` when one exists, the newest whole one of a
+    folder of checkpoints (``None``: start fresh)."""
+    if cfg.resume_from != "auto":
+        return cfg.resume_from
+    if folder is not None:
+        return folder.newest_valid()
+    path = Path(cfg.checkpoint_path)
+    return path if path.is_file() or (path / INDEX).is_file() else None  # a folder: once its index exists

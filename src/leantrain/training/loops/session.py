@@ -11,15 +11,15 @@ The loops themselves only say what a batch is and in which order they come.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
-from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import torch
 
 from ...errors import LeantrainError, NonFiniteError
 from ...io.checkpoint import Checkpoint, check_destination, load_checkpoint
-from ...io.sharded import INDEX, check_folder
+from ...io.sharded import check_folder
 from ...metrics import BUILTIN as BUILTIN_METRICS
 from ...optim import OptState, Optimizer
 from ...optim.optimizer import GENERIC, NATIVE
@@ -32,7 +32,7 @@ from ..update.options import StepOptions
 from ..update.reduction import Reduction
 from ..update.step import update
 from .callbacks import Callback
-from .checkpoint_folder import CheckpointFolder, template_fields
+from .checkpoint_folder import CheckpointFolder, resume_path, template_fields
 from .config import TrainReport, run_config
 from .evaluation import evaluate_sets
 from .events import StepCallback, StepEvent
@@ -56,18 +56,6 @@ def uses_native(runner: Runner, opt: Optimizer) -> bool:
     parameters live on device mirrors; never switched mid-run (not even for a short
     last batch), so one history stays on one path."""
     return opt.native and runner.params.has_mirrors()
-
-
-def resume_path(cfg, folder: Optional[CheckpointFolder] = None):
-    """The checkpoint a run resumes from: ``cfg.resume_from``, or with ``"auto"`` the
-    checkpoint at ``cfg.checkpoint_path`` when one exists, the newest whole one of a
-    folder of checkpoints (``None``: start fresh)."""
-    if cfg.resume_from != "auto":
-        return cfg.resume_from
-    if folder is not None:
-        return folder.newest_valid()
-    path = Path(cfg.checkpoint_path)
-    return path if path.is_file() or (path / INDEX).is_file() else None  # a folder: once its index exists
 
 
 _NO_RANGE = contextlib.nullcontext()
@@ -172,6 +160,7 @@ class Session:
         elif self.cfg.checkpoint_path is not None:
             check_folder(self.op, self.cfg.checkpoint_path)  # a sharded run saves a folder
         self.expect = dict(expect, ema_decay=self.cfg.ema_decay, autocast=self.cfg.autocast)
+        self.reduction.check_shared(self.op, self.cfg.checkpoint_path)  # before any rank looks for a checkpoint
         self.resume_from = resume_path(self.cfg, self.folder)
         if self.resume_from is not None and self.cfg.resume_from == "auto":
             self.log(f"{self.op}: resuming from {self.resume_from}")
@@ -200,7 +189,9 @@ class Session:
         state = self.reduction.start(self.op, self.cfg, self.runner, self.opt, ck.state.path == NATIVE, ck.state)
         if self.cfg.ema_decay is not None:
             self.runner.keep_ema(self.reduction.ema(self.runner, self.cfg.ema_decay, ck.ema))
-        return state, ck
+        # the loops keep the checkpoint's progress and loader position only: the whole optimizer state
+        # and moving average it read are dropped now (a sharded rank keeps its ranges, not +2x the weights)
+        return state, dataclasses.replace(ck, state=None, ema=None)
 
     def _resume(self, expect: dict, loader_check=None) -> Checkpoint:
         """Load the checkpoint; whether it fits this run (its kind, ``expect``, the update

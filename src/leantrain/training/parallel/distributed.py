@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 import torch
@@ -197,6 +198,41 @@ def agree(op: str, what: dict) -> None:
                          if other.get(k) != everyone[0].get(k)})
         shown = "; ".join(f"rank {r}: " + ", ".join(f"{k}={o.get(k)!r}" for k in differ) for r, o in enumerate(everyone))
         raise ConfigError(f"{op}: the ranks run different loops ({shown}); give every rank the same data and settings")
+
+
+def check_shared_folder(op: str, path) -> None:
+    """Every rank sees the files rank 0 writes where the run's checkpoints go (the folder of
+    ``path``), or every rank raises the same ``ConfigError`` naming the ranks that do not: a
+    sharded run's folder on a disk of its own per node would save without complaint, but
+    no resume could load what it holds (its shards spread over the nodes)."""
+    group = active()
+    if group is None or path is None:
+        return
+    rank, world = group
+    folder = Path(path).parent
+    made = None
+    if rank == 0:
+        made = f".leantrain-probe-{os.urandom(6).hex()}"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / made).touch()
+        except OSError as e:
+            made = OSError(f"{folder}: {e.strerror or e}")
+    first: list = [None] * world
+    dist.all_gather_object(first, made, group=_group)  # rank 0's probe exists before anyone looks
+    probe = first[0]
+    if isinstance(probe, OSError):
+        raise ConfigError(f"{op}: checkpoint_path: rank 0 cannot write where the checkpoints go ({probe})")
+    seen: list = [None] * world
+    dist.all_gather_object(seen, (folder / probe).exists(), group=_group)
+    if rank == 0:
+        (folder / probe).unlink(missing_ok=True)
+    blind = [r for r, s in enumerate(seen) if not s]
+    if blind:
+        raise ConfigError(
+            f"{op}: checkpoint_path {path}: rank(s) {blind} of {world} do not see the files rank 0 writes in "
+            f"{folder} (a disk of its own on each node?); a run's checkpoints must be in a folder every rank "
+            f"shares, or no resume can load them")
 
 
 def start_replicas(runner, check: bool = True) -> None:

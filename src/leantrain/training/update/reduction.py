@@ -90,6 +90,10 @@ class Reduction:
         """Every rank starts the same run (one process: nothing to compare)."""
         return None
 
+    def check_shared(self, op: str, checkpoint_path) -> None:
+        """Every rank sees where the checkpoints go (one process: nothing to compare)."""
+        return None
+
     def start_replicas(self, runner: Runner, check: bool) -> None:
         """The ranks' parameters made alike before the first update."""
         return None

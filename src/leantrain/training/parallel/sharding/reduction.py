@@ -115,6 +115,10 @@ class Sharded(DataParallel):
             return ShardedEMA(runner.params, decay, self.plan, self.rank)
         return ShardedEMA.cut(runner.params, saved, self.plan, self.rank)  # cut from host memory
 
+    def check_shared(self, op: str, checkpoint_path) -> None:
+        # every rank writes its shard into the folder: one per node would save, and never load
+        distributed.check_shared_folder(op, checkpoint_path)
+
     def check_step(self, op: str, runner: Runner, batch: list) -> None:
         check_trainable_kept(op, runner)  # before the binding would follow a changed requires_grad
         check_plan(op, self.plan, runner.slot_map())
