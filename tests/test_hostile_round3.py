@@ -226,3 +226,37 @@ def test_a_run_that_logged_nothing_to_plot_still_exits_0(tmp_path, capsys):
     out = tmp_path / "r"
     assert main(["train", "--epochs", "1", "--max-steps", "3", "--log-every", "0", "--out", str(out)]) == 0
     assert "no plot:" in capsys.readouterr().out and (out / "report.json").is_file()
+
+
+def _stateful_checkpoint(tmp_path):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    data = torch.utils.data.TensorDataset(torch.randn(40, 4), torch.randint(0, 3, (40,)))
+
+    class Stop(lt.Callback):
+        def on_step(self, event):
+            return event.step == 3
+
+    cfg = lt.LoaderTrainConfig(epochs=1, optimizer=optim.adam(0.01), log_every=0, checkpoint_path=tmp_path / "c.ckpt")
+    lt.train_loader(lt.Runner.from_module(tiny_classifier(), "cross_entropy"), cfg,
+                    StatefulDataLoader(data, batch_size=5), callbacks=[Stop()])
+    return cfg, data, StatefulDataLoader
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda m: m["loader"].update(state={}), "stateful loader state is empty"),
+    (lambda m: m["progress"].update(batch=99), "progress.batch: 99 batches done in epoch 0, but one pass of this "
+                                               "loader has 8"),
+])
+def test_a_loader_position_that_cannot_be_in_the_loader_is_refused_not_restarted_silently(tmp_path, edit, needle):
+    from dataclasses import replace
+    from filetools import edit_manifest
+
+    cfg, data, Loader = _stateful_checkpoint(tmp_path)
+    path = tmp_path / "c.ckpt"
+    path.write_bytes(edit_manifest(path.read_bytes(), edit))
+    fresh = lt.Runner.from_module(tiny_classifier(5), "cross_entropy")
+    before = params(fresh.module)
+    with pytest.raises(lt.CheckpointError, match=needle):
+        lt.train_loader(fresh, replace(cfg, resume_from=path), Loader(data, batch_size=5))
+    assert same(before, params(fresh.module))

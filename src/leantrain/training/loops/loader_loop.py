@@ -207,7 +207,8 @@ def train_loader(
             expect = {"n_samples": stream.size(), "accumulate": cfg.accumulate,
                       **({"world": distributed.rank_world()[1]} if partition else {})}
             state, ck = session.start(lambda: _measure(session, stream, cfg), expect,
-                                      lambda manifest, tensors: stream.problems(loader_record(manifest, tensors)))
+                                      lambda manifest, tensors: stream.problems(loader_record(manifest, tensors))
+                                      + stream.position_problems(manifest["progress"]))
             start = Progress()
             if ck is not None:
                 p = ck.progress

@@ -181,7 +181,19 @@ class Stream:
             return [f"loader: the checkpoint's loader drew from {saved.get('generators')!r} generator(s), "
                     f"this one draws from {len(self.generators)}"]
         if self.kind in ("stateful", "iterable"):
+            if not saved.get("state"):
+                return [f"loader: the checkpoint's {self.kind} loader state is empty (a resume would silently "
+                        f"start the epoch over)"]
             return self._state_refused(saved)
+        return []
+
+    def position_problems(self, progress: dict) -> list[str]:
+        """Why a checkpoint's position cannot be in this loader: more batches done in its
+        epoch than one pass of the loader has (where its length is known)."""
+        batch, length = progress.get("batch"), _length(self.loader)
+        if isinstance(batch, int) and batch > length:
+            return [f"progress.batch: {batch} batches done in epoch {progress.get('epoch')}, but one pass of this "
+                    f"loader has {length}"]
         return []
 
     def _state_refused(self, saved: dict) -> list[str]:
