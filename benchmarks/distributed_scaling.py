@@ -3,7 +3,7 @@
 A compute-bound MLP (512-1024-1024-10); every update is a list batch of 8 minibatches
 of 64 samples, split round-robin across the ranks; one thread per process. Prints
 samples/s for each world size and the ratio, and with 2 processes the cost of
-``exact_reduction`` (every item's gradient gathered and folded in item order) against the
+``exact_reduction`` (every item's gradient folded in item order by the owners of its ranges) against the
 default all-reduce: time per update and bytes each rank receives per update.
 
 Run: .venv/bin/python benchmarks/distributed_scaling.py [--steps 30]

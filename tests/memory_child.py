@@ -4,7 +4,6 @@ memory_child.py hand|leantrain``; prints the peak resident memory above the base
 once the model exists, in units of the parameter bytes P)."""
 
 import gc
-import resource
 import sys
 
 import torch
@@ -13,13 +12,20 @@ torch.set_num_threads(1)
 D, LAYERS, BATCH = 2560, 8, 8
 
 
+def high_water() -> int:
+    """This process's peak resident bytes since it started (``VmHWM``: unlike ``ru_maxrss``,
+    not carried over from the parent that forked it, whose size would hide ours)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
 def main(which: str) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(D, D) for _ in range(LAYERS)])
     p_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     x, y = torch.randn(BATCH, D), torch.randn(BATCH, D)
     gc.collect()
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    base = high_water()
     if which == "hand":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         for _ in range(3):
@@ -32,7 +38,7 @@ def main(which: str) -> None:
         runner = lt.Runner.from_module(model, "mse")
         cfg = lt.TrainConfig(steps=3, optimizer=lt.optim.adamw(1e-4), log_every=0, measure_loss=False)
         lt.train_samples(runner, cfg, [(x, y)], log=None)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = high_water()
     print((peak - base) / p_bytes)
 
 

@@ -20,7 +20,7 @@ def peak(which: str) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss in KiB is Linux's")
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/status (Linux)")
 def test_a_one_process_update_peaks_no_higher_than_the_hand_written_loop():
     hand, ours = peak("hand"), peak("leantrain")
     assert 2.5 < hand < 4.0, hand  # gradients and two moments: the measure itself is sound

@@ -3,8 +3,8 @@
 Each rank differentiates its share of the items (item ``j`` on rank ``j mod world``,
 or with rank-local data the items it read, ``rank_data.py``).
 The default all-reduces the ranks' sums bucket by bucket while the last backward runs
-(``overlap.py``); ``exact_reduction`` gathers every item's gradient and folds them in
-item order, as one process does. With a model that draws random numbers, every item
+(``overlap.py``); ``exact_reduction`` sends each item's gradient in ranges to their
+owners, who fold them in item order, as one process does (``exact_fold.py``). With a model that draws random numbers, every item
 starts from the generator state it has in one process (``item_states``), so an item
 draws the same dropout mask whichever rank computes it.
 """
@@ -17,18 +17,19 @@ import torch
 import torch.distributed as dist
 
 from . import distributed, overlap, rank_data
+from .exact_fold import owner_fold
 from ..runner.runner import Runner
-from ..update.accumulate import fold, item_gradients, sum_hooked
+from ..update.accumulate import item_gradients, sum_hooked
 from ..update.mean import Mean
 from ..update.reduction import Reduction
 from ...errors import DataError
-from ...samples import LossSum
+from ...samples import LossSum, add_losses
 
 
 class DataParallel(Reduction):
     """Every rank computes its share of each update's items; the mean is all-reduced
     bucket by bucket under the last backward (the default) or, with ``exact``, every
-    item's gradient is gathered and folded in item order (the one-process bits).
+    item's gradient is folded in item order by the owners of its ranges (the one-process bits).
     ``local``: each rank's batches hold its own items (``rank_data.py``)."""
 
     ranks = True
@@ -97,16 +98,18 @@ class DataParallel(Reduction):
 def exact_gradients(runner: Runner, leaves, scratch, mine: list, n: int, rank: int, world: int,
                     own: Optional[list] = None) -> Mean:
     """Each rank differentiates its items (``mine``; item ``j`` of the ``n`` is on rank
-    ``j mod world``) one by one; every rank then folds all items in item order
-    (``exact_reduction``) with ``accumulate.fold``, then ``* (1/n)``: the one-process mean
-    gradient, bit for bit, on any number of ranks. ``own``: the generator states each of
-    ``mine`` starts from (a model that draws)."""
-    pairs = list(item_gradients(runner, mine, leaves, scratch, own))
-    losses, packs = distributed.gather_items(pairs, n, rank, world, leaves)
-    first = pairs[0][0] if pairs else None  # rank 0 always has item 0: it logs
+    ``j mod world``) one by one, each sent in ranges to their owners as it is made; the
+    owners fold every item in item order (``exact_fold.owner_fold``: ``accumulate.fold``'s
+    additions), then ``* (1/n)``: the one-process mean gradient, bit for bit, on any number
+    of ranks, holding a few gradient packs per rank whatever ``n``. ``own``: the generator
+    states each of ``mine`` starts from (a model that draws)."""
+    pairs = item_gradients(runner, mine, leaves, scratch, own)  # lazily: one item at a time
+    losses, grads, first = owner_fold(pairs, n, rank, world, leaves)
     dtype = torch.float64 if first is None else (first.total if isinstance(first, LossSum) else first).dtype
     losses = [LossSum(x.total.to(dtype), x.count) if isinstance(x, LossSum) else x.to(dtype) for x in losses]
-    loss, grads = fold(zip(losses, packs))
+    loss = losses[0]
+    for more in losses[1:]:
+        loss = add_losses(loss, more)  # left to right, as fold
     return Mean.of_sums(loss, grads, n)
 
 

@@ -24,7 +24,6 @@ import torch
 import torch.distributed as dist
 
 from ...errors import ConfigError, LeantrainError
-from ...samples import LossSum
 
 
 class ReplicaError(LeantrainError, RuntimeError):
@@ -109,52 +108,6 @@ def is_main() -> bool:
 def my_items(batch: Sequence, rank: int, world: int) -> list:
     """This rank's share of a list batch: items ``rank, rank + world, ...``."""
     return list(batch[rank::world])
-
-
-def gather_items(
-    mine: list[tuple[torch.Tensor, list]], n: int, rank: int, world: int, leaves: list
-) -> tuple[list[torch.Tensor], list[list]]:
-    """Every item's loss and gradient pack, in item order, on every rank (item ``j`` was
-    differentiated on rank ``j mod world``): one all-gather per gradient dtype, one for
-    the losses (as float64, exact for every narrower float). Costs ``ceil(n/world)`` item
-    gradients per rank sent to every rank, against one all-reduce of one pack. A
-    ``LossSum`` item's total and count travel together (as float64: exact for every
-    narrower float and for counts below 2**53)."""
-    rows = -(-n // world)
-    buckets: dict[tuple, list[tuple[int, torch.Tensor]]] = {}
-    for i, t in enumerate(leaves):
-        if t is not None:
-            buckets.setdefault((t.device, t.dtype), []).append((i, t))
-    items: list[list] = [[None] * len(leaves) for _ in range(n)]
-    for (device, dtype), members in buckets.items():
-        width = sum(t.numel() for _, t in members)
-        local = torch.zeros(rows, width, dtype=dtype, device=device)
-        for row, (_, grads) in enumerate(mine):
-            local[row] = torch.cat([(t.new_zeros(()).expand(t.shape) if grads[i] is None else grads[i]).reshape(-1)
-                                    for i, t in members])  # an unused slot sends zeros
-        gathered = [torch.empty_like(local) for _ in range(world)]
-        dist.all_gather(gathered, local, group=_group)
-        for j in range(n):
-            flat, offset = gathered[j % world][j // world], 0
-            for i, t in members:
-                items[j][i] = flat[offset: offset + t.numel()].view(t.shape)
-                offset += t.numel()
-    device = next((t.device for t in leaves if t is not None), torch.device("cpu"))
-    local = torch.zeros(rows, 2, dtype=torch.float64, device=device)
-    for row, (loss, _) in enumerate(mine):  # (total, count) of a LossSum; (loss, -1) of a scalar loss
-        sums = isinstance(loss, LossSum)
-        local[row, 0] = (loss.total if sums else loss).detach().to(torch.float64)
-        local[row, 1] = torch.as_tensor(loss.count, device=device).to(torch.float64) if sums else -1.0
-    gathered = [torch.empty_like(local) for _ in range(world)]
-    dist.all_gather(gathered, local, group=_group)
-    if mine:
-        sums = isinstance(mine[0][0], LossSum)
-    else:  # a rank without items learns the kind from rank 0's first row
-        sums = bool(gathered[0][0, 1] >= 0)  # intentional sync: on a rank without items only
-    rows_of = [gathered[j % world][j // world] for j in range(n)]
-    if sums:
-        return [LossSum(r[0], r[1]) for r in rows_of], items  # the counts stay on the device
-    return [r[0] for r in rows_of], items
 
 
 def broadcast_parameters(params) -> None:

@@ -1,0 +1,130 @@
+"""The exact reduction's fold in bounded memory: each item's gradient sent in ranges to
+their owners, one round of items at a time, each owner folding its range in item order.
+
+Item ``j`` of an update's ``n`` is differentiated on rank ``j mod world``, in rounds of
+``world`` items (round ``r`` holds items ``r*world`` to ``r*world + world - 1``). In each
+round every rank cuts its item's flat gradient (zeros where it used no slot, or has no item)
+into ``SEGMENTS`` segments, each into ``world`` ranges, and sends range ``c`` of each segment
+to rank ``c`` (one all-to-all per segment and gradient dtype); rank ``c`` adds the round's
+ranges to its running sums in item order. After the
+last round the ranks all-gather their summed ranges. Every element is the same sequence
+of additions as one process's left-to-right fold (``accumulate.fold``: ``g0 + g1``, then
+``+ g2``...), so the bits are the same on any number of ranks; but a rank holds one item's
+gradient, a segment in flight and its share of the sum (about two gradient packs, as one
+process holds), never every item's as a gather of all items would (``n`` packs per rank). The items' losses travel together
+at the end (as float64: exact for every narrower float and for counts below 2**53).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+
+from . import distributed
+from ...samples import LossSum
+
+
+def _buckets(leaves: list) -> dict[tuple, list[tuple[int, torch.Tensor]]]:
+    out: dict[tuple, list[tuple[int, torch.Tensor]]] = {}
+    for i, t in enumerate(leaves):
+        if t is not None:
+            out.setdefault((t.device, t.dtype), []).append((i, t))
+    return out
+
+
+SEGMENTS = 4  # each round's gradient crosses in this many pieces: a quarter of a pack in flight at a time
+
+
+def owner_fold(pairs: Iterator, n: int, rank: int, world: int, leaves: list) -> tuple[list, list, Optional[object]]:
+    """``(item losses in item order, summed gradient pack, this rank's first loss)`` from
+    ``pairs``, this rank's items' ``(loss, pack)`` in order, computed lazily round by round.
+
+    Each bucket's flat gradient is cut into ``SEGMENTS`` segments of ``seg`` elements, each
+    segment into ``world`` ranges of ``sub``: rank ``c`` owns range ``c`` of every segment
+    and keeps their sums side by side (``SEGMENTS * sub`` elements)."""
+    group = distributed.group()
+    rows = -(-n // world)
+    buckets = _buckets(leaves)
+    layout = {}
+    for key, members in buckets.items():
+        width = sum(t.numel() for _, t in members)
+        seg = -(-width // SEGMENTS)
+        layout[key] = (width, seg, -(-seg // world))
+    sums: dict[tuple, Optional[torch.Tensor]] = {key: None for key in buckets}
+    device = next((t.device for t in leaves if t is not None), torch.device("cpu"))
+    loss_rows = torch.zeros(rows, 2, dtype=torch.float64, device=device)
+    first = None
+    for r in range(rows):
+        pair = next(pairs) if r * world + rank < n else None
+        grads = None
+        if pair is not None:
+            loss, grads = pair
+            pair = None
+            first = loss if first is None else first
+            sums_loss = isinstance(loss, LossSum)
+            loss_rows[r, 0] = (loss.total if sums_loss else loss).detach().to(torch.float64)
+            loss_rows[r, 1] = torch.as_tensor(loss.count, device=device).to(torch.float64) if sums_loss else -1.0
+        for key, members in buckets.items():
+            width, seg, sub = layout[key]
+            if sums[key] is None:
+                sums[key] = torch.empty(SEGMENTS * sub, dtype=key[1], device=key[0])
+            for s in range(SEGMENTS):
+                part = _segment(grads, members, s * seg, min((s + 1) * seg, width), sub * world, key)
+                received = [torch.empty(sub, dtype=key[1], device=key[0]) for _ in range(world)]
+                dist.all_to_all(received, list(part.split(sub)), group=group)
+                part = None
+                mine = sums[key][s * sub: (s + 1) * sub]
+                for k in range(world):  # this round's items, in item order
+                    j = r * world + k
+                    if j >= n:
+                        break
+                    if j == 0:
+                        mine.copy_(received[k])  # the first item's own values
+                    else:
+                        mine.add_(received[k])  # the same IEEE additions as g0 + g1, then add_
+            _free_used(grads, members)
+        grads = None  # this item's gradients are folded: freed before the next is computed
+    packs: list = [None] * len(leaves)
+    for key, members in buckets.items():
+        width, seg, sub = layout[key]
+        gathered = torch.empty(world, SEGMENTS * sub, dtype=key[1], device=key[0])
+        dist.all_gather(list(gathered.unbind(0)), sums[key], group=group)
+        sums[key] = None
+        # element (segment s, owner c, offset e) sits at flat position s*seg + c*sub + e
+        padded = gathered.view(world, SEGMENTS, sub).transpose(0, 1).reshape(SEGMENTS, world * sub)
+        gathered = None
+        full = padded[:, :seg].reshape(-1)[:width]  # each segment's padding dropped
+        at = 0
+        for i, t in members:
+            packs[i] = full[at: at + t.numel()].view(t.shape)
+            at += t.numel()
+    gathered_losses = [torch.empty_like(loss_rows) for _ in range(world)]
+    dist.all_gather(gathered_losses, loss_rows, group=group)
+    rows_of = [gathered_losses[j % world][j // world] for j in range(n)]
+    sums_loss = bool(rows_of[0][1] >= 0) if first is None else isinstance(first, LossSum)  # intentional sync:
+    # only on a rank without items, to learn the losses' kind from item 0
+    losses = [LossSum(x[0], x[1]) for x in rows_of] if sums_loss else [x[0] for x in rows_of]
+    return losses, packs, first
+
+
+def _segment(grads, members, lo: int, hi: int, size: int, key) -> torch.Tensor:
+    """Flat positions ``[lo, hi)`` of the item's gradient (zeros where it used no slot, or
+    has no item), padded with zeros to ``size``."""
+    part = torch.zeros(size, dtype=key[1], device=key[0])
+    if grads is None:
+        return part
+    at = 0
+    for i, t in members:
+        a, b = max(at, lo), min(at + t.numel(), hi)
+        if a < b and grads[i] is not None:
+            part[a - lo: b - lo] = grads[i].reshape(-1)[a - at: b - at]
+        at += t.numel()
+    return part
+
+
+def _free_used(grads, members) -> None:
+    if grads is not None:
+        for i, _ in members:
+            grads[i] = None
