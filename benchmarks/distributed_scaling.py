@@ -89,15 +89,15 @@ def main() -> None:
     samples = args.steps * ITEMS * BATCH
     values = sum(p.numel() for p in model().parameters())
     reduce_bytes = 4 * values  # one all-reduced float32 pack
-    gather_bytes = 4 * values * ITEMS  # every item's pack (4 per rank, from both ranks)
+    exact_bytes = 4 * values * (-(-ITEMS // 2) + 1)  # a pack of ranges per round of 2 items, then the sum
     print(f"MLP 512-1024-1024-10, {ITEMS} x {BATCH} samples per update, {args.steps} updates, "
           f"1 thread per process, {os.cpu_count()} cores")
     print(f"  1 process : {samples / one:9.0f} samples/s")
     print(f"  2 processes: {samples / two:9.0f} samples/s")
     print(f"  speed-up 2 vs 1 = {one / two:.2f}x")
     print(f"  exact_reduction, 2 processes: {exact / args.steps * 1e3:.1f} ms per update vs "
-          f"{two / args.steps * 1e3:.1f} ms with the all-reduce ({exact / two:.2f}x); gathers "
-          f"{gather_bytes / 2**20:.1f} MiB per update vs {reduce_bytes / 2**20:.1f} MiB all-reduced")
+          f"{two / args.steps * 1e3:.1f} ms with the all-reduce ({exact / two:.2f}x); receives "
+          f"{exact_bytes / 2**20:.1f} MiB per update vs {reduce_bytes / 2**20:.1f} MiB all-reduced")
 
 
 if __name__ == "__main__":
