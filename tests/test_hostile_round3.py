@@ -180,19 +180,10 @@ def test_the_command_says_one_line_for_a_path_the_os_refuses(tmp_path, capsys, m
 
 # ---------------------------------------------------------- loader state
 def test_a_loader_state_torchdata_rejects_is_refused_before_the_parameters_are_installed(tmp_path):
-    from torchdata.stateful_dataloader import StatefulDataLoader
+    from dataclasses import replace
     from filetools import edit_manifest
 
-    x, y = torch.randn(40, 4), torch.randint(0, 3, (40,))
-    data = torch.utils.data.TensorDataset(x, y)
-
-    class Stop(lt.Callback):
-        def on_step(self, event):
-            return event.step == 3
-
-    cfg = lt.LoaderTrainConfig(epochs=1, optimizer=optim.adam(0.01), log_every=0, checkpoint_path=tmp_path / "c.ckpt")
-    lt.train_loader(lt.Runner.from_module(tiny_classifier(), "cross_entropy"), cfg,
-                    StatefulDataLoader(data, batch_size=5), callbacks=[Stop()])
+    cfg, data, Loader = _stateful_checkpoint(tmp_path)
     path = tmp_path / "c.ckpt"
 
     def break_state(m):
@@ -201,10 +192,10 @@ def test_a_loader_state_torchdata_rejects_is_refused_before_the_parameters_are_i
     path.write_bytes(edit_manifest(path.read_bytes(), break_state))
     fresh = lt.Runner.from_module(tiny_classifier(5), "cross_entropy")
     before = params(fresh.module)
-    loader = StatefulDataLoader(data, batch_size=5)
+    loader = Loader(data, batch_size=5)
     mine = loader.state_dict()
     with pytest.raises(lt.CheckpointError, match="StatefulDataLoader.load_state_dict refused"):
-        lt.train_loader(fresh, cfg.__class__(**{**cfg.__dict__, "resume_from": path}), loader)
+        lt.train_loader(fresh, replace(cfg, resume_from=path), loader)
     assert same(before, params(fresh.module))
     assert loader.state_dict() == mine
 

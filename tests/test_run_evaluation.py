@@ -153,9 +153,9 @@ def test_seed_everything_seeds_python_numpy_and_torch():
     import random
 
     lt.seed_everything(3)
-    first = (random.random(), numpy.random.rand(), torch.rand(()).item())
+    first = (random.getrandbits(32), numpy.random.randint(2**31), torch.randint(2**31, ()).item())
     lt.seed_everything(3)
-    assert first == (random.random(), numpy.random.rand(), torch.rand(()).item())
+    assert first == (random.getrandbits(32), numpy.random.randint(2**31), torch.randint(2**31, ()).item())
     with pytest.raises(lt.ConfigError, match="seed must be an integer"):
         lt.seed_everything(-1)
 
