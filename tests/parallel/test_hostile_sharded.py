@@ -203,3 +203,36 @@ def test_an_unfreeze_under_sharding_never_saves_a_checkpoint_that_cannot_load(tm
     report = lt.train_samples(lt.Runner.from_module(again, "mse"), replace(cfg, resume_from=tmp_path / "ck"),
                               sc.wide_data(), log=None)
     assert report.steps == 4
+
+
+def test_a_peer_lost_inside_a_save_is_a_collective_error_naming_the_update_and_the_last_checkpoint(tmp_path,
+                                                                                                  monkeypatch):
+    """A save's collective failing (a peer died while the ranks wrote their shards) goes
+    through the reduction's failure path: ``CollectiveError`` with the rank, the update and
+    the checkpoint that survives, not gloo's raw error."""
+    from dataclasses import replace
+
+    import dist_cases as dc
+    from leantrain.training.loops import session
+    from leantrain.training.parallel import distributed
+    from leantrain.training.parallel.data_parallel import DataParallel
+    from leantrain.training.update.reduction import Reduction
+
+    runner, cfg, go = dc.make("samples-sgd-f64")
+    cfg = replace(cfg, checkpoint_path=tmp_path / "run.ckpt", checkpoint_every=2, log_every=0)
+
+    class RankOneOfTwo(Reduction):  # one process's updates, failures reported as data parallel's
+        failed = DataParallel.failed
+
+        def save(self, path, runner, state, progress, loader_state, ema):
+            if progress["step"] == 4:
+                monkeypatch.setattr(distributed, "rank_world", lambda: (1, 2))
+                raise torch.distributed.DistBackendError("Connection closed by peer")  # what gloo raises
+            super().save(path, runner, state, progress, loader_state, ema)
+
+    monkeypatch.setattr(session, "choose", lambda cfg, local=False: RankOneOfTwo())
+    with pytest.raises(distributed.CollectiveError,
+                       match=r"rank 1 of 2, saving the checkpoint of update 4: a collective operation failed "
+                             r"\(Connection closed by peer\); last good checkpoint: .*run.ckpt \(step 2\)"):
+        go(cfg)
+    assert lt.read_checkpoint(tmp_path / "run.ckpt")[0]["progress"]["step"] == 2
