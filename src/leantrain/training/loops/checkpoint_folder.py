@@ -105,18 +105,17 @@ class CheckpointFolder:
         return kept + [[path.name, step, metric]]
 
     def written(self, path: Path, entries: list[list], main: bool = True) -> None:
-        """After a save: read ``path`` back whole, then take ``entries`` as kept and delete
-        what the rules no longer keep (never ``path``, never a file not recorded). Under
+        """After a save: take ``entries`` as kept and, when the rules drop some, read ``path``
+        back whole before deleting them (never ``path``, never a file not recorded). Under
         ``torch.distributed`` every rank keeps the record; only rank 0 (``main``, the one
         that wrote) reads and deletes."""
-        if main:
-            read_checkpoint(path, self.op)  # verified before anything older goes
         self.entries = entries
         keep = self.kept_names() | {path.name}
-        if main:
-            for name, _, _ in self.entries:
-                if name not in keep:
-                    (self.folder / name).unlink(missing_ok=True)
+        going = [name for name, _, _ in self.entries if name not in keep]
+        if main and going:
+            read_checkpoint(path, self.op)  # verified before anything older goes (read only when something does)
+            for name in going:
+                (self.folder / name).unlink(missing_ok=True)
         self.entries = [e for e in self.entries if e[0] in keep]
 
     def kept_names(self) -> set[str]:

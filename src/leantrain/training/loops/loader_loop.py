@@ -97,7 +97,7 @@ def _epochs(cfg: LoaderTrainConfig, stream: Stream, state: OptState, schedule_st
         b = skip - 1
         for b, raw in enumerate(stream.epoch(at.epoch, skip), start=skip):
             items = as_list_batch(op, raw)
-            session.meter.examples += examples_in(raw, items)  # for the throughput: host shapes only
+            session.meter.saw(examples_in(raw, items))  # for the throughput: host shapes only
             group += cut(items, cfg.pieces)
             if (b + 1) % cfg.accumulate == 0:
                 if not session.reduction.local:  # rank-local data: every rank has its own items

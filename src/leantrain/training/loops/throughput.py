@@ -78,6 +78,10 @@ class Throughput:
         self.n = sum(math.prod(v.shape) for i, (v, c) in enumerate(zip(runner.params, reps)) if c == i)
         self.peak = peak_flops if peak_flops is not None else device_peak(runner.device)
 
+    def saw(self, examples: int) -> None:
+        """A loader batch's examples (its collated rows), as the loop reads it."""
+        self.examples += examples
+
     def count(self, batch: list) -> None:
         """One update's items (and tokens): host arithmetic, or a device sum kept there."""
         self.items += len(batch)

@@ -77,10 +77,11 @@ class WandbLogger(Callback):
 
     def on_begin(self, total: Optional[int], start: int) -> None:
         wandb = self.wandb
-        settings = self.init.pop("settings", None) or wandb.Settings(console="off", silent=True)
+        settings = self.init.get("settings") or wandb.Settings(console="off", silent=True)
         self.run_id = self.run_id or uuid.uuid4().hex[:12]  # ours, so a checkpoint can carry it
+        given = {k: v for k, v in self.init.items() if v is not None and k != "settings"}
         self.run = wandb.init(id=self.run_id, resume="allow", config=self.config, settings=settings,
-                              reinit="create_new", **{k: v for k, v in self.init.items() if v is not None})
+                              reinit="create_new", **given)
 
     def on_step(self, event: StepEvent) -> None:
         values = step_metrics(event)
