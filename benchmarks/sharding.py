@@ -9,7 +9,13 @@ the contenders run interleaved, round after round (the order rotating):
 * leantrain data parallel, unsharded (``train_samples``, default reduction);
 * leantrain ``sharding="optimizer"`` (ZeRO-1) and ``sharding="gradients"`` (ZeRO-2);
 * ``DistributedDataParallel`` + ``ZeroRedundancyOptimizer(AdamW)``: torch's ZeRO-1;
-* ``DistributedDataParallel`` + ``AdamW(fused=True)``: the fastest unsharded loop.
+* ``DistributedDataParallel`` + ``AdamW(fused=True)``: the fastest unsharded loop;
+* FSDP2: ``fully_shard`` on every Linear and the root, ``AdamW`` (its default foreach
+  implementation) over the sharded parameters: torch's ZeRO-3.
+
+Each contender's first update (allocation, FSDP2's lazy setup) is left out of the times.
+``--memory 1 2 4 8``: only the memory table, the largest rank's added peak in units of P
+(the parameter bytes) at each world size, with at least one item per rank.
 
 Per update: best and median over the rounds of each round's median step time (the
 first step of a round, which allocates, left out), and the ratio to DDP + ZeRO. Per
@@ -23,7 +29,7 @@ tensor-sized block and returns it when freed, so resident memory follows what is
 (by default its threshold grows with the blocks freed and later blocks come from a heap
 that is not given back, which adds allocator history to every figure).
 
-Run: .venv/bin/python benchmarks/sharding.py [--rounds 7 --steps 6 --width 1024]
+Run: .venv/bin/python benchmarks/sharding.py [--rounds 7 --steps 6 --width 1024] [--memory 1 2 4 8]
 """
 
 from __future__ import annotations
@@ -47,7 +53,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import leantrain as lt
 from leantrain import optim
 
-WIDTH, LAYERS, ITEMS, BATCH = int(os.environ.get("LEANTRAIN_BENCH_WIDTH", 1024)), 4, 2, 4
+WIDTH, LAYERS, BATCH = int(os.environ.get("LEANTRAIN_BENCH_WIDTH", 1024)), 4, 4
+ITEMS = int(os.environ.get("LEANTRAIN_BENCH_ITEMS", 2))
 LR, WD = 1e-3, 0.01
 
 
@@ -61,10 +68,10 @@ def data():
     return [(torch.randn(BATCH, WIDTH, generator=g), torch.randn(BATCH, WIDTH, generator=g)) for _ in range(ITEMS)]
 
 
-def leantrain_round(sharding, steps: int):
+def leantrain_round(sharding, steps: int, exact: bool = False):
     runner = lt.Runner.from_module(model(), "mse")
     cfg = lt.TrainConfig(steps=steps, batch_size=ITEMS, optimizer=optim.adamw(LR, WD), log_every=0,
-                         measure_loss=False, replica_check=False, sharding=sharding)
+                         measure_loss=False, replica_check=False, sharding=sharding, exact_reduction=exact)
     marks, held = [], {}
 
     def callback(event):
@@ -78,12 +85,9 @@ def leantrain_round(sharding, steps: int):
     return statistics.median(times), held["bytes"]
 
 
-def ddp_round(zero: bool, steps: int):
-    net = DDP(model())
-    if zero:
-        opt = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=torch.optim.AdamW, lr=LR, weight_decay=WD)
-    else:
-        opt = torch.optim.AdamW(net.parameters(), lr=LR, weight_decay=WD, fused=True)
+def timed_updates(opt, steps: int, item) -> list:
+    """Each update's seconds: this rank's share of the items (``item(j, last, x, y)``
+    differentiates one), then the optimizer step."""
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = data()[rank::world]
     times = []
@@ -91,12 +95,46 @@ def ddp_round(zero: bool, steps: int):
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         for j, (x, y) in enumerate(mine):
-            ctx = net.no_sync() if j < len(mine) - 1 else torch.enable_grad()
-            with ctx:
-                loss = nn.functional.mse_loss(net(x), y) * (1.0 / ITEMS)
-                loss.backward()
+            item(j, j == len(mine) - 1, x, y)
         opt.step()
         times.append(time.perf_counter() - start)
+    return times
+
+
+def fsdp_round(steps: int):
+    """FSDP2: every Linear its own ``fully_shard`` unit, then the root; fused AdamW over
+    the sharded parameters (torch's parameter sharding, ZeRO-3)."""
+    from torch.distributed.fsdp import fully_shard
+
+    net = model()
+    for m in net:
+        if isinstance(m, nn.Linear):
+            fully_shard(m)
+    fully_shard(net)
+    opt = torch.optim.AdamW(net.parameters(), lr=LR, weight_decay=WD)
+
+    def item(j: int, last: bool, x, y) -> None:
+        net.set_requires_gradient_sync(last)
+        (nn.functional.mse_loss(net(x), y) * (1.0 / ITEMS)).backward()
+
+    times = timed_updates(opt, steps, item)
+    held = sum(t.to_local().numel() * t.element_size() if hasattr(t, "to_local") else t.numel() * t.element_size()
+               for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor) and t.dim() > 0)
+    return statistics.median(times[1:]), held
+
+
+def ddp_round(zero: bool, steps: int):
+    net = DDP(model())
+    if zero:
+        opt = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=torch.optim.AdamW, lr=LR, weight_decay=WD)
+    else:
+        opt = torch.optim.AdamW(net.parameters(), lr=LR, weight_decay=WD, fused=True)
+
+    def item(j: int, last: bool, x, y) -> None:
+        with net.no_sync() if not last else torch.enable_grad():
+            (nn.functional.mse_loss(net(x), y) * (1.0 / ITEMS)).backward()
+
+    times = timed_updates(opt, steps, item)
     state = opt.optim.state if zero else opt.state
     held = sum(t.numel() * t.element_size() for s in state.values() for t in s.values()
                if isinstance(t, torch.Tensor) and t.dim() > 0)
@@ -107,8 +145,10 @@ CONTENDERS = {
     "leantrain unsharded": lambda steps: leantrain_round(None, steps),
     "leantrain sharding=optimizer": lambda steps: leantrain_round("optimizer", steps),
     "leantrain sharding=gradients": lambda steps: leantrain_round("gradients", steps),
+    "leantrain gradients, exact": lambda steps: leantrain_round("gradients", steps, exact=True),
     "DDP + ZeroRedundancyOptimizer": lambda steps: ddp_round(True, steps),
     "DDP + AdamW(fused)": lambda steps: ddp_round(False, steps),
+    "FSDP2 (fully_shard) + AdamW": fsdp_round,
 }
 
 
@@ -156,17 +196,29 @@ def peak_worker(rank: int, world: int, init: str, name: str, steps: int, q) -> N
     dist.destroy_process_group()
 
 
-def peaks(steps: int) -> dict:
-    """Each contender's added peak resident memory per rank (KiB), in fresh processes."""
+def peaks(steps: int, world: int = 2) -> dict:
+    """Each contender's added peak resident memory per rank (KiB), in ``world`` fresh
+    processes."""
     ctx = mp.get_context("spawn")
     out = {}
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # read by the spawned processes' allocator at start
     for name in CONTENDERS:
         q = ctx.SimpleQueue()
         init = os.path.join(tempfile.mkdtemp(), "init")
-        mp.spawn(peak_worker, args=(2, init, name, steps, q), nprocs=2, join=True)
+        mp.spawn(peak_worker, args=(world, init, name, steps, q), nprocs=world, join=True)
         out[name] = q.get()
     return out
+
+
+def memory_table(worlds: list, steps: int, width: int) -> None:
+    """Per-rank peak (the largest rank's) in units of P, the parameter bytes, per world size."""
+    p_bytes = 4 * LAYERS * (width * width + width)
+    table = {w: peaks(steps, w) for w in worlds}
+    print(f"MLP {LAYERS} x {width}x{width}, AdamW, {ITEMS} items per update (one per rank at W={max(worlds)}), "
+          f"{steps} updates: the peak resident memory a run adds, largest rank, in P = {p_bytes / 2**20:.1f} MiB")
+    print(f"{'contender':32s} " + " ".join(f"{'W=' + str(w):>7s}" for w in worlds))
+    for n in CONTENDERS:
+        print(f"{n:32s} " + " ".join(f"{max(table[w][n]) * 1024 / p_bytes:7.2f}" for w in worlds))
 
 
 def main() -> None:
@@ -174,8 +226,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--width", type=int, default=WIDTH, help="the layers' width (4 layers)")
+    ap.add_argument("--memory", type=int, nargs="*", metavar="W",
+                    help="only the peak-memory table, at these world sizes (e.g. --memory 1 2 4 8)")
     args = ap.parse_args()
     os.environ["LEANTRAIN_BENCH_WIDTH"] = str(args.width)  # the spawned processes build the same model
+    if args.memory:
+        global ITEMS
+        ITEMS = max(ITEMS, max(args.memory))  # every rank has an item
+        os.environ["LEANTRAIN_BENCH_ITEMS"] = str(ITEMS)
+        return memory_table(args.memory, args.steps, args.width)
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
     init = os.path.join(tempfile.mkdtemp(), "init")

@@ -19,6 +19,21 @@ def high_water() -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 
+def job(items: int):
+    """(the runner of the 105 MB MLP, ``items`` items, the parameter bytes P), garbage
+    collected: the baseline is taken next."""
+    import leantrain as lt
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(D, D) for _ in range(LAYERS)])
+    p_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(2, D, generator=g), torch.randn(2, D, generator=g)) for _ in range(items)]
+    runner = lt.Runner.from_module(model, "mse")
+    gc.collect()
+    return runner, data, p_bytes
+
+
 def measure(rank: int, world: int, init_file: str, out: str) -> None:
     if world > 1:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -26,19 +41,53 @@ def measure(rank: int, world: int, init_file: str, out: str) -> None:
     try:
         import leantrain as lt
 
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(*[torch.nn.Linear(D, D) for _ in range(LAYERS)])
-        p_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        g = torch.Generator().manual_seed(1)
-        data = [(torch.randn(2, D, generator=g), torch.randn(2, D, generator=g)) for _ in range(ITEMS)]
-        runner = lt.Runner.from_module(model, "mse")
-        gc.collect()
+        runner, data, p_bytes = job(ITEMS)
         base = high_water()
         cfg = lt.TrainConfig(steps=3, batch_size=ITEMS, optimizer=lt.optim.sgd(1e-3), log_every=0,
                              measure_loss=False, exact_reduction=world > 1)
         lt.train_samples(runner, cfg, data, log=None)
         peak = high_water()
         (Path(out) / f"peak{rank}-of-{world}.txt").write_text(str((peak - base) / p_bytes))
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+def resident() -> int:
+    """This process's resident bytes now (``VmRSS``)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def measure_sharded(rank: int, world: int, init_file: str, out: str, mode: str) -> None:
+    """Three AdamW updates of 4 items, clipped by norm, under ``sharding=mode`` on ``world``
+    gloo ranks (one: a one-rank plan). Each rank writes, in units of P above the baseline,
+    its peak and what it holds once an update's gradient is reduced (resident memory when
+    the strategy's ``mean`` returns, the largest of the updates) to
+    ``peak{rank}-{mode}-of-{world}.txt`` as ``peak held``."""
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        import leantrain as lt
+        from leantrain.training.parallel.sharding.reduction import Sharded
+
+        runner, data, p_bytes = job(4)
+        base = high_water()
+        held = []
+        reduce = Sharded.mean
+
+        def mean(self, *args, **kwargs):
+            out = reduce(self, *args, **kwargs)
+            held.append(resident() - base)
+            return out
+
+        Sharded.mean = mean  # this spawned process's class only
+        cfg = lt.TrainConfig(steps=3, batch_size=4, optimizer=lt.optim.adamw(1e-3), log_every=0,
+                             measure_loss=False, clip_grad_norm=1.0, sharding=mode, replica_check=False)
+        lt.train_samples(runner, cfg, data, log=None)
+        peak = high_water()
+        (Path(out) / f"peak{rank}-{mode}-of-{world}.txt").write_text(f"{(peak - base) / p_bytes} {max(held) / p_bytes}")
     finally:
         if world > 1:
             dist.destroy_process_group()

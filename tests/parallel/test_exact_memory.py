@@ -28,3 +28,30 @@ def test_an_exact_ranks_peak_is_no_higher_than_one_process(tmp_path, monkeypatch
     ranks = [float((tmp_path / f"peak{r}-of-2.txt").read_text()) for r in (0, 1)]
     assert 1.0 < one < 6.0, one  # the measure is sound: a gradient sum, an item's gradients, scratch
     assert max(ranks) <= one + 0.25, (ranks, one)
+
+
+def sharded_peaks(tmp_path, mode: str, world: int) -> tuple[float, float]:
+    """(the largest rank's peak, the most a rank holds once a gradient is reduced), in P."""
+    mp.spawn(cases.measure_sharded, args=(world, str(tmp_path / f"init-{mode}-{world}"), str(tmp_path), mode),
+             nprocs=world, join=True)
+    rows = [[float(x) for x in (tmp_path / f"peak{r}-{mode}-of-{world}.txt").read_text().split()]
+            for r in range(world)]
+    return max(r[0] for r in rows), max(r[1] for r in rows)
+
+
+def test_gradient_sharding_holds_less_than_optimizer_sharding_and_falls_with_the_world(tmp_path, monkeypatch):
+    """#40, item 1, with AdamW and clipping by norm. Once an update's gradient is reduced,
+    a rank under ``"optimizer"`` holds the whole of it (for ``clip_grad_norm_``'s bits),
+    under ``"gradients"`` its ranges only (the block norm): on 2 ranks about P/2 less.
+    (The peak itself comes earlier, in the last backward, where both modes hold the
+    rank's own item sum and the buckets in flight, so the two peaks are alike.) And a
+    rank's peak falls with the world: on 2 ranks it holds half of the AdamW state
+    (2 P in one process)."""
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    one, _ = sharded_peaks(tmp_path, "gradients", 1)
+    gradients, gradients_held = sharded_peaks(tmp_path, "gradients", 2)
+    optimizer, optimizer_held = sharded_peaks(tmp_path, "optimizer", 2)
+    assert 3.0 < one < 8.0, one  # sound: a gradient sum, an item's gradients, 2 P of state
+    assert 1.2 < gradients_held <= optimizer_held - 0.35, (gradients_held, optimizer_held)
+    assert gradients <= one - 0.75, (gradients, one)
+    assert optimizer <= one - 0.5, (optimizer, one)

@@ -7,12 +7,14 @@ round every rank cuts its item's flat gradient (zeros where it used no slot, or 
 into ``SEGMENTS`` segments, each into ``world`` ranges, and sends range ``c`` of each segment
 to rank ``c`` (one all-to-all per segment and gradient dtype); rank ``c`` adds the round's
 ranges to its running sums in item order. After the
-last round the ranks all-gather their summed ranges. Every element is the same sequence
-of additions as one process's left-to-right fold (``accumulate.fold``: ``g0 + g1``, then
-``+ g2``...), so the bits are the same on any number of ranks; but a rank holds one item's
-gradient, a segment in flight and its share of the sum (about two gradient packs, as one
-process holds), never every item's as a gather of all items would (``n`` packs per rank). The items' losses travel together
-at the end (as float64: exact for every narrower float and for counts below 2**53).
+last round the ranks all-gather their summed ranges, each segment straight into its place
+in the whole gradient. Every element is the same sequence of additions as one process's
+left-to-right fold (``accumulate.fold``: ``g0 + g1``, then ``+ g2``...), so the bits are
+the same on any number of ranks; but a rank holds one item's gradient (each slot let go
+once its last segment is sent), a segment in flight both ways and its share of the sum:
+at most one process's two packs (the sum and one item's), never every item's as a
+gather of all items would (``n`` packs per rank). The items' losses travel together at
+the end (as float64: exact for every narrower float and for counts below 2**53).
 """
 
 from __future__ import annotations
@@ -34,24 +36,25 @@ def _buckets(leaves: list) -> dict[tuple, list[tuple[int, torch.Tensor]]]:
     return out
 
 
-SEGMENTS = 4  # each round's gradient crosses in this many pieces: a quarter of a pack in flight at a time
+SEGMENTS = 8  # each round's gradient crosses in this many pieces: an eighth of a pack in flight at a time
 
 
 def owner_fold(pairs: Iterator, n: int, rank: int, world: int, leaves: list) -> tuple[list, list, Optional[object]]:
     """``(item losses in item order, summed gradient pack, this rank's first loss)`` from
     ``pairs``, this rank's items' ``(loss, pack)`` in order, computed lazily round by round.
 
-    Each bucket's flat gradient is cut into ``SEGMENTS`` segments of ``seg`` elements, each
-    segment into ``world`` ranges of ``sub``: rank ``c`` owns range ``c`` of every segment
-    and keeps their sums side by side (``SEGMENTS * sub`` elements)."""
+    Each bucket's flat gradient is cut into ``SEGMENTS`` segments of ``seg = world * sub``
+    elements (the last padded with zeros), each segment into ``world`` ranges of ``sub``:
+    rank ``c`` owns range ``c`` of every segment and keeps their sums side by side
+    (``SEGMENTS * sub`` elements)."""
     group = distributed.group()
     rows = -(-n // world)
     buckets = _buckets(leaves)
     layout = {}
     for key, members in buckets.items():
         width = sum(t.numel() for _, t in members)
-        seg = -(-width // SEGMENTS)
-        layout[key] = (width, seg, -(-seg // world))
+        sub = -(-width // (SEGMENTS * world))
+        layout[key] = (width, sub * world, sub)  # a segment is world ranges exactly: gathered in place
     sums: dict[tuple, Optional[torch.Tensor]] = {key: None for key in buckets}
     device = next((t.device for t in leaves if t is not None), torch.device("cpu"))
     loss_rows = torch.zeros(rows, 2, dtype=torch.float64, device=device)
@@ -72,6 +75,7 @@ def owner_fold(pairs: Iterator, n: int, rank: int, world: int, leaves: list) -> 
                 sums[key] = torch.empty(SEGMENTS * sub, dtype=key[1], device=key[0])
             for s in range(SEGMENTS):
                 part = _segment(grads, members, s * seg, min((s + 1) * seg, width), sub * world, key)
+                _free_used(grads, members, (s + 1) * seg)  # slots wholly sent: gone
                 received = [torch.empty(sub, dtype=key[1], device=key[0]) for _ in range(world)]
                 dist.all_to_all(received, list(part.split(sub)), group=group)
                 part = None
@@ -84,18 +88,18 @@ def owner_fold(pairs: Iterator, n: int, rank: int, world: int, leaves: list) -> 
                         mine.copy_(received[k])  # the first item's own values
                     else:
                         mine.add_(received[k])  # the same IEEE additions as g0 + g1, then add_
-            _free_used(grads, members)
+                received = None
         grads = None  # this item's gradients are folded: freed before the next is computed
     packs: list = [None] * len(leaves)
     for key, members in buckets.items():
         width, seg, sub = layout[key]
-        gathered = torch.empty(world, SEGMENTS * sub, dtype=key[1], device=key[0])
-        dist.all_gather(list(gathered.unbind(0)), sums[key], group=group)
+        # element (segment s, owner c, offset e) sits at flat position s*seg + c*sub + e: each
+        # segment's all-gather writes the owners' ranges into their places, no copy after
+        full = torch.empty(SEGMENTS * seg, dtype=key[1], device=key[0])
+        for s in range(SEGMENTS):
+            dist.all_gather(list(full[s * seg: (s + 1) * seg].split(sub)), sums[key][s * sub: (s + 1) * sub],
+                            group=group)
         sums[key] = None
-        # element (segment s, owner c, offset e) sits at flat position s*seg + c*sub + e
-        padded = gathered.view(world, SEGMENTS, sub).transpose(0, 1).reshape(SEGMENTS, world * sub)
-        gathered = None
-        full = padded[:, :seg].reshape(-1)[:width]  # each segment's padding dropped
         at = 0
         for i, t in members:
             packs[i] = full[at: at + t.numel()].view(t.shape)
@@ -124,7 +128,12 @@ def _segment(grads, members, lo: int, hi: int, size: int, key) -> torch.Tensor:
     return part
 
 
-def _free_used(grads, members) -> None:
+def _free_used(grads, members, upto: int) -> None:
+    """Let go of the item's gradients at slots whose flat positions all lie below ``upto``
+    (sent already)."""
     if grads is not None:
-        for i, _ in members:
-            grads[i] = None
+        at = 0
+        for i, t in members:
+            at += t.numel()
+            if at <= upto:
+                grads[i] = None

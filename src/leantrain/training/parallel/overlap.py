@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from . import distributed
+from ..runner.backward import taken
 
 FIRST_BUCKET_BYTES = 1 << 20  # DDP's first bucket: small, so communication starts early
 BUCKET_BYTES = 25 << 20  # DDP's bucket_cap_mb default
@@ -114,6 +115,8 @@ class Reducer:
             else:
                 view.zero_()
         self.filled.add(i)
+        if before is not None:
+            self.partial[i] = None  # the bucket holds the sum: the fold's partial goes
         self.missing[self.plan.where[i][0]] -= 1
         self._launch_ready()
 
@@ -124,9 +127,9 @@ class Reducer:
             self.works.append(dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=distributed.group(), async_op=True))
 
     def hook(self, i: int) -> Callable:
-        def on_gradient(g: torch.Tensor) -> None:
+        def on_gradient(g: torch.Tensor) -> torch.Tensor:
             self.fill(i, g)
-            return None  # the gradient itself is left as autograd made it
+            return taken(g)  # copied into its bucket: autograd's result need not keep it
 
         return on_gradient
 

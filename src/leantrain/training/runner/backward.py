@@ -122,6 +122,29 @@ def differentiate(loss: torch.Tensor, leaves: Sequence, loss_scale=None, bound=N
     return loss.detach(), [None if t is None else next(it) for t in leaves]
 
 
+_TAKEN: dict = {}  # (device, dtype) -> the one zero element every stand-in expands
+
+
+def taken(g: torch.Tensor) -> torch.Tensor:
+    """What a gradient hook returns for a gradient it has consumed (a reducer that copied
+    or summed it into its own buffers): a stand-in of ``g``'s shape, dtype and device
+    over one shared element, so autograd's result does not keep the gradient alive until
+    the backward ends (one gradient-sized tensor per trained slot). The step's result
+    then holds ``None`` at that slot (``own_gradients``): the hook's owner has it."""
+    key = (g.device, g.dtype)
+    zero = _TAKEN.get(key)
+    if zero is None:
+        zero = _TAKEN[key] = torch.zeros((), dtype=g.dtype, device=g.device)
+    return zero.expand(g.shape)
+
+
+def was_taken(g: torch.Tensor) -> bool:
+    """Whether ``g`` is a ``taken`` stand-in (by its memory: the shared element's)."""
+    zero = _TAKEN.get((g.device, g.dtype))
+    return zero is not None and g.layout is torch.strided and g.data_ptr() == zero.data_ptr() and g.numel() > 0 \
+        and not any(g.stride())
+
+
 def own_gradients(grads: Sequence, wrt: Sequence[torch.Tensor], strides=None) -> list:
     """``grads`` (one per tensor of ``wrt``, ``None`` where unused) with every dense
     gradient in its tensor's kernel layout (``strides``: ``kernel_strides`` of each,
@@ -130,10 +153,14 @@ def own_gradients(grads: Sequence, wrt: Sequence[torch.Tensor], strides=None) ->
     autograd hands both inputs of ``a + b`` the same gradient tensor, and an expand's
     gradient is a stride-0 view: such a gradient is copied, once, so writing one slot's
     gradient in place never changes another's. The check is an identity and a stride
-    comparison per gradient: no copy in the usual case."""
+    comparison per gradient: no copy in the usual case. A ``taken`` stand-in becomes
+    ``None`` (its hook's owner holds the gradient)."""
     out, seen = list(grads), set()
     for k, g in enumerate(out):
         if g is None:
+            continue
+        if _TAKEN and was_taken(g):
+            out[k] = None
             continue
         shared = id(g) in seen
         seen.add(id(g))

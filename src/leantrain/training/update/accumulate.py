@@ -41,20 +41,25 @@ def add_into(grads: Pack, more: Pack) -> None:
 
 
 def fold(items: Iterable[tuple[torch.Tensor, Pack]], out: Optional[list] = None) -> tuple[torch.Tensor, Pack]:
-    """Loss and gradient sums over nonempty ``items``, left to right (the first item's
-    own tensors when there is one). ``out``: per slot, a tensor the first sum is written
-    into (the same ``g + h``) instead of fresh memory, for a caller that reuses it."""
+    """Loss and gradient sums over nonempty ``items``, left to right, written into the
+    first item's gradients (``g.add_(h)``: the bits of ``g + h``; every item's gradients
+    are its own memory, ``backward.own_gradients``). ``out``: per slot, a tensor the
+    first sum is written into instead (the same ``g + h``), for a caller that reuses it."""
     it = iter(items)
     loss, grads = next(it)
     second = next(it, None)
     if second is None:
         return loss, grads
     loss = add_losses(loss, second[0])
-    outs = out if out is not None else [None] * len(grads)
-    grads = [plus(g, h, o) for g, h, o in zip(grads, second[1], outs)]  # owned from here
+    if out is None:  # the first item's gradients are this fold's own: they become the sums
+        add_into(grads, second[1])
+    else:
+        grads = [plus(g, h, o) for g, h, o in zip(grads, second[1], out)]
+    del second  # from here one item's gradients besides the sums, as .grad accumulation holds
     for loss_k, grads_k in it:
         loss = add_losses(loss, loss_k)
         add_into(grads, grads_k)
+        del grads_k  # gone before the next item is differentiated
     return loss, grads
 
 
@@ -72,6 +77,7 @@ def item_gradients(runner: Runner, batch: Sequence[Sample], leaves, scratch,
         except (DataError, ConfigError) as e:
             raise type(e)(f"item {j}: {e}") from e  # which item of the batch
         yield pair
+        del pair  # not held while the next item is differentiated
 
 
 def sum_items(runner: Runner, batch: Sequence[Sample], leaves, scratch, out: Optional[list] = None,

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from .. import distributed
+from ...runner.backward import taken
 from ...update.accumulate import sum_hooked
 from ..overlap import BucketPlan, step_buckets
 from .comm import piece
@@ -93,9 +94,9 @@ class ShardReducer:
             self._complete(self.done)  # the oldest transfer first: bounded buffers
 
     def hook(self, i: int):
-        def on_gradient(g: torch.Tensor) -> None:
+        def on_gradient(g: torch.Tensor) -> torch.Tensor:
             self.fill(i, g)
-            return None  # the gradient itself is left as autograd made it
+            return taken(g)  # the sum holds it now: autograd's result need not keep it
 
         return on_gradient
 
