@@ -36,7 +36,7 @@ def _buckets(leaves: list) -> dict[tuple, list[tuple[int, torch.Tensor]]]:
     return out
 
 
-SEGMENTS = 8  # each round's gradient crosses in this many pieces: an eighth of a pack in flight at a time
+SEGMENTS = 4  # each round's gradient crosses in this many pieces: a quarter of a pack in flight at a time
 
 
 def owner_fold(pairs: Iterator, n: int, rank: int, world: int, leaves: list) -> tuple[list, list, Optional[object]]:
@@ -76,9 +76,10 @@ def owner_fold(pairs: Iterator, n: int, rank: int, world: int, leaves: list) -> 
             for s in range(SEGMENTS):
                 part = _segment(grads, members, s * seg, min((s + 1) * seg, width), sub * world, key)
                 _free_used(grads, members, (s + 1) * seg)  # slots wholly sent: gone
-                received = [torch.empty(sub, dtype=key[1], device=key[0]) for _ in range(world)]
-                dist.all_to_all(received, list(part.split(sub)), group=group)
+                received = torch.empty(sub * world, dtype=key[1], device=key[0])
+                dist.all_to_all_single(received, part, group=group)  # equal splits: range c to rank c
                 part = None
+                received = received.split(sub)
                 mine = sums[key][s * sub: (s + 1) * sub]
                 for k in range(world):  # this round's items, in item order
                     j = r * world + k
@@ -97,8 +98,7 @@ def owner_fold(pairs: Iterator, n: int, rank: int, world: int, leaves: list) -> 
         # segment's all-gather writes the owners' ranges into their places, no copy after
         full = torch.empty(SEGMENTS * seg, dtype=key[1], device=key[0])
         for s in range(SEGMENTS):
-            dist.all_gather(list(full[s * seg: (s + 1) * seg].split(sub)), sums[key][s * sub: (s + 1) * sub],
-                            group=group)
+            dist.all_gather_into_tensor(full[s * seg: (s + 1) * seg], sums[key][s * sub: (s + 1) * sub], group=group)
         sums[key] = None
         at = 0
         for i, t in members:
@@ -116,14 +116,18 @@ def owner_fold(pairs: Iterator, n: int, rank: int, world: int, leaves: list) -> 
 def _segment(grads, members, lo: int, hi: int, size: int, key) -> torch.Tensor:
     """Flat positions ``[lo, hi)`` of the item's gradient (zeros where it used no slot, or
     has no item), padded with zeros to ``size``."""
-    part = torch.zeros(size, dtype=key[1], device=key[0])
     if grads is None:
-        return part
+        return torch.zeros(size, dtype=key[1], device=key[0])
+    part = torch.empty(size, dtype=key[1], device=key[0])
+    part[hi - lo:].zero_()  # the last segment's padding
     at = 0
     for i, t in members:
         a, b = max(at, lo), min(at + t.numel(), hi)
-        if a < b and grads[i] is not None:
-            part[a - lo: b - lo] = grads[i].reshape(-1)[a - at: b - at]
+        if a < b:
+            if grads[i] is not None:
+                part[a - lo: b - lo] = grads[i].reshape(-1)[a - at: b - at]
+            else:
+                part[a - lo: b - lo].zero_()  # a slot this item did not use
         at += t.numel()
     return part
 
