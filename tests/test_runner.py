@@ -205,3 +205,22 @@ def test_wrong_path_rejected_before_buffers_move(unchanged):
 def test_runner_rejects_unknown_loss():
     with pytest.raises(lt.ConfigError, match="unknown loss 'mae'"):
         lt.Runner.from_module(nn.Linear(1, 1), "mae")
+
+
+def test_a_taken_gradient_leaves_the_step_result_and_a_real_expanded_one_is_copied():
+    """A reducer's hook hands autograd ``backward.taken(g)``: the step's result then has
+    ``None`` there (nothing gradient-sized kept); an expand's stride-0 gradient made by
+    autograd is still copied into memory of its own; a one-element gradient is its own
+    stand-in."""
+    from leantrain.training.runner.backward import own_gradients, taken
+
+    w, b, s = torch.zeros(3, 4), torch.zeros(4), torch.zeros(1)
+    g = torch.ones(3, 4)
+    stand_in = taken(g)
+    assert stand_in.shape == g.shape and stand_in.untyped_storage().nbytes() == g.element_size()
+    real = torch.ones(()).expand(4)  # what autograd gives for an expand: not a stand-in
+    one = torch.ones(1)
+    out = own_gradients([stand_in, real, taken(one)], [w, b, s])
+    assert out[0] is None
+    assert out[1] is not real and out[1].stride() == (1,) and torch.equal(out[1], torch.ones(4))
+    assert out[2] is one

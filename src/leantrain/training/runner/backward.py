@@ -130,7 +130,10 @@ def taken(g: torch.Tensor) -> torch.Tensor:
     or summed it into its own buffers): a stand-in of ``g``'s shape, dtype and device
     over one shared element, so autograd's result does not keep the gradient alive until
     the backward ends (one gradient-sized tensor per trained slot). The step's result
-    then holds ``None`` at that slot (``own_gradients``): the hook's owner has it."""
+    then holds ``None`` at that slot (``own_gradients``): the hook's owner has it. A
+    gradient of one element is its own stand-in (its strides say nothing)."""
+    if g.numel() <= 1:
+        return g
     key = (g.device, g.dtype)
     zero = _TAKEN.get(key)
     if zero is None:
@@ -141,7 +144,7 @@ def taken(g: torch.Tensor) -> torch.Tensor:
 def was_taken(g: torch.Tensor) -> bool:
     """Whether ``g`` is a ``taken`` stand-in (by its memory: the shared element's)."""
     zero = _TAKEN.get((g.device, g.dtype))
-    return zero is not None and g.layout is torch.strided and g.data_ptr() == zero.data_ptr() and g.numel() > 0 \
+    return zero is not None and g.layout is torch.strided and g.data_ptr() == zero.data_ptr() and g.numel() > 1 \
         and not any(g.stride())
 
 
@@ -159,9 +162,6 @@ def own_gradients(grads: Sequence, wrt: Sequence[torch.Tensor], strides=None) ->
     for k, g in enumerate(out):
         if g is None:
             continue
-        if _TAKEN and was_taken(g):
-            out[k] = None
-            continue
         shared = id(g) in seen
         seen.add(id(g))
         if g.layout is not torch.strided:  # sparse: its own kind of memory
@@ -170,5 +170,6 @@ def own_gradients(grads: Sequence, wrt: Sequence[torch.Tensor], strides=None) ->
             continue
         want = kernel_strides(wrt[k]) if strides is None else strides[k]
         if shared or (g.stride() != want and not same_layout(g, want)):
-            out[k] = to_layout(g, wrt[k])  # fresh memory: nothing else points at it
+            # a stand-in (stride 0) is checked here only, off the usual path
+            out[k] = None if was_taken(g) else to_layout(g, wrt[k])  # fresh memory: nothing else points at it
     return out
