@@ -10,6 +10,16 @@ from torch import nn
 import leantrain as lt
 
 
+def outcome(out, rank, train) -> None:
+    """Run ``train`` and write ``"trained"`` or the ``ConfigError``'s message to ``rank{rank}.json``."""
+    try:
+        train()
+        result = "trained"
+    except lt.ConfigError as e:
+        result = str(e)
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+
+
 def worker(rank, world, init_file, out):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
@@ -18,12 +28,7 @@ def worker(rank, world, init_file, out):
         r = lt.Runner.from_module(nn.Linear(3, 2), "mse")
         g = torch.Generator().manual_seed(1)
         samples = [(torch.randn(2, 3, generator=g), torch.randn(2, 2, generator=g)) for _ in range(6 + 2 * rank)]
-        try:
-            lt.train_samples(r, lt.TrainConfig(steps=3, batch_size=2, log_every=0), samples)
-            result = "trained"
-        except lt.ConfigError as e:
-            result = str(e)
-        Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+        outcome(out, rank, lambda: lt.train_samples(r, lt.TrainConfig(steps=3, batch_size=2, log_every=0), samples))
     finally:
         dist.destroy_process_group()
 
@@ -95,3 +100,27 @@ def dropout_resume_worker(rank, world, init_file, out, phase):
             torch.save({"state": state, "losses": losses}, Path(out, f"{phase}.pt"))
     finally:
         dist.destroy_process_group()
+
+
+def resume_worker(rank, world, init_file, out):
+    """A relaunch whose ranks see different checkpoint folders: rank 0's holds a
+    checkpoint to resume (``ck{0}.ckpt``), rank 1's does not."""
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        r, samples, cfg = resume_job()
+        mine = Path(out, f"ck{rank}.ckpt")
+        resume = str(mine) if mine.exists() else None
+        outcome(out, rank, lambda: lt.train_samples(r, lt.TrainConfig(**dict(cfg, resume_from=resume)), samples,
+                                                    log=None))
+    finally:
+        dist.destroy_process_group()
+
+
+def resume_job():
+    """(runner, samples, config keys) of the relaunch case."""
+    torch.manual_seed(0)
+    r = lt.Runner.from_module(nn.Linear(3, 2), "mse")
+    g = torch.Generator().manual_seed(1)
+    samples = [(torch.randn(2, 3, generator=g), torch.randn(2, 2, generator=g)) for _ in range(8)]
+    return r, samples, dict(steps=4, batch_size=2, log_every=0)

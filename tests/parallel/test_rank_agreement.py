@@ -1,11 +1,13 @@
 """Ranks given different data all refuse to start, with the same reason (none trains alone)."""
 
 import json
+import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+import leantrain as lt
 import rank_cases
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
@@ -15,7 +17,25 @@ def test_ranks_with_different_numbers_of_items_all_refuse(tmp_path):
     mp.spawn(rank_cases.worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert results[0] == results[1]
-    assert "the ranks run different loops (rank 0: n_samples=6; rank 1: n_samples=8)" in results[0]
+    host = socket.gethostname()
+    assert f"the ranks run different loops (rank 0 on {host}: n_samples=6; rank 1 on {host}: n_samples=8)" in results[0]
+    assert "give every rank the same data and settings" in results[0]
+
+
+def test_a_relaunch_whose_ranks_see_different_checkpoints_names_the_nodes_and_the_cause(tmp_path):
+    """#40: rank 0 finds a checkpoint to resume where rank 1 finds none (a folder per node,
+    rank 0 moved): every rank refuses alike, naming each rank's node and the folder as
+    the cause, before anything trains."""
+    r, samples, cfg = rank_cases.resume_job()
+    lt.train_samples(r, lt.TrainConfig(**dict(cfg, steps=2, checkpoint_path=str(tmp_path / "ck0.ckpt"))), samples,
+                     log=None)
+    mp.spawn(rank_cases.resume_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert results[0] == results[1]
+    host = socket.gethostname()
+    assert f"rank 0 on {host}: resume=True; rank 1 on {host}: resume=False" in results[0], results[0]
+    assert "some ranks found a checkpoint to resume and others did not" in results[0]
+    assert "rank 0 on the node that holds the checkpoints" in results[0]
 
 
 @pytest.mark.slow

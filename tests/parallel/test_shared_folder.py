@@ -3,6 +3,8 @@ per node) is refused on every rank before anything trains, naming the ranks that
 see rank 0's files; a shared folder trains as before, and so does an unsharded run with
 a folder per node (rank 0 alone writes its checkpoints, as the distributed guide says) (#40)."""
 
+import socket
+
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -24,5 +26,6 @@ def test_a_checkpoint_folder_per_node_is_refused_on_every_rank_before_training(t
         return
     for r, text in enumerate(results):  # the same refusal on each rank, naming its own path
         assert text.startswith(f"ConfigError unchanged=True train_samples: checkpoint_path {tmp_path / f'node{r}'}"), text
-        assert "rank(s) [1] of 2 do not see the files rank 0 writes in" in text
+        host = socket.gethostname()
+        assert f"rank(s) [1] of 2 (on {host}) do not see the files rank 0 (on {host}) writes in" in text
     assert not (tmp_path / "node1" / "ck").exists() and not (tmp_path / "node0" / "ck").exists()

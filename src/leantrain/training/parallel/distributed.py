@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import socket
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
@@ -144,13 +145,20 @@ def agree(op: str, what: dict) -> None:
     group = active()
     if group is None:
         return
-    everyone: list = [None] * group[1]
-    dist.all_gather_object(everyone, what, group=_group)
+    pairs: list = [None] * group[1]
+    dist.all_gather_object(pairs, (what, socket.gethostname()), group=_group)
+    everyone = [w for w, _ in pairs]
     if any(other != everyone[0] for other in everyone):
         differ = sorted({k for other in everyone for k in set(other) | set(everyone[0])
                          if other.get(k) != everyone[0].get(k)})
-        shown = "; ".join(f"rank {r}: " + ", ".join(f"{k}={o.get(k)!r}" for k in differ) for r, o in enumerate(everyone))
-        raise ConfigError(f"{op}: the ranks run different loops ({shown}); give every rank the same data and settings")
+        shown = "; ".join(f"rank {r} on {pairs[r][1]}: " + ", ".join(f"{k}={o.get(k)!r}" for k in differ)
+                          for r, o in enumerate(everyone))
+        hint = "give every rank the same data and settings"
+        if "resume" in differ:  # a relaunch whose ranks see different checkpoint folders
+            hint = ("some ranks found a checkpoint to resume and others did not: the checkpoint folder is not "
+                    "the same on every node (did rank 0 move to another node?); relaunch with rank 0 on the node "
+                    "that holds the checkpoints, or keep them in a folder every node shares")
+        raise ConfigError(f"{op}: the ranks run different loops ({shown}); {hint}")
 
 
 def check_shared_folder(op: str, path) -> None:
@@ -177,15 +185,17 @@ def check_shared_folder(op: str, path) -> None:
     if isinstance(probe, OSError):
         raise ConfigError(f"{op}: checkpoint_path: rank 0 cannot write where the checkpoints go ({probe})")
     seen: list = [None] * world
-    dist.all_gather_object(seen, (folder / probe).exists(), group=_group)
+    dist.all_gather_object(seen, ((folder / probe).exists(), socket.gethostname()), group=_group)
     if rank == 0:
         (folder / probe).unlink(missing_ok=True)
-    blind = [r for r, s in enumerate(seen) if not s]
+    blind = [r for r, (s, _) in enumerate(seen) if not s]
     if blind:
+        nodes = sorted({seen[r][1] for r in blind})
         raise ConfigError(
-            f"{op}: checkpoint_path {path}: rank(s) {blind} of {world} do not see the files rank 0 writes in "
-            f"{folder} (a disk of its own on each node?); a run's checkpoints must be in a folder every rank "
-            f"shares, or no resume can load them")
+            f"{op}: checkpoint_path {path}: rank(s) {blind} of {world} (on {', '.join(nodes)}) do not see the files "
+            f"rank 0 (on {seen[0][1]}) writes in {folder} (a disk of its own on each node?); a run's checkpoints "
+            f"must be in a folder every rank shares, or no resume can load them: point --out (checkpoint_path) "
+            f"at a shared file system")
 
 
 def start_replicas(runner, check: bool = True) -> None:
