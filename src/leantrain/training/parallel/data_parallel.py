@@ -125,9 +125,8 @@ def overlapped_sums(runner: Runner, leaves, scratch, mine: list, accumulation: s
         reducer = overlap.Reducer(plan, None, reuse)
         reducer.send(None)
         return _reduced(runner, reducer, None, None, want_loss)
-    out = plan.partial_buffers() if reuse and len(mine) > 2 and accumulation == "exact" else None
     reducer, loss, grads = sum_hooked(runner, mine, leaves, scratch, own,
-                                      lambda partial: overlap.Reducer(plan, partial, reuse), out,
+                                      lambda partial: overlap.Reducer(plan, partial, reuse),
                                       vectorized=accumulation == "vectorized")
     reducer.send(grads)
     return _reduced(runner, reducer, grads, loss, want_loss)

@@ -40,12 +40,6 @@ class BucketPlan:
     buckets: list  # [(device, dtype, total, [(slot, offset, numel), ...])]
     where: dict  # slot -> (bucket, offset, numel)
     flats: Optional[list] = None  # the buckets' memory, kept across a loop's steps
-    partials: Optional[list] = None  # memory for the sum of all but the last item, likewise
-
-    def partial_buffers(self) -> list:
-        if self.partials is None:
-            self.partials = [None if t is None else torch.empty_like(t) for t in self.leaves]
-        return self.partials
 
 
 def plan_buckets(leaves: list) -> BucketPlan:

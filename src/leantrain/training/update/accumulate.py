@@ -21,14 +21,6 @@ from ...samples import add_losses
 from .vectorized import stacked_loss_and_gradients
 
 
-def plus(g: Optional[torch.Tensor], h: Optional[torch.Tensor], out: Optional[torch.Tensor] = None):
-    """``g + h`` where both items used the slot; the one gradient where only one did
-    (the sum over the items that used it, as ``.grad`` accumulation gives)."""
-    if g is None or h is None:
-        return h if g is None else g
-    return g + h if out is None else torch.add(g, h, out=out)
-
-
 def add_into(grads: Pack, more: Pack) -> None:
     """``grads[i] += more[i]`` in place (owned sums), taking ``more[i]`` where ``grads[i]``
     has none yet."""
@@ -40,21 +32,17 @@ def add_into(grads: Pack, more: Pack) -> None:
                 grads[i].add_(h)
 
 
-def fold(items: Iterable[tuple[torch.Tensor, Pack]], out: Optional[list] = None) -> tuple[torch.Tensor, Pack]:
+def fold(items: Iterable[tuple[torch.Tensor, Pack]]) -> tuple[torch.Tensor, Pack]:
     """Loss and gradient sums over nonempty ``items``, left to right, written into the
     first item's gradients (``g.add_(h)``: the bits of ``g + h``; every item's gradients
-    are its own memory, ``backward.own_gradients``). ``out``: per slot, a tensor the
-    first sum is written into instead (the same ``g + h``), for a caller that reuses it."""
+    are its own memory, ``backward.own_gradients``)."""
     it = iter(items)
     loss, grads = next(it)
     second = next(it, None)
     if second is None:
         return loss, grads
     loss = add_losses(loss, second[0])
-    if out is None:  # the first item's gradients are this fold's own: they become the sums
-        add_into(grads, second[1])
-    else:
-        grads = [plus(g, h, o) for g, h, o in zip(grads, second[1], out)]
+    add_into(grads, second[1])  # the first item's gradients are this fold's own: they become the sums
     del second  # from here one item's gradients besides the sums, as .grad accumulation holds
     for loss_k, grads_k in it:
         loss = add_losses(loss, loss_k)
@@ -80,10 +68,10 @@ def item_gradients(runner: Runner, batch: Sequence[Sample], leaves, scratch,
         del pair  # not held while the next item is differentiated
 
 
-def sum_items(runner: Runner, batch: Sequence[Sample], leaves, scratch, out: Optional[list] = None,
+def sum_items(runner: Runner, batch: Sequence[Sample], leaves, scratch,
               states: Optional[list] = None) -> tuple[torch.Tensor, Pack]:
     """``fold`` over the items' gradients, differentiated one by one."""
-    return fold(item_gradients(runner, batch, leaves, scratch, states), out)
+    return fold(item_gradients(runner, batch, leaves, scratch, states))
 
 
 def draws(runner: Runner, states: Optional[list], j: int) -> None:
@@ -94,16 +82,16 @@ def draws(runner: Runner, states: Optional[list], j: int) -> None:
 
 
 def sum_hooked(runner: Runner, mine: Sequence[Sample], leaves, scratch, own: Optional[list], make_reducer,
-               out: Optional[list] = None, vectorized: bool = False):
+               vectorized: bool = False):
     """The loss sum of ``mine`` with the last backward under a reducer's gradient hooks
     (data parallel's overlap, ``overlap.py`` and ``shard_overlap.py``): all items but the
-    last are folded first (``sum_items``, into ``out`` if given), then
+    last are folded first (``sum_items``), then
     ``make_reducer(partial)`` hooks every leaf while the last item (or, ``vectorized``,
     the stacked items) is differentiated. Returns ``(reducer, loss, grads)``; the hooks
     are removed also on error."""
     partial_loss, partial = None, None
     if not vectorized and len(mine) > 1:
-        partial_loss, partial = sum_items(runner, mine[:-1], leaves, scratch, out, own)
+        partial_loss, partial = sum_items(runner, mine[:-1], leaves, scratch, own)
         scratch.reset()
     if not vectorized:
         draws(runner, own, len(mine) - 1)
