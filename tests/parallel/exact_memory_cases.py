@@ -91,3 +91,33 @@ def measure_sharded(rank: int, world: int, init_file: str, out: str, mode: str) 
     finally:
         if world > 1:
             dist.destroy_process_group()
+
+
+
+def measure_whole(rank: int, world: int, init_file: str, out: str, mode: str, bucket_bytes: int = 0) -> None:
+    """Three AdamW updates of 4 items under ``sharding=mode`` on ``world`` gloo ranks; each
+    rank writes its peak resident memory above what the process held before the model
+    existed (the parameters included: parameter sharding releases them), in units of P,
+    to ``whole{rank}-{mode}-of-{world}.txt``. ``bucket_bytes``: the reduce-scatter's
+    buckets and its bound in flight set to that many bytes (0: as shipped)."""
+    from leantrain.training.parallel import overlap
+    from leantrain.training.parallel.sharding import overlap as shard_overlap
+
+    if bucket_bytes:
+        overlap.FIRST_BUCKET_BYTES = overlap.BUCKET_BYTES = shard_overlap.IN_FLIGHT = bucket_bytes
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        import leantrain as lt
+
+        gc.collect()
+        start = high_water()
+        runner, data, p_bytes = job(4)
+        cfg = lt.TrainConfig(steps=3, batch_size=4, optimizer=lt.optim.adamw(1e-3), log_every=0,
+                             measure_loss=False, sharding=mode, replica_check=False)
+        lt.train_samples(runner, cfg, data, log=None)
+        (Path(out) / f"whole{rank}-{mode}-of-{world}.txt").write_text(str((high_water() - start) / p_bytes))
+    finally:
+        if world > 1:
+            dist.destroy_process_group()

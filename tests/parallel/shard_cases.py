@@ -4,6 +4,7 @@ a tied model with BatchNorm and a frozen bias whose slots are cut across the ran
 (sizes not multiples of 64), and on the tied token model of ``token_cases`` (a mask
 buffer, dict samples, LossSum, clipping, a collated batch cut into pieces)."""
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -72,6 +73,8 @@ def make(case, sharding="auto"):
     sharding = sh if sharding == "auto" else sharding
     common = dict(optimizer=TABLE[o].make(), log_every=1, exact_reduction=red == "exact", sharding=sharding,
                   shard_by="slot" if "slot" in extra else "range")
+    if sh == "parameters":  # no before/after passes: the loss is watched only inside the loop's updates
+        common.update(measure_loss=False)
     if "ema" in extra:
         common.update(ema_decay=0.9, eval_data=wide_data()[:2], eval_ema=True)
     torch.manual_seed(1)
@@ -80,6 +83,11 @@ def make(case, sharding="auto"):
         runner = lt.Runner.from_module(entry.model(0), entry.loss)
         cfg = lt.TrainConfig(steps=5, batch_size=3, **common)
         return runner, cfg, lambda c, cb: lt.train_samples(runner, c, entry.samples(7), log=None, callback=cb)
+    if model == "hf.gpt2":  # Hugging Face GPT-2 from its config: a tied head, dropout, dict samples
+        import hf_models
+        runner = lt.Runner.from_module(hf_models.gpt2(dropout=0.1), "model")
+        cfg = lt.TrainConfig(steps=5, batch_size=3, **common)
+        return runner, cfg, lambda c, cb: lt.train_samples(runner, c, hf_models.lm_samples(7), log=None, callback=cb)
     if model == "wide":
         runner = lt.Runner.from_module(Wide(), "mse")
         cfg = lt.TrainConfig(steps=6, batch_size=3, **common)
@@ -95,6 +103,15 @@ def state_elements(state) -> int:
     return sum(t.numel() for r in state.records().values() for t in r.tensors().values())
 
 
+def tie_kept(module) -> bool:
+    """Whether a tied model's head is still its embedding's Parameter (True untied)."""
+    if hasattr(module, "tok_emb"):
+        return module.lm_head.weight is module.tok_emb.weight
+    if hasattr(module, "transformer"):  # Hugging Face GPT-2
+        return module.lm_head.weight is module.transformer.wte.weight
+    return True
+
+
 def run(case, out: Path, tag: str, sharding="auto", stop=False, resume=False):
     """Train; rank 0 writes the checkpoint (``<case>.<tag>``) and every rank its state size."""
     runner, cfg, go = make(case, sharding)
@@ -104,10 +121,22 @@ def run(case, out: Path, tag: str, sharding="auto", stop=False, resume=False):
         cfg = replace(cfg, checkpoint_path=out / f"{case}.stopped")
     if resume:
         cfg = replace(cfg, resume_from=out / f"{case}.stopped")
-    seen = {}
+    seen = {"loss_held": 0, "callback_whole": True}
+    module = runner.module
+    trained = [p for p in module.parameters() if p.requires_grad]
+    objects = [id(p) for p in module.parameters()]
+    if cfg.sharding == "parameters":  # what the trained parameters hold while the loss is computed
+        loss_fn = runner.loss_fn
+
+        def watched(*args):
+            seen["loss_held"] = max(seen["loss_held"], sum(p.untyped_storage().nbytes() for p in trained))
+            return loss_fn(*args)
+
+        runner.loss_fn = watched
 
     def callback(event):
         seen["elements"] = state_elements(event.state)
+        seen["callback_whole"] &= all(p.untyped_storage().nbytes() == p.numel() * p.element_size() for p in trained)
         return stop and event.step == STOP
 
     limits = shard_comm.GATHER_BYTES, shard_overlap.IN_FLIGHT, overlap.FIRST_BUCKET_BYTES, overlap.BUCKET_BYTES
@@ -119,6 +148,10 @@ def run(case, out: Path, tag: str, sharding="auto", stop=False, resume=False):
         shard_comm.GATHER_BYTES, shard_overlap.IN_FLIGHT, overlap.FIRST_BUCKET_BYTES, overlap.BUCKET_BYTES = limits
     rank = dist.get_rank() if dist.is_initialized() else 0
     (out / f"{case}.{tag}.elements{rank}").write_text(str(seen["elements"]))
+    seen.update(objects_kept=objects == [id(p) for p in module.parameters()], tie_kept=tie_kept(module),
+                whole_after=all(p.untyped_storage().nbytes() == p.numel() * p.element_size() for p in trained),
+                trained_bytes=sum(p.numel() * p.element_size() for p in trained))
+    (out / f"{case}.{tag}.seen{rank}").write_text(json.dumps({k: v for k, v in seen.items() if k != "elements"}))
 
 
 def contents(path):
@@ -138,3 +171,17 @@ def worker(rank, world, init_file, out, plan):
             dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def bits(t):
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def same_bits(a, b):
+    """Two runs' checkpoints hold the same bits and logged the same losses."""
+    ta, la, _ = contents(a)
+    tb, lb, _ = contents(b)
+    assert sorted(ta) == sorted(tb)
+    for k in ta:
+        assert torch.equal(bits(ta[k]), bits(tb[k])), k
+    assert la == lb and len(la) >= 4

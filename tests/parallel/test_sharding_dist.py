@@ -37,17 +37,7 @@ def reference(case):
     return "w1" if case.startswith("lm-") and case.endswith("-gradients") else "plain"  # "-slot": clip_grad_norm_'s
 
 
-def bits(t):
-    return t.contiguous().reshape(-1).view(torch.uint8)
-
-
-def same_bits(a, b):
-    ta, la, _ = sc.contents(a)
-    tb, lb, _ = sc.contents(b)
-    assert sorted(ta) == sorted(tb)
-    for k in ta:
-        assert torch.equal(bits(ta[k]), bits(tb[k])), k
-    assert la == lb and len(la) >= 4
+bits, same_bits = sc.bits, sc.same_bits
 
 
 EXACT = [c for c in sc.CASES if "-exact-" in c]

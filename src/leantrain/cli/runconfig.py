@@ -185,7 +185,8 @@ FIELDS = (
           "items, so it is not the bits of a run without it: BatchNorm then sees smaller batches)",
           _boolean, SWITCH),
     Field("sharding", None, "under torchrun: optimizer (ZeRO-1: each rank keeps its share of the optimizer "
-          "state) or gradients (ZeRO-2: of the reduced gradients too); the checkpoint becomes a folder",
+          "state), gradients (ZeRO-2: of the reduced gradients too) or parameters (ZeRO-3: of the parameters too, "
+          "each module's gathered around its use); the checkpoint becomes a folder",
           lambda v: None if v is None or one_of(v, SHARDING_MODES) else f"expected one of {', '.join(SHARDING_MODES)}"),
     Field("shard_by", "range", "with --sharding: range (each slot cut at multiples of 64 elements) or slot (whole "
           "slots per rank: clipping by norm then has clip_grad_norm_'s bits)", _choice(SHARD_BY)),

@@ -102,11 +102,12 @@ def save_checkpoint(
 
 
 def contents(op: str, params: ParamList, state: Optional[OptState], progress: Optional[dict],
-             loader_state: Optional[dict], rng: bool, ema, records: Optional[dict] = None
-             ) -> tuple[dict, dict[str, torch.Tensor]]:
+             loader_state: Optional[dict], rng: bool, ema, records: Optional[dict] = None,
+             pieced: frozenset = frozenset()) -> tuple[dict, dict[str, torch.Tensor]]:
     """A checkpoint's manifest (without checksums) and tensors. ``records``: the
     optimizer's record entries given whole (a sharded save: the state tensors are
-    written by their owners, not put in ``tensors``)."""
+    written by their owners, not put in ``tensors``); ``pieced``: the storages whose
+    values their owners write in pieces (parameter sharding)."""
     for what, value in (("progress", progress), ("loader_state", loader_state)):
         if value is not None and not isinstance(value, dict):
             raise CheckpointError(f"{op}: {what} must be a dict, got {type(value).__name__}")
@@ -118,7 +119,8 @@ def contents(op: str, params: ParamList, state: Optional[OptState], progress: Op
     schema = params.schema()
     tensors: dict[str, torch.Tensor] = {}
     for k, s in enumerate(params.storages()):
-        tensors[f"storage.{k}"] = current_value(s).contiguous()
+        if k not in pieced:
+            tensors[f"storage.{k}"] = current_value(s).contiguous()
     manifest: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,

@@ -62,6 +62,12 @@ def _common(op: str, cfg) -> None:
     if cfg.sharding is not None and cfg.sharding not in SHARDING_MODES:
         raise ConfigError(f"{op}: sharding must be one of {SHARDING_MODES} or None, got {cfg.sharding!r}")
     check_choice(op, "shard_by", cfg.shard_by, SHARD_BY)
+    if cfg.sharding == "parameters":
+        for what, bad in (("ema_decay", cfg.ema_decay is not None), ("compile=True", cfg.compile),
+                          ("accumulation='vectorized'", cfg.accumulation == "vectorized")):
+            if bad:
+                raise ConfigError(f"{op}: sharding='parameters' does not take {what} yet (the parameters are "
+                                  f"gathered module by module, item by item); use sharding='gradients' for it")
     if cfg.eval_ema and cfg.ema_decay is None:
         raise ConfigError(f"{op}: eval_ema evaluates the moving average: set ema_decay")
     if cfg.exact_reduction and cfg.accumulation != "exact":
@@ -120,7 +126,9 @@ class LoopOptions:
     may round differently, so exact only against itself); ``sharding``: ``"optimizer"``
     (ZeRO stage 1: each rank keeps the optimizer state of its ranges only) or
     ``"gradients"`` (stage 2: its ranges of the reduced gradient too), see
-    ``shard_step.py``; ``None``: every rank holds everything; ``shard_by``: ``"range"``
+    ``shard_step.py``, or ``"parameters"`` (stage 3: its ranges of the parameters too,
+    each module's gathered into its own Parameters around its use, gathering.py);
+    ``None``: every rank holds everything; ``shard_by``: ``"range"``
     (each slot cut at multiples of 64 elements) or ``"slot"`` (whole slots per rank).
     """
 

@@ -36,8 +36,8 @@ from .checkpoint_folder import CheckpointFolder, resume_path, template_fields
 from .config import TrainReport, run_config
 from .evaluation import evaluate_sets
 from .events import StepCallback, StepEvent
-from .loop_checks import (check_savable, check_schedule, loop_callbacks, restore_callbacks, resume_check, stateful,
-                          wants_stop)
+from .listeners import Listeners
+from .loop_checks import check_savable, check_schedule, loop_callbacks, restore_callbacks, resume_check, stateful
 from .profiling import UpdateProfiler
 from .record import RunRecord
 from .run_options import deterministic_mode, seed_everything
@@ -84,10 +84,7 @@ class Session:
         self.log: Log = _silent if log is None or not self.main else log if log is print else self._log
         self.callback = callback
         self.callbacks = loop_callbacks(op, cfg, callbacks, self.main)
-        # Whether the user's code may run after an update (a step callback, or a
-        # callback that does not declare ``reads_only``): the next step confirms the
-        # module and slots are as checked (``Runner.user_code_ran``, ``confirm_steady``).
-        self.user_hooks = callback is not None or not all(cb.reads_only for cb in self.callbacks)
+        self.listeners = Listeners(op, runner, self.reduction, callback, self.callbacks, callbacks)
         self.record = RunRecord()  # what the run measured and logged, resumed entries first
         self.started = time.perf_counter()
         # The device-side count of skipped steps (skip mode), read once, at the end.
@@ -135,7 +132,11 @@ class Session:
                           loss_scale=self.scaler.scale if self.scaler is not None else None,
                           compiled=self.runner.compiled_loss() if cfg.compile else None)
         with deterministic_mode(self.op, cfg.deterministic, self.runner.device), self.runner.looping(state):
-            yield
+            try:
+                yield
+            except BaseException:
+                self.reduction.close(self.runner, failed=True)  # the module's memory back (parameter sharding)
+                raise
 
     def options(self, state: OptState) -> StepOptions:
         """The updates' options, built once per loop from the config (on the history's path)."""
@@ -174,7 +175,8 @@ class Session:
             self.runner.train()
             if self.cfg.ema_decay is not None:
                 self.runner.keep_ema(self.reduction.ema(self.runner, self.cfg.ema_decay))
-            self.record.before = measure() if self.cfg.measure_loss else None
+            with self.reduction.guard(self.op):
+                self.record.before = measure() if self.cfg.measure_loss else None
             return state, None
         ck = self._resume(self.expect, loader_check)
         self.runner.train()
@@ -222,7 +224,8 @@ class Session:
         self.runner.confirm_steady()  # the user's code may have run: before anything reads what was checked
         self.reduction.check_step(self.op, self.runner, batch)
         try:
-            done = update(self.op, self.runner, self.opt, state, batch, self.options(state), want)
+            with self.reduction.guard(self.op):
+                done = update(self.op, self.runner, self.opt, state, batch, self.options(state), want)
         except NonFiniteError as e:
             raise NonFiniteError(f"update {step + 1}: {e}") from None  # updates count from 1, as everywhere
         except Exception as e:  # a collective's failure, or the user's own error (with its rank under torchrun)
@@ -279,11 +282,7 @@ class Session:
         return self._after_update(event, progress, loader_state)
 
     def _after_update(self, event: StepEvent, progress: dict, loader_state: Optional[dict]) -> bool:
-        stop = self.callback is not None and wants_stop(self.op, "the step callback", self.callback(event))
-        for cb in self.callbacks:
-            stop = wants_stop(self.op, f"{type(cb).__name__}.on_step", cb.on_step(event)) or stop
-        if self.user_hooks:
-            self.runner.user_code_ran()  # the user's code ran: confirm the module at the next step
+        stop = self.listeners.step(event)
         evaluated = self.cfg.eval_due(event.step)
         if evaluated:
             stop = self.evaluate(event.step) or stop
@@ -299,11 +298,7 @@ class Session:
         """After a loader epoch's last update: the callbacks, and an evaluation when one
         is due by epochs (``eval_every_epochs``; not twice after one update). True: stop
         (saved first)."""
-        stop = False
-        for cb in self.callbacks:
-            stop = wants_stop(self.op, f"{type(cb).__name__}.on_epoch_end", cb.on_epoch_end(event)) or stop
-        if self.user_hooks:
-            self.runner.user_code_ran()
+        stop = self.listeners.epoch_end(event)
         if self.cfg.epoch_eval_due(epoch) and not (self.record.evals and self.record.evals[-1][0] == event.step):
             stop = self.evaluate(event.step) or stop
             if self.cfg.keep_best is not None:
@@ -320,13 +315,8 @@ class Session:
         with self.profiler.range("leantrain.evaluate") if self.profiler is not None else _NO_RANGE:
             results = evaluate_sets(self.runner, self.cfg.eval_data, self.cfg.eval_metrics, ema=self.cfg.eval_ema)
         self.record.evals.append((step, results))
-        stop = False
-        for cb in self.callbacks:
-            stop = wants_stop(self.op, f"{type(cb).__name__}.on_eval", cb.on_eval(step, results)) or stop
         metrics = (self.cfg.eval_metrics or {}).values()
-        if self.user_hooks or any(fn not in BUILTIN_METRICS for fn in metrics):
-            self.runner.user_code_ran()  # the user's metrics or callbacks ran
-        return stop
+        return self.listeners.evaluated(step, results, any(fn not in BUILTIN_METRICS for fn in metrics))
 
     def save(self) -> None:
         """Write the newest step's checkpoint (rank 0 only)."""

@@ -105,12 +105,18 @@ def exact_gradients(runner: Runner, leaves, scratch, mine: list, n: int, rank: i
     states each of ``mine`` starts from (a model that draws)."""
     pairs = item_gradients(runner, mine, leaves, scratch, own)  # lazily: one item at a time
     losses, grads, first = owner_fold(pairs, n, rank, world, leaves)
+    return Mean.of_sums(folded_loss(losses, first), grads, n)
+
+
+def folded_loss(losses: list, first):
+    """The item losses (float64, gathered) summed left to right in the first loss's dtype
+    (``first``: this rank's first item's loss; ``None``: it had none)."""
     dtype = torch.float64 if first is None else (first.total if isinstance(first, LossSum) else first).dtype
     losses = [LossSum(x.total.to(dtype), x.count) if isinstance(x, LossSum) else x.to(dtype) for x in losses]
     loss = losses[0]
     for more in losses[1:]:
         loss = add_losses(loss, more)  # left to right, as fold
-    return Mean.of_sums(loss, grads, n)
+    return loss
 
 
 def overlapped_sums(runner: Runner, leaves, scratch, mine: list, accumulation: str, want_loss: bool,

@@ -66,9 +66,7 @@ def owner_fold(pairs: Iterator, n: int, rank: int, world: int, leaves: list) -> 
             loss, grads = pair
             pair = None
             first = loss if first is None else first
-            sums_loss = isinstance(loss, LossSum)
-            loss_rows[r, 0] = (loss.total if sums_loss else loss).detach().to(torch.float64)
-            loss_rows[r, 1] = torch.as_tensor(loss.count, device=device).to(torch.float64) if sums_loss else -1.0
+            loss_row(loss_rows, r, loss)
         for key, members in buckets.items():
             width, seg, sub = layout[key]
             if sums[key] is None:
@@ -104,13 +102,26 @@ def owner_fold(pairs: Iterator, n: int, rank: int, world: int, leaves: list) -> 
         for i, t in members:
             packs[i] = full[at: at + t.numel()].view(t.shape)
             at += t.numel()
+    return item_losses(loss_rows, n, world, first), packs, first
+
+
+def loss_row(loss_rows: torch.Tensor, r: int, loss) -> None:
+    """Row ``r`` of this rank's item losses: the loss (a ``LossSum``'s total) and its
+    count (``-1``: a scalar loss), as float64 (exact for every narrower float)."""
+    sums_loss = isinstance(loss, LossSum)
+    loss_rows[r, 0] = (loss.total if sums_loss else loss).detach().to(torch.float64)
+    loss_rows[r, 1] = torch.as_tensor(loss.count, device=loss_rows.device).to(torch.float64) if sums_loss else -1.0
+
+
+def item_losses(loss_rows: torch.Tensor, n: int, world: int, first) -> list:
+    """Every rank's rows gathered: the ``n`` item losses in item order (item ``j`` is row
+    ``j // world`` of rank ``j mod world``)."""
     gathered_losses = [torch.empty_like(loss_rows) for _ in range(world)]
-    dist.all_gather(gathered_losses, loss_rows, group=group)
+    dist.all_gather(gathered_losses, loss_rows, group=distributed.group())
     rows_of = [gathered_losses[j % world][j // world] for j in range(n)]
     sums_loss = bool(rows_of[0][1] >= 0) if first is None else isinstance(first, LossSum)  # intentional sync:
     # only on a rank without items, to learn the losses' kind from item 0
-    losses = [LossSum(x[0], x[1]) for x in rows_of] if sums_loss else [x[0] for x in rows_of]
-    return losses, packs, first
+    return [LossSum(x[0], x[1]) for x in rows_of] if sums_loss else [x[0] for x in rows_of]
 
 
 def _segment(grads, members, lo: int, hi: int, size: int, key) -> torch.Tensor:

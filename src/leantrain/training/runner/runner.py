@@ -26,7 +26,7 @@ from .module_view import ModuleView
 from ...samples import (  # noqa: F401  (re-exported: LOSSES, LossFn)
     LOSSES, LossFn, LossSum, model_loss_of, Sample, call_model, check_sample, checked_loss, describe, loss_target, to_device,
 )
-from ...errors import ConfigError, DataError
+from ...errors import ConfigError, DataError, LeantrainError
 from ...params.paramlist import ParamList
 from ...params.storage import canonical_device
 
@@ -324,6 +324,8 @@ class Runner:
             except MODEL_ERRORS as e:
                 if is_compiler_error(e):
                     raise compiler_error(e) from e
+                if isinstance(e, LeantrainError):
+                    raise  # leantrain's own (a hook of a loop's), as it is
                 raise DataError(f"Runner.loss: the model or loss rejected the sample ({describe(s)}): "
                                 f"{str(e).splitlines()[0]}") from e
         return checked_loss("Runner.loss", loss)

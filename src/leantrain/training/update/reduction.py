@@ -22,6 +22,7 @@ ranks take part; ``parallel.strategy.choose`` picks one. Nothing in this floor i
 
 from __future__ import annotations
 
+import contextlib
 from typing import Iterable, NoReturn, Optional, Sequence
 
 import torch
@@ -125,6 +126,20 @@ class Reduction:
 
     def finish(self, runner: Runner) -> None:
         """What a run does when its loop ends, before its ``after`` loss."""
+        return None
+
+    def guard(self, op: str):
+        """A context around a loop's calls of the model (parameter sharding checks them
+        until its first update is applied)."""
+        return contextlib.nullcontext()
+
+    def user_code(self):
+        """A context around the user's code between updates (parameter sharding: the
+        parameters whole)."""
+        return contextlib.nullcontext()
+
+    def close(self, runner: Runner, failed: bool) -> None:
+        """The loop ended (``failed``: by an exception): the module as the user owns it."""
         return None
 
     def failed(self, op: str, e: RuntimeError, where: str, last: str) -> NoReturn:

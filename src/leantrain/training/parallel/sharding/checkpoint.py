@@ -33,20 +33,21 @@ def _everyone(value, world: int) -> list:
 
 
 def save_sharded(path, runner, plan: ShardPlan, rank: int, state: OptState, *, progress: dict,
-                 loader_state: Optional[dict], ema) -> Path:
+                 loader_state: Optional[dict], ema, values: Optional[dict] = None) -> Path:
     """Write a sharded checkpoint of a sharded run into the folder ``path`` (``ema``: the
-    run's ``ShardedEMA``, or ``None``)."""
+    run's ``ShardedEMA``, or ``None``; ``values``: parameter sharding's owned ranges of the
+    parameters, which their owners write as pieces of their storages)."""
     op = "save_checkpoint"
     folder = check_folder(op, path)
     folder.mkdir(parents=True, exist_ok=True)
     proposed = f"g{int(progress.get('step', 0)) % 10**8:08d}-{os.urandom(4).hex()}"
     with generation_marked(folder, proposed) if rank == 0 else contextlib.nullcontext():
-        _save(folder, runner, plan, rank, state, progress, loader_state, ema, proposed)
+        _save(folder, runner, plan, rank, state, progress, loader_state, ema, proposed, values)
     return folder
 
 
 def _save(folder, runner, plan: ShardPlan, rank: int, state: OptState, progress: dict, loader_state, ema,
-          proposed: str) -> None:
+          proposed: str, values: Optional[dict]) -> None:
     op, world = "save_checkpoint", plan.world
     generation = _everyone(proposed, world)[0]  # rank 0's, marked in flight before any shard is written
     owned = [r for r in plan.owned(rank) if state.slots[r.slot] is not None]
@@ -59,9 +60,16 @@ def _save(folder, runner, plan: ShardPlan, rank: int, state: OptState, progress:
     pieces = {(f"state.{r.slot}.{k}", r.start): t for r in owned for k, t in state.slots[r.slot].tensors().items()}
     if ema is not None and ema.count:  # the moving average: each rank's ranges, as pieces
         pieces.update({(f"ema.{k}", r.start): ema.values[k] for k, r in ema.ranges.items()})
+    pieced: frozenset = frozenset()
+    if values is not None:  # each owner writes its ranges of the parameters (host copies: a file holds them)
+        index = {id(s): k for k, s in enumerate(runner.params.storages())}
+        of = {r.slot: index[id(runner.params[r.slot].storage)] for r in plan.ranges}
+        pieced = frozenset(of.values())
+        pieces.update({(f"storage.{of[r.slot]}", r.start): v.detach().to("cpu") for r, v in values.items()})
     whole, manifest = {}, None
     if rank == 0:
-        manifest, whole = contents(op, runner.params, state, progress, loader_state, True, None, records=records)
+        manifest, whole = contents(op, runner.params, state, progress, loader_state, True, None, records=records,
+                                   pieced=pieced)
         if ema is not None:
             manifest["ema"] = {"decay": ema.decay, "count": ema.count, "storages": ema.trainable if ema.count else []}
         manifest["checksums"] = {n: checksum(t) for n, t in whole.items()}

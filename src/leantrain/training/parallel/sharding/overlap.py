@@ -40,8 +40,13 @@ IN_FLIGHT = 2 * 25 * 2**20  # bytes of sends a step leaves outstanding (two of D
 class ShardReducer:
     """The buckets of one step and their asynchronous all-to-alls."""
 
-    def __init__(self, plan: ShardPlan, rank: int, bucket_plan: BucketPlan, partial: Optional[list]) -> None:
+    def __init__(self, plan: ShardPlan, rank: int, bucket_plan: BucketPlan, partial: Optional[list],
+                 into: Optional[dict] = None, present: Optional[list] = None) -> None:
         self.plan, self.rank, self.leaves, self.partial = plan, rank, bucket_plan.leaves, partial
+        # ``into``: running sums per bucket, across calls (parameter sharding's rounds of one
+        # item per rank): each received piece is added to them in rank order, for the ranks in
+        # ``present`` only (those that had an item this round), so the sums are the item-order fold
+        self.into, self.present = into, present
         buckets = bucket_plan.buckets
         self.members = [[i for i, _, _ in members] for *_, members in buckets]
         self.kinds = [(device, dtype) for device, dtype, *_ in buckets]
@@ -118,9 +123,17 @@ class ShardReducer:
         self.done += 1
         work.wait()
         chunks = received.split(mine) if mine else [received] * self.plan.world
-        summed = chunks[0] + chunks[1] if mine else received
-        for c in chunks[2:] if mine else ():
-            summed.add_(c)  # left to right over the ranks
+        if self.into is not None:
+            summed = self.into.get(b)
+            for q in self.present:  # this round's items, in item order
+                if summed is None:
+                    summed = self.into[b] = chunks[q].clone()  # the first item's own values
+                else:
+                    summed.add_(chunks[q])  # the fold's additions: g0 + g1, then + g2
+        else:
+            summed = chunks[0] + chunks[1] if mine else received
+            for c in chunks[2:] if mine else ():
+                summed.add_(c)  # left to right over the ranks
         offset = 0
         for i in self.members[b]:
             own = self.plan.range_of(i, self.rank)

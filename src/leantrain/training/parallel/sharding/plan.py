@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 from ....errors import ConfigError
 
 ALIGN = 64  # elements: cuts at multiples of this leave torch's optimizer kernels' bits alone
-SHARDING_MODES = ("optimizer", "gradients")
+SHARDING_MODES = ("optimizer", "gradients", "parameters")
 SHARD_BY = ("range", "slot")
 
 

@@ -11,6 +11,7 @@ is data parallel's exact fold (the one-process bits). A sharded loop in one proc
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -27,8 +28,10 @@ from ..data_parallel import DataParallel
 from . import comm, step as shard_step
 from .checkpoint import save_sharded
 from .ema import ShardedEMA
+from .gathering import ParameterShards
 from .overlap import overlapped_ranges
 from .plan import ShardPlan
+from .rounds import parameter_mean
 from .state import check_plan, loop_start
 
 
@@ -59,9 +62,15 @@ class Sharded(DataParallel):
         self.name = "sharded" + (" (exact reduction)" if exact else "")
         self.plan: Optional[ShardPlan] = None  # cut when the loop starts
         self.rank = distributed.rank_world()[0]
+        self.shards: Optional[ParameterShards] = None  # sharding="parameters": this rank's values, the hooks
+        self.guard_next = False  # until the first update is applied: no released Parameter read (guard)
 
     # ------------------------------------------------------------ one update
     def mean(self, runner: Runner, leaves, scratch, batch, o, want_loss: bool, states: Optional[list]) -> Mean:
+        if self.shards is not None:  # item by item, whatever the reduction: the one-process fold (rounds.py)
+            mine, own = self.shares(batch, states)
+            return parameter_mean(runner, leaves, scratch, batch, mine, own, len(batch), self.plan, self.rank,
+                                  self.shards, o.scaler is None)
         if self.exact:
             if not self.ranks:
                 return Reduction.mean(self, runner, leaves, scratch, batch, o, want_loss, states)
@@ -100,15 +109,45 @@ class Sharded(DataParallel):
             sums = shard_step.canonical_ranges(plan, rank, grads)
             norm = shard_step.clip_ranges(plan, rank, sums, o.clip_grad_norm, o.clip_grad_value,
                                           [v.storage.working() for v in runner.params])
-        state = shard_step.apply(runner, opt, state, plan, rank, grads, found if o.skips else None, presummed, sums)
+        state = shard_step.apply(runner, opt, state, plan, rank, grads, found if o.skips else None, presummed, sums,
+                                 None if self.shards is None else self.shards.values)
         if o.scaler is not None:
             o.scaler.update(found)
         return state, norm
 
     # ------------------------------------------------------------ a loop's run
     def start(self, op: str, cfg, runner: Runner, opt, native: bool, whole=None):
-        self.plan, state = loop_start(op, cfg, runner, opt, native, whole)
+        plan, state = loop_start(op, cfg, runner, opt, native, whole)
+        if plan.mode == "parameters":
+            if self.local:
+                raise ConfigError(f"{op}: sharding='parameters' needs every rank to read the same batches (each "
+                                  f"rank's own items would give the ranks different numbers of forwards, and "
+                                  f"the gathers are collectives); give the loop the whole data, or shard "
+                                  f"'gradients'")
+            self.shards = ParameterShards(op, runner, plan, self.rank)  # the parameters' memory released from here
+            self.guard_next = True
+        self.plan = plan
         return state
+
+    def guard(self, op: str):
+        """Until the run's first update is applied, a read of a released Parameter is
+        refused (``gathering.py``): the model's calls are the same from then on."""
+        if self.guard_next and self.shards is not None:
+            return self.shards.guarded(op)
+        return contextlib.nullcontext()
+
+    def after(self, runner: Runner, advanced: bool) -> None:
+        self.guard_next = False
+        super().after(runner, advanced)
+
+    def user_code(self):
+        """The user's code between updates sees every Parameter whole."""
+        return contextlib.nullcontext() if self.shards is None else self.shards.whole()
+
+    def close(self, runner: Runner, failed: bool) -> None:
+        if self.shards is not None:
+            self.shards.close(failed)
+            self.shards = None
 
     def ema(self, runner: Runner, decay: float, saved=None):
         if saved is None:
@@ -129,9 +168,11 @@ class Sharded(DataParallel):
         # every rank writes its file, rank 0 the index (checkpoint.py)
         if callable(loader_state):
             loader_state = loader_state()
-        save_sharded(path, runner, self.plan, self.rank, state, progress=progress, loader_state=loader_state, ema=ema)
+        save_sharded(path, runner, self.plan, self.rank, state, progress=progress, loader_state=loader_state, ema=ema,
+                     values=None if self.shards is None else self.shards.values)
 
     def finish(self, runner: Runner) -> None:
+        self.close(runner, failed=False)  # the module whole again (parameter sharding)
         if isinstance(runner.ema, ShardedEMA):
             runner.keep_ema(runner.ema.whole(runner.params))  # every rank: the whole average
 

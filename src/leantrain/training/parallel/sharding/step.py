@@ -38,7 +38,7 @@ def keeps_ranges(plan: ShardPlan, clip_grad_norm: Optional[float]) -> bool:
     """Whether a step holds only this rank's ranges of the reduced gradient: always under
     ``"gradients"``; under ``"optimizer"`` too unless clipping by norm needs the whole
     gradient (for ``clip_grad_norm_``'s bits) — the update itself reads only the ranges."""
-    return plan.mode == "gradients" or clip_grad_norm is None
+    return plan.mode != "optimizer" or clip_grad_norm is None
 
 
 def reduced(plan: ShardPlan, rank: int, params, grads: list, whole: bool = False) -> list:
@@ -182,10 +182,11 @@ def _norm_and_scale(plan: ShardPlan, rank: int, blocks: list, present: list, max
 
 def apply(runner, opt: Optimizer, state: OptState, plan: ShardPlan, rank: int, grads: list,
           found: Optional[torch.Tensor], presummed: bool = False,
-          sums: Optional[dict] = None) -> OptState:
+          sums: Optional[dict] = None, values: Optional[dict] = None) -> OptState:
     """Update this rank's ranges with the optimizer's rule, then all-gather the values.
     ``presummed``: ``grads`` already holds canonical gradients (clipping made them);
-    ``sums``: the owned canonical ranges, if computed already (block clipping)."""
+    ``sums``: the owned canonical ranges, if computed already (block clipping);
+    ``values``: parameter sharding's owned ranges, updated where they are and not gathered."""
     params, hyper = runner.params, opt.hyper
     like, settings = working(params), slot_settings(opt, params)
     if sums is None:
@@ -194,7 +195,7 @@ def apply(runner, opt: Optimizer, state: OptState, plan: ShardPlan, rank: int, g
             for r in plan.owned(rank)}
     rule = rule_for(hyper)
     records = list(state.slots)
-    views = comm.values(plan, rank, like)
+    views = comm.values(plan, rank, like) if values is None else values
     targets = [] if found is None else [t for r in views for t in [views[r]] + list(records[r.slot].tensors().values())]
     saved = [t.detach().clone() for t in targets]  # skip mode: what a skipped step puts back
     groups: dict = {}
@@ -219,7 +220,8 @@ def apply(runner, opt: Optimizer, state: OptState, plan: ShardPlan, rank: int, g
             keep = found[0] == 0
             for t, old in zip(targets, saved):
                 torch.where(keep, t, old, out=t)
-        for r, t in comm.all_gather_ranges(plan, rank, like, {r: views[r] for r in plan.owned(rank)}):
+        for r, t in () if values is not None else comm.all_gather_ranges(plan, rank, like,
+                                                                        {r: views[r] for r in plan.owned(rank)}):
             if r.rank != rank:
                 like[r.slot].view(-1)[r.start: r.stop].copy_(t)
     for v in params.storages():

@@ -1,0 +1,74 @@
+"""The user's code a run calls between updates: the step callback and the callbacks' hooks.
+
+``Listeners`` calls them after an update, at an epoch's end and after an evaluation, and
+says whether one asked to stop. Two facts follow from who wrote them:
+
+* code that may change the module (a step callback, a callback not declaring
+  ``reads_only``) makes the runner confirm the module at the next update
+  (``Runner.user_code_ran``);
+* the user's own callbacks (the same on every rank: the program's list, before rank 0's
+  are picked) run inside the reduction's ``user_code``, where parameter sharding gives
+  them the parameters whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Optional, Sequence
+
+from ..runner.runner import Runner
+from ..update.reduction import Reduction
+from .callbacks import Callback
+from .events import StepCallback, StepEvent
+from .loop_checks import wants_stop
+
+_NOTHING = contextlib.nullcontext()
+
+
+class Listeners:
+    """The run's step callback and callbacks (``callbacks``: this rank's, already picked
+    from ``given``, the program's list)."""
+
+    def __init__(self, op: str, runner: Runner, reduction: Reduction, callback: Optional[StepCallback],
+                 callbacks: Sequence[Callback], given: Sequence[Callback]) -> None:
+        self.op, self.runner, self.reduction = op, runner, reduction
+        self.callback, self.callbacks = callback, list(callbacks)
+        self.may_change = callback is not None or not all(cb.reads_only for cb in self.callbacks)
+        self.users = callback is not None or any(not type(cb).__module__.startswith("leantrain.") for cb in given)
+
+    def _user_code(self):
+        return self.reduction.user_code() if self.users else _NOTHING
+
+    def _ran(self) -> None:
+        if self.may_change:
+            self.runner.user_code_ran()  # the user's code ran: confirm the module at the next step
+
+    def step(self, event: StepEvent) -> bool:
+        """After an update: the step callback, then each callback's ``on_step``. True: stop."""
+        with self._user_code():
+            stop = self.callback is not None and wants_stop(self.op, "the step callback", self.callback(event))
+            for cb in self.callbacks:
+                stop = wants_stop(self.op, f"{type(cb).__name__}.on_step", cb.on_step(event)) or stop
+        self._ran()
+        return stop
+
+    def epoch_end(self, event: StepEvent) -> bool:
+        """After a loader epoch's last update: each callback's ``on_epoch_end``. True: stop."""
+        stop = False
+        with self._user_code():
+            for cb in self.callbacks:
+                stop = wants_stop(self.op, f"{type(cb).__name__}.on_epoch_end", cb.on_epoch_end(event)) or stop
+        self._ran()
+        return stop
+
+    def evaluated(self, step: int, results: dict, user_metrics: bool) -> bool:
+        """After an evaluation: each callback's ``on_eval`` (``user_metrics``: the user's
+        metric functions ran too). True: stop."""
+        stop = False
+        with self._user_code():
+            for cb in self.callbacks:
+                stop = wants_stop(self.op, f"{type(cb).__name__}.on_eval", cb.on_eval(step, results)) or stop
+        if user_metrics:
+            self.runner.user_code_ran()
+        self._ran()
+        return stop

@@ -1,0 +1,243 @@
+"""Parameter sharding (ZeRO stage 3): each rank holds its ranges of the parameters, and a
+module's parameters are gathered into the user's own Parameter objects around its use.
+
+Between uses a trained Parameter's memory is released: its storage is resized to nothing,
+so the Parameter object, its shape, its ties and every tensor autograd saved from it stay
+what they are, only without bytes. The *units* are the modules that hold trained
+Parameters directly. A unit's forward pre-hook resizes its storages and all-gathers the
+owners' ranges into them; its forward hook releases them again, and (when a gradient
+will be taken) registers a hook on the unit's outputs that gathers them once more just
+before the unit's backward runs. During a backward a storage is released as soon as the
+gradient of every occurrence the forward used has been handed over (the occurrences are
+known from the units' forwards), and whatever is still held when an item's backward ends
+is released then. A tie is gathered once per use and its gradient summed once, per slot,
+as everywhere. Frozen slots and buffers are not cut: every rank keeps them whole.
+
+Every gather is a collective, so every rank runs the same forwards and backwards in the
+same order (a rank without an item runs a stand-in, ``rounds.py``): the model's graph must
+not depend on the values of an item. Writes into a gathered storage go through a tensor
+of its own over the same memory, so no Parameter's version counter moves (autograd's
+saved tensors stay valid).
+
+The user's code between updates (callbacks) runs with every Parameter whole
+(``whole``); when the loop ends, or fails, the module gets its whole values back
+(``close``), so outside a loop the module is as it always is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+from typing import Optional
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ....errors import ConfigError
+from . import comm
+from .plan import ShardPlan
+from .state import working
+
+
+def _tensors(output) -> list:
+    """The tensors of a module's output (a tensor, or tuples, lists and dicts of them)."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, (tuple, list)):
+        return [t for x in output for t in _tensors(x)]
+    if isinstance(output, dict):
+        return [t for x in output.values() for t in _tensors(x)]
+    return []
+
+
+def make_releasable(op: str, params, plan: ShardPlan) -> None:
+    """Every trained representative's tensor must be its storage's only contents. Memory
+    torch cannot resize (shared with NumPy, mapped from a file) is first copied into
+    memory of the tensor's own (``t.data``: the same Parameter object, its ties kept)."""
+    like = working(params)
+    for c in sorted({r.slot for r in plan.ranges}):
+        t = like[c]
+        if t.storage_offset() != 0 or t.untyped_storage().nbytes() != t.numel() * t.element_size():
+            raise ConfigError(f"{op}: sharding='parameters' releases slot {c} ({params[c].name})'s memory between "
+                              f"uses, but that tensor is a view into a larger block of memory; give the module a "
+                              f"parameter of its own (module.weight = nn.Parameter(module.weight.detach().clone())), "
+                              f"or shard 'gradients'")
+    for c in sorted({r.slot for r in plan.ranges}):
+        t = like[c]
+        if not t.untyped_storage().resizable():
+            with torch.no_grad():
+                t.data = t.detach().clone()
+
+
+class ParameterShards:
+    """This rank's ranges of the trained parameters, and the hooks that gather them."""
+
+    def __init__(self, op: str, runner, plan: ShardPlan, rank: int) -> None:
+        params = runner.params
+        make_releasable(op, params, plan)
+        self.plan, self.rank, self.names = plan, rank, [v.name for v in params]
+        self.slots_map = plan.slots_map
+        self.full = working(params)  # per slot: the tensor whose storage is released between uses
+        self.sharded = sorted({r.slot for r in plan.ranges})
+        # this rank's values: the ranges the optimizer updates, owned copies
+        self.values = {r: self.full[r.slot].view(-1)[r.start: r.stop].clone() for r in plan.owned(rank)}
+        self.nbytes = {c: self.full[c].numel() * self.full[c].element_size() for c in self.sharded}
+        self.resident = {c: True for c in self.sharded}
+        self.active = {c: 0 for c in self.sharded}  # forwards of units running that use the storage
+        self.pending: dict = {c: set() for c in self.sharded}  # occurrences whose gradient is still to come
+        self.tracking = False  # an item's backward follows its forward (its occurrences are counted)
+        units: dict = {}
+        for i, loc in enumerate(runner.locations):
+            if loc.is_parameter and i < len(self.slots_map) and self.slots_map[i] is not None \
+                    and self.slots_map[i] in self.resident:
+                units.setdefault(id(loc.owner), (loc.owner, []))[1].append(i)
+        self.handles = []
+        for module, slots in units.values():
+            self.handles.append(module.register_forward_pre_hook(self._before(slots)))
+            self.handles.append(module.register_forward_hook(self._after(slots)))
+        self.release(self.sharded)
+
+    # ------------------------------------------------------------ gather and release
+    def _storage_view(self, c: int) -> torch.Tensor:
+        """A flat tensor of its own over slot ``c``'s memory (no Parameter's version moves)."""
+        t = self.full[c]
+        return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), 0, (t.numel(),), (1,))
+
+    def gather(self, slots) -> None:
+        """Every range of the released storages among ``slots`` from its owner, into place
+        (a collective: every rank asks for the same storages in the same order)."""
+        missing = [c for c in slots if not self.resident[c]]
+        if not missing:
+            return
+        for c in missing:
+            self.full[c].untyped_storage().resize_(self.nbytes[c])
+            self.resident[c] = True
+        wanted = set(missing)
+        sub = replace(self.plan, ranges=tuple(r for r in self.plan.ranges if r.slot in wanted))
+        flats = {c: self._storage_view(c) for c in missing}
+        mine = {r: self.values[r] for r in sub.ranges if r.rank == self.rank}
+        with torch.no_grad():
+            for r, t in comm.all_gather_ranges(sub, self.rank, self.full, mine):
+                flats[r.slot][r.start: r.stop].copy_(t)
+
+    def release(self, slots) -> None:
+        for c in slots:
+            if self.resident[c]:
+                self.full[c].untyped_storage().resize_(0)
+                self.resident[c] = False
+
+    def _before(self, slots: list):
+        canon = sorted({self.slots_map[i] for i in slots})
+
+        def before_forward(module, args):
+            for c in canon:
+                self.active[c] += 1
+            self.gather(canon)
+            if self.tracking and torch.is_grad_enabled():
+                for i in slots:
+                    self.pending[self.slots_map[i]].add(i)
+        return before_forward
+
+    def _after(self, slots: list):
+        canon = sorted({self.slots_map[i] for i in slots})
+
+        def after_forward(module, args, output):
+            for c in canon:
+                self.active[c] -= 1
+            if self.tracking and torch.is_grad_enabled():
+                outs = [t for t in _tensors(output) if t.requires_grad]
+                if outs:  # gathered again just before the unit's backward
+                    torch.autograd.graph.register_multi_grad_hook(outs, lambda grads: self.gather(canon), mode="any")
+            self.release([c for c in canon if not self.active[c]])  # the backward gathers its own
+        return after_forward
+
+    def handed_over(self, i: int) -> None:
+        """Slot ``i``'s gradient left the backward: its storage goes once no other
+        occurrence's gradient is due and no forward uses it."""
+        c = self.slots_map[i]
+        if c is None or c not in self.pending:
+            return
+        self.pending[c].discard(i)
+        if not self.pending[c] and not self.active[c]:
+            self.release([c])
+
+    def settle(self) -> None:
+        """An item's backward ended: nothing is due any more; every storage released."""
+        for c in self.sharded:
+            self.pending[c].clear()
+        self.release(self.sharded)
+
+    # ------------------------------------------------------------ the user's code and the end
+    @contextlib.contextmanager
+    def whole(self):
+        """The block with every trained Parameter whole (released again afterwards)."""
+        self.gather(self.sharded)
+        try:
+            yield
+        finally:
+            self.release(self.sharded)
+
+    def close(self, failed: bool = False) -> None:
+        """The module gets its whole values back and the hooks go. After a failure a
+        collective may be impossible: each storage then gets its memory back with this
+        rank's ranges in place and NaN elsewhere, never memory a read would fault on."""
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.tracking = False
+        if not failed:
+            self.gather(self.sharded)
+            return
+        with torch.no_grad():
+            for c in self.sharded:
+                if not self.resident[c]:
+                    self.full[c].untyped_storage().resize_(self.nbytes[c])
+                    self.resident[c] = True
+                    self._storage_view(c).fill_(float("nan"))
+            for r, v in self.values.items():
+                self._storage_view(r.slot)[r.start: r.stop].copy_(v)
+
+    @contextlib.contextmanager
+    def guarded(self, op: str):
+        """The block refused, with the slot named, where the model passes a released
+        Parameter to a torch function outside its module's forward (a read that would
+        otherwise touch memory that is not there). The loops guard a run's first update."""
+        with _Guard(self, op):
+            yield
+
+
+# calls that read a tensor's description, never its memory (a property, its size, a detached alias)
+_METADATA = frozenset({"__get__", "__set__", "size", "dim", "stride", "numel", "data_ptr", "untyped_storage",
+                       "storage_offset", "is_contiguous", "element_size", "detach", "requires_grad_",
+                       "register_hook", "empty_like", "__len__"})
+
+
+class _Guard(TorchFunctionMode):
+    """Refuses a torch call that reads a released Parameter (see ``ParameterShards.guarded``)."""
+
+    def __init__(self, shards: ParameterShards, op: str) -> None:
+        super().__init__()
+        self.shards, self.op = shards, op
+        self.ids = {id(shards.full[c]): c for c in shards.sharded}
+
+    def _check(self, x) -> None:
+        if isinstance(x, torch.Tensor):
+            c = self.ids.get(id(x))
+            if c is not None and not self.shards.resident[c]:
+                raise ConfigError(
+                    f"{self.op}: sharding='parameters': slot {c} ({self.shards.names[c]}) was read outside the "
+                    f"forward of the module that holds it, where its memory is released; use the parameter only "
+                    f"inside its own module's forward (or wrap the use in a module), or shard 'gradients'")
+        elif isinstance(x, (list, tuple)):
+            for y in x:
+                self._check(y)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", None) in _METADATA:
+            return func(*args, **kwargs)
+        for x in args:
+            self._check(x)
+        for x in kwargs.values():
+            self._check(x)
+        return func(*args, **kwargs)

@@ -1,0 +1,178 @@
+"""Parameter sharding in one process (a one-rank plan): what a user meets without a
+process group. The runs give the unsharded bits; what the mode does not take is refused
+before anything is released or trained; a model that reads a released Parameter outside
+its module's forward is refused with the slot named, not a crash; a failed run leaves the
+module whole; NumPy-shared parameter memory is given memory of its own first."""
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import leantrain as lt
+from leantrain.errors import ConfigError
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "zoo"))
+import zoo_models  # noqa: E402
+
+GPT = zoo_models.BY_NAME["gpt_persistent_mask"]
+
+
+def config(**kw):
+    base = dict(steps=4, batch_size=3, optimizer=lt.optim.adamw(1e-2, weight_decay=0.1), log_every=1)
+    return lt.TrainConfig(**dict(base, **kw))
+
+
+def trained(sharding, model=None, data=None, **kw):
+    model = GPT.model(0) if model is None else model
+    runner = lt.Runner.from_module(model, GPT.loss if data is None else "mse")
+    torch.manual_seed(5)
+    report = lt.train_samples(runner, config(sharding=sharding, **kw), GPT.samples(7) if data is None else data,
+                              log=None)
+    return model, report
+
+
+def same_values(a: nn.Module, b: nn.Module) -> bool:
+    return all(torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8))
+               for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_one_process_with_evaluations_and_a_callback_is_the_unsharded_run():
+    eval_data = GPT.samples(2, seed=9)
+    seen = {None: [], "parameters": []}
+
+    def callback(sharding):
+        def on_step(event):  # the user's code reads the weights between updates: whole, current
+            seen[sharding].append(runner_of[sharding].module.blocks[0].attn.qkv.weight.detach().clone())
+        return on_step
+
+    runner_of, reports = {}, {}
+    for sharding in (None, "parameters"):
+        model = GPT.model(0)
+        runner_of[sharding] = runner = lt.Runner.from_module(model, GPT.loss)
+        torch.manual_seed(5)
+        reports[sharding] = lt.train_samples(runner, config(sharding=sharding, eval_data=eval_data, eval_every=2),
+                                             GPT.samples(7), log=None, callback=callback(sharding))
+    assert same_values(runner_of[None].module, runner_of["parameters"].module)
+    assert reports[None].losses == reports["parameters"].losses and len(reports[None].losses) == 4
+    assert reports[None].evals == reports["parameters"].evals and len(reports[None].evals) == 2
+    assert len(seen["parameters"]) == 4
+    for a, b in zip(seen[None], seen["parameters"]):
+        assert torch.equal(a, b)
+    model = runner_of["parameters"].module
+    assert model.lm_head.weight is model.tok_emb.weight
+
+
+@pytest.mark.parametrize("extra, named", [(dict(ema_decay=0.9), "ema_decay"), (dict(compile=True), "compile"),
+                                          (dict(accumulation="vectorized"), "vectorized")])
+def test_what_the_mode_does_not_take_is_refused_by_the_config(extra, named):
+    with pytest.raises(ConfigError, match=f"sharding='parameters' does not take .*{named}"):
+        config(sharding="parameters", **extra)
+
+
+class Viewed(nn.Module):
+    """Two parameters over one block of memory (a flat buffer's views)."""
+
+    def __init__(self):
+        super().__init__()
+        flat = torch.randn(4 * 3 + 3)
+        self.weight = nn.Parameter(flat[:12].view(3, 4))
+        self.bias = nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        return x @ self.weight.t() + self.bias
+
+
+def data():
+    g = torch.Generator().manual_seed(3)
+    return [(torch.randn(2, 4, generator=g), torch.randn(2, 3, generator=g)) for _ in range(4)]
+
+
+def test_a_parameter_viewing_a_larger_block_is_refused_before_anything_changes(unchanged):
+    model = Viewed()
+    runner = lt.Runner.from_module(model, "mse")
+    before = model.weight.detach().clone()
+    with unchanged(runner.params):
+        with pytest.raises(ConfigError, match=r"slot \d+ \(weight\).*view into a larger block"):
+            lt.train_samples(runner, config(sharding="parameters", batch_size=2), data(), log=None)
+    assert model.weight.untyped_storage().nbytes() == 15 * 4  # never released
+    assert torch.equal(model.weight, before)
+
+
+class Reaches(nn.Module):
+    """The root reads a child's weight directly, outside the child's forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(4, 3)
+        self.head = nn.Linear(3, 3)
+
+    def forward(self, x):
+        h = self.inner(x)
+        return self.head(h) + h @ self.inner.weight[:, :3]
+
+
+def test_a_parameter_read_outside_its_modules_forward_is_refused_and_the_module_is_whole_again():
+    model = Reaches()
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    runner = lt.Runner.from_module(model, "mse")
+    with pytest.raises(ConfigError, match=r"slot \d+ \(inner\.weight\) was read outside the forward"):
+        lt.train_samples(runner, config(sharding="parameters", batch_size=2), data(), log=None)
+    for k, v in model.state_dict().items():  # nothing updated, every storage whole again
+        assert v.untyped_storage().nbytes() == v.numel() * v.element_size()
+        assert torch.equal(v, before[k]), k
+
+
+def test_a_run_that_fails_in_the_users_callback_leaves_the_module_whole():
+    def boom(event):
+        if event.step == 2:
+            raise RuntimeError("the user's callback failed")
+
+    model = GPT.model(0)
+    runner = lt.Runner.from_module(model, GPT.loss)
+    with pytest.raises(RuntimeError, match="the user's callback failed"):
+        lt.train_samples(runner, config(sharding="parameters"), GPT.samples(7), log=None, callback=boom)
+    plain = GPT.model(0)
+    lt.train_samples(lt.Runner.from_module(plain, GPT.loss), config(steps=2), GPT.samples(7), log=None)
+    assert same_values(model, plain)  # two updates, then whole: one process owns every range
+    assert model.lm_head.weight is model.tok_emb.weight
+
+
+def test_numpy_shared_parameter_memory_is_given_memory_of_its_own_and_trains_alike():
+    def build():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(4, 3))
+        shared = np.ascontiguousarray(m[0].weight.detach().numpy().copy())
+        m[0].weight = nn.Parameter(torch.from_numpy(shared))  # its storage cannot be resized
+        return m, shared
+
+    a, _ = build()
+    b, shared = build()
+    weight = b[0].weight
+    lt.train_samples(lt.Runner.from_module(a, "mse"), config(batch_size=2), data(), log=None)
+    lt.train_samples(lt.Runner.from_module(b, "mse"), config(sharding="parameters", batch_size=2), data(), log=None)
+    assert b[0].weight is weight and same_values(a, b)
+    assert not np.array_equal(shared, b[0].weight.detach().numpy())  # the user's array was left alone
+
+
+def test_the_loader_loop_takes_it_too():
+    def run(sharding):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(24, 4), torch.randn(24, 3)),
+                                             batch_size=6, shuffle=False)
+        cfg = lt.LoaderTrainConfig(epochs=2, optimizer=lt.optim.adam(1e-2), log_every=1, pieces=2, sharding=sharding)
+        report, _ = lt.train_loader(lt.Runner.from_module(model, "mse"), cfg, loader, log=None)
+        return model, report
+
+    (a, ra), (b, rb) = run(None), run("parameters")
+    assert same_values(a, b) and ra.losses == rb.losses and len(ra.losses) == 8
+
+
+def test_a_config_names_the_mode_in_its_choices():
+    with pytest.raises(ConfigError, match="'parameters'"):
+        replace(config(), sharding="params")
