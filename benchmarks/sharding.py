@@ -7,7 +7,8 @@ are what is timed. In 2 processes, one thread each,
 the contenders run interleaved, round after round (the order rotating):
 
 * leantrain data parallel, unsharded (``train_samples``, default reduction);
-* leantrain ``sharding="optimizer"`` (ZeRO-1) and ``sharding="gradients"`` (ZeRO-2);
+* leantrain ``sharding="optimizer"`` (ZeRO-1), ``sharding="gradients"`` (ZeRO-2), the latter
+  with ``exact_reduction`` too, and ``sharding="parameters"`` (ZeRO-3: one-process bits);
 * ``DistributedDataParallel`` + ``ZeroRedundancyOptimizer(AdamW)``: torch's ZeRO-1;
 * ``DistributedDataParallel`` + ``AdamW(fused=True)``: the fastest unsharded loop;
 * FSDP2: ``fully_shard`` on every Linear and the root, ``AdamW`` (its default foreach
@@ -146,6 +147,7 @@ CONTENDERS = {
     "leantrain sharding=optimizer": lambda steps: leantrain_round("optimizer", steps),
     "leantrain sharding=gradients": lambda steps: leantrain_round("gradients", steps),
     "leantrain gradients, exact": lambda steps: leantrain_round("gradients", steps, exact=True),
+    "leantrain sharding=parameters": lambda steps: leantrain_round("parameters", steps),
     "DDP + ZeroRedundancyOptimizer": lambda steps: ddp_round(True, steps),
     "DDP + AdamW(fused)": lambda steps: ddp_round(False, steps),
     "FSDP2 (fully_shard) + AdamW": fsdp_round,

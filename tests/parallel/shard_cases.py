@@ -121,15 +121,17 @@ def run(case, out: Path, tag: str, sharding="auto", stop=False, resume=False):
         cfg = replace(cfg, checkpoint_path=out / f"{case}.stopped")
     if resume:
         cfg = replace(cfg, resume_from=out / f"{case}.stopped")
-    seen = {"loss_held": 0, "callback_whole": True}
+    seen = {"loss_held": [], "callback_whole": True}
     module = runner.module
     trained = [p for p in module.parameters() if p.requires_grad]
+    names = [n for n, p in module.named_parameters() if p.requires_grad]
     objects = [id(p) for p in module.parameters()]
     if cfg.sharding == "parameters":  # what the trained parameters hold while the loss is computed
         loss_fn = runner.loss_fn
 
         def watched(*args):
-            seen["loss_held"] = max(seen["loss_held"], sum(p.untyped_storage().nbytes() for p in trained))
+            held = [n for n, p in zip(names, trained) if p.untyped_storage().nbytes()]
+            seen["loss_held"] = max(seen["loss_held"], held, key=len)
             return loss_fn(*args)
 
         runner.loss_fn = watched

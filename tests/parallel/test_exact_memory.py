@@ -70,7 +70,7 @@ def test_parameter_sharding_holds_a_share_of_everything_and_falls_with_the_world
     and the activations (here under 1 P: the reduce-scatter's buckets and its bound in
     flight set to 4 MiB, so that the fixed buffers do not hide the 1/W part of a 105 MB
     model; as shipped they are DDP's 25 MiB and 50 MiB, about 1 P of this model and
-    nothing of a large one). Measured: 4.38, 2.82 and 1.95 P on 1, 2 and 4 ranks;
+    nothing of a large one). Measured: 4.38, 2.95 and 1.89 P on 1, 2 and 4 ranks;
     ``"gradients"``, which keeps the parameters whole, 3.64 and 2.44 P on 2 and 4."""
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
     one, two, four = (whole_peak(tmp_path, "parameters", w) for w in (1, 2, 4))

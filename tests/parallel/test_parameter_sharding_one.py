@@ -176,3 +176,35 @@ def test_the_loader_loop_takes_it_too():
 def test_a_config_names_the_mode_in_its_choices():
     with pytest.raises(ConfigError, match="'parameters'"):
         replace(config(), sharding="params")
+
+
+@pytest.mark.parametrize("by, clip", [("range", None), ("slot", 0.5)])
+def test_on_device_mirrors_the_mirrors_are_released_and_the_run_is_the_unsharded_one(by, clip):
+    """The CUDA semantics on CPU mirrors: the working tensors (the mirrors) are what is
+    released and gathered; the module's own (host) tensors get the trained values when
+    the loop returns. Whole slots per rank with clipping: ``clip_grad_norm_``'s bits."""
+    import shard_cases as sc
+
+    out, held = [], {None: [], "parameters": []}
+    for sharding in (None, "parameters"):
+        torch.manual_seed(4)
+        runner = lt.Runner.from_module(sc.Wide(), "mse").to("cpu")
+        mirrors = [s.mirror for s in runner.params.storages()]
+        loss_fn = runner.loss_fn
+
+        def watched(*args, runner=runner, sharding=sharding):
+            held[sharding].append([v.name for v in runner.params if v.storage.mirror.requires_grad
+                                   and v.storage.mirror.untyped_storage().nbytes()])
+            return loss_fn(*args)
+
+        runner.loss_fn = watched
+        cfg = lt.TrainConfig(steps=5, batch_size=3, optimizer=lt.optim.adamw(1e-2), log_every=1, sharding=sharding,
+                             shard_by=by, clip_grad_norm=clip, measure_loss=False)
+        report = lt.train_samples(runner, cfg, sc.wide_data(), log=None)
+        assert [s.mirror for s in runner.params.storages()] == mirrors
+        out.append(([p.detach().clone() for p in runner.module.state_dict().values()], report.losses))
+    (a, la), (b, lb) = out
+    assert all(torch.equal(x, y) for x, y in zip(a, b)) and la == lb
+    assert all(len(names) == 8 for names in held[None])  # every trained slot, the tie's both occurrences
+    # the sharded run's mirrors, at the loss: released but the last module's (kept for its backward)
+    assert all(names in ([], ["head.weight"]) for names in held["parameters"]) and ["head.weight"] in held["parameters"]

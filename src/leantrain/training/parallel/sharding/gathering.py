@@ -27,14 +27,13 @@ The user's code between updates (callbacks) runs with every Parameter whole
 from __future__ import annotations
 
 import contextlib
-from dataclasses import replace
 from typing import Optional
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from ....errors import ConfigError
-from . import comm
+from .fetch import Fetch
 from .plan import ShardPlan
 from .state import working
 
@@ -91,10 +90,23 @@ class ParameterShards:
             if loc.is_parameter and i < len(self.slots_map) and self.slots_map[i] is not None \
                     and self.slots_map[i] in self.resident:
                 units.setdefault(id(loc.owner), (loc.owner, []))[1].append(i)
+        self.world = plan.world
+        self.unit_slots = [sorted({self.slots_map[i] for i in slots}) for _, slots in units.values()]
+        self.landing: dict = {}  # slot -> its Fetch in flight
+        # which unit followed which, in the last forwards and backwards (what is prefetched)
+        self.next_forward: dict = {}
+        self.next_backward: dict = {}
+        self.last_forward = self.last_backward = None
         self.handles = []
-        for module, slots in units.values():
-            self.handles.append(module.register_forward_pre_hook(self._before(slots)))
-            self.handles.append(module.register_forward_hook(self._after(slots)))
+        for unit, (module, slots) in enumerate(units.values()):
+            self.handles.append(module.register_forward_pre_hook(self._before(unit, slots)))
+            self.handles.append(module.register_forward_hook(self._after(unit)))
+        # a forward of the whole model starts and ends a succession: the last unit's
+        # successor is never the next forward's first (its backward comes first)
+        root = runner.module
+        self.handles.append(root.register_forward_pre_hook(self._started, prepend=True))
+        self.handles.append(root.register_forward_hook(self._ended))
+        self.last_units: set = set()  # units that ended a forward: kept for the backward that follows
         self.release(self.sharded)
 
     # ------------------------------------------------------------ gather and release
@@ -105,41 +117,80 @@ class ParameterShards:
 
     def gather(self, slots) -> None:
         """Every range of the released storages among ``slots`` from its owner, into place
-        (a collective: every rank asks for the same storages in the same order)."""
-        missing = [c for c in slots if not self.resident[c]]
+        (a collective: every rank asks for the same storages in the same order); a fetch
+        of them already in flight (a prefetch) lands."""
+        self.fetch(slots)
+        for item in {id(self.landing[c]): self.landing[c] for c in slots if c in self.landing}.values():
+            item.land()
+            for c in item.slots:
+                self.landing.pop(c, None)
+
+    def fetch(self, slots) -> None:
+        """Start gathering the released storages among ``slots`` (not waited for)."""
+        missing = [c for c in slots if not self.resident[c] and c not in self.landing]
         if not missing:
             return
         for c in missing:
             self.full[c].untyped_storage().resize_(self.nbytes[c])
             self.resident[c] = True
-        wanted = set(missing)
-        sub = replace(self.plan, ranges=tuple(r for r in self.plan.ranges if r.slot in wanted))
-        flats = {c: self._storage_view(c) for c in missing}
-        mine = {r: self.values[r] for r in sub.ranges if r.rank == self.rank}
-        with torch.no_grad():
-            for r, t in comm.all_gather_ranges(sub, self.rank, self.full, mine):
-                flats[r.slot][r.start: r.stop].copy_(t)
+        item = Fetch(self.plan, self.rank, missing, self.full, self.values,
+                     {c: self._storage_view(c) for c in missing})
+        for c in missing:
+            self.landing[c] = item
 
     def release(self, slots) -> None:
         for c in slots:
-            if self.resident[c]:
+            if self.resident[c] and c not in self.landing:  # a prefetch in flight stays until used
                 self.full[c].untyped_storage().resize_(0)
                 self.resident[c] = False
 
-    def _before(self, slots: list):
-        canon = sorted({self.slots_map[i] for i in slots})
+    def _prefetch(self, unit: int, order: dict) -> None:
+        """Start gathering the unit that followed ``unit`` last time (``order``: the
+        forwards' or the backwards' succession), while ``unit`` computes."""
+        if self.world > 1:
+            following = order.get(unit)
+            if following is not None and following != unit:
+                self.fetch(self.unit_slots[following])
+
+    def _started(self, *args) -> None:
+        self.last_forward = None
+
+    def _ended(self, *args) -> None:
+        if self.last_forward is not None:
+            self.last_units.add(self.last_forward)
+        self.last_forward = None
+
+    def _followed(self, unit: int, backward: bool) -> None:
+        """Learn the succession of units (the same on every rank: the same graph)."""
+        last, order = (self.last_backward, self.next_backward) if backward else (self.last_forward, self.next_forward)
+        if last is not None:
+            order[last] = unit
+        if backward:
+            self.last_backward = unit
+        else:
+            self.last_forward = unit
+
+    def _before(self, unit: int, slots: list):
+        canon = self.unit_slots[unit]
 
         def before_forward(module, args):
             for c in canon:
                 self.active[c] += 1
             self.gather(canon)
+            self._followed(unit, backward=False)
+            self._prefetch(unit, self.next_forward)
             if self.tracking and torch.is_grad_enabled():
                 for i in slots:
                     self.pending[self.slots_map[i]].add(i)
         return before_forward
 
-    def _after(self, slots: list):
-        canon = sorted({self.slots_map[i] for i in slots})
+    def _before_backward(self, unit: int) -> None:
+        self.gather(self.unit_slots[unit])
+        self._followed(unit, backward=True)
+        self._prefetch(unit, self.next_backward)
+
+    def _after(self, unit: int):
+        canon = self.unit_slots[unit]
 
         def after_forward(module, args, output):
             for c in canon:
@@ -147,7 +198,10 @@ class ParameterShards:
             if self.tracking and torch.is_grad_enabled():
                 outs = [t for t in _tensors(output) if t.requires_grad]
                 if outs:  # gathered again just before the unit's backward
-                    torch.autograd.graph.register_multi_grad_hook(outs, lambda grads: self.gather(canon), mode="any")
+                    torch.autograd.graph.register_multi_grad_hook(outs, lambda grads: self._before_backward(unit),
+                                                                  mode="any")
+                if unit in self.last_units:
+                    return  # the forward's last unit: its backward comes next, it stays (released once handed over)
             self.release([c for c in canon if not self.active[c]])  # the backward gathers its own
         return after_forward
 
@@ -162,10 +216,13 @@ class ParameterShards:
             self.release([c])
 
     def settle(self) -> None:
-        """An item's backward ended: nothing is due any more; every storage released."""
+        """An item's backward ended: nothing is due any more; every storage released
+        (a prefetch nobody used lands first)."""
         for c in self.sharded:
             self.pending[c].clear()
+        self.gather(list(self.landing))
         self.release(self.sharded)
+        self.last_forward = self.last_backward = None
 
     # ------------------------------------------------------------ the user's code and the end
     @contextlib.contextmanager
@@ -189,11 +246,12 @@ class ParameterShards:
             self.gather(self.sharded)
             return
         with torch.no_grad():
-            for c in self.sharded:
-                if not self.resident[c]:
+            for c in self.sharded:  # a fetch in flight is not waited for (its peers may be gone)
+                if not self.resident[c] or c in self.landing:
                     self.full[c].untyped_storage().resize_(self.nbytes[c])
                     self.resident[c] = True
                     self._storage_view(c).fill_(float("nan"))
+            self.landing.clear()
             for r, v in self.values.items():
                 self._storage_view(r.slot)[r.start: r.stop].copy_(v)
 
