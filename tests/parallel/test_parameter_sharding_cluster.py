@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import leantrain as lt
-from test_cluster import ARGS, KILLER, TORCHRUN
+from test_cluster import ARGS, TORCHRUN, killed_and_relaunched
 
 SHARDED = [*ARGS, "--sharding", "parameters"]
 
@@ -42,14 +42,5 @@ def test_a_killed_rank_of_a_parameter_sharded_run_resumes_bit_identically(tmp_pa
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same_run(straight, one)  # two items per update, one per rank: one process's bits
-    script = tmp_path / "killer.py"
-    script.write_text(KILLER)
-    out = tmp_path / "restarted"
-    command = [TORCHRUN, "--standalone", "--nproc-per-node", "2", str(script), "train", *SHARDED,
-               "--out", str(out), "--resume", "auto"]
-    first = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
-    assert first.returncode != 0 and (tmp_path / "crashed").exists()  # rank 1 died at update 25
-    second = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "resuming at step 20" in second.stdout
-    assert_same_run(straight, out)
+    killed_and_relaunched(tmp_path, SHARDED, tmp_path / "restarted")
+    assert_same_run(straight, tmp_path / "restarted")
