@@ -31,6 +31,7 @@ tensor-sized block and returns it when freed, so resident memory follows what is
 that is not given back, which adds allocator history to every figure).
 
 Run: .venv/bin/python benchmarks/sharding.py [--rounds 7 --steps 6 --width 1024] [--memory 1 2 4 8]
+[--only TEXT...] (the contenders whose names contain one of the texts)
 """
 
 from __future__ import annotations
@@ -154,6 +155,10 @@ CONTENDERS = {
 }
 
 
+if os.environ.get("LEANTRAIN_BENCH_ONLY"):
+    CONTENDERS = {n: CONTENDERS[n] for n in os.environ["LEANTRAIN_BENCH_ONLY"].split("\n")}
+
+
 def worker(rank: int, world: int, init: str, rounds: int, steps: int, q) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
@@ -230,7 +235,13 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=WIDTH, help="the layers' width (4 layers)")
     ap.add_argument("--memory", type=int, nargs="*", metavar="W",
                     help="only the peak-memory table, at these world sizes (e.g. --memory 1 2 4 8)")
+    ap.add_argument("--only", nargs="*", metavar="TEXT",
+                    help="only the contenders whose names contain one of these (e.g. --only parameters FSDP2)")
     args = ap.parse_args()
+    if args.only:
+        for name in [n for n in CONTENDERS if not any(t in n for t in args.only)]:
+            del CONTENDERS[name]
+        os.environ["LEANTRAIN_BENCH_ONLY"] = "\n".join(CONTENDERS)  # the spawned processes run the same ones
     os.environ["LEANTRAIN_BENCH_WIDTH"] = str(args.width)  # the spawned processes build the same model
     if args.memory:
         global ITEMS
@@ -244,7 +255,7 @@ def main() -> None:
     times, held = q.get()
     peak = peaks(args.steps)
     params = LAYERS * (args.width * args.width + args.width)
-    base = "DDP + ZeroRedundancyOptimizer"
+    base = "DDP + ZeroRedundancyOptimizer" if "DDP + ZeroRedundancyOptimizer" in times else next(iter(times))
     print(f"MLP {LAYERS} x {args.width}x{args.width} ({params / 1e6:.1f}M parameters), {ITEMS} items of {BATCH} per update, "
           f"AdamW, 2 processes x 1 thread, {args.rounds} rounds of {args.steps} updates, {os.cpu_count()} cores")
     print(f"{'contender':32s} {'best ms':>8s} {'median ms':>10s} {'vs ZeRO best':>13s} {'median':>7s} "

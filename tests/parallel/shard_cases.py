@@ -77,6 +77,8 @@ def make(case, sharding="auto"):
         common.update(measure_loss=False)
     if "ema" in extra:
         common.update(ema_decay=0.9, eval_data=wide_data()[:2], eval_ema=True)
+    if "eval" in extra:  # evaluated every other update (every rank evaluates, as data parallel does)
+        common.update(eval_data=wide_data()[:2], eval_every=2)
     torch.manual_seed(1)
     if model.startswith("zoo."):
         entry = zoo_models.BY_NAME[model[4:]]

@@ -3,7 +3,7 @@
 Every item is folded in item order by the owners of its ranges, so both the exact and
 the default reduction give the one-process bits (weights, buffers, whole optimizer
 state, logged losses): on the tied GPT with a mask buffer and dropout, a Hugging Face
-GPT-2 built from its config (also on 4 ranks), a model with BatchNorm, ties and a frozen bias, the
+GPT-2 built from its config (also on 4 ranks), a model with BatchNorm, ties and a frozen bias (also evaluated every other update), the
 BatchNorm CNN, the LSTM and the frozen backbone; 7 items over 3 per update leave ranks
 without an item in some rounds (the stand-in pass: no deadlock). The loader loop with
 clipping by norm takes the block norm, so its reference is the sharded one-process run.
@@ -24,7 +24,8 @@ from leantrain.io.sharded import read_index
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
 
 CASES = [f"{m}-adamw-{red}-parameters" for m in ("zoo.gpt_persistent_mask", "hf.gpt2") for red in ("exact", "default")]
-CASES += ["wide-adamw-default-parameters", "wide-momentum-exact-parameters", "lm-adamw-exact-parameters"]
+CASES += ["wide-adamw-default-parameters", "wide-momentum-exact-parameters", "lm-adamw-exact-parameters",
+          "wide-adam-default-parameters-eval"]
 CASES += [f"zoo.{name}-adamw-default-parameters" for name in ("cnn_batchnorm", "lstm", "frozen_backbone")]
 RESUMED = "zoo.gpt_persistent_mask-adamw-exact-parameters"
 FOUR = [RESUMED, "hf.gpt2-adamw-exact-parameters", "wide-adamw-default-parameters"]  # also on 4 ranks

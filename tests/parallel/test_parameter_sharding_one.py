@@ -208,3 +208,25 @@ def test_on_device_mirrors_the_mirrors_are_released_and_the_run_is_the_unsharded
     assert all(len(names) == 8 for names in held[None])  # every trained slot, the tie's both occurrences
     # the sharded run's mirrors, at the loss: released but the last module's (kept for its backward)
     assert all(names in ([], ["head.weight"]) for names in held["parameters"]) and ["head.weight"] in held["parameters"]
+
+
+def test_skipped_nonfinite_updates_and_a_resume_from_an_unsharded_file_match_the_unsharded_run(tmp_path):
+    """``nonfinite="skip"`` puts back the owned ranges and their state as unsharded; a run
+    saved unsharded (one file) resumes under parameter sharding to the straight bits."""
+    bad = data()
+    bad[1] = (torch.full((2, 4), float("nan")), bad[1][1])
+
+    def run(sharding, stop_at=None, **kw):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+        report = lt.train_samples(lt.Runner.from_module(model, "mse"),
+                                  config(batch_size=2, steps=6, nonfinite="skip", sharding=sharding, **kw), bad, log=None,
+                                  callback=lambda event: event.step == stop_at)
+        return model, report
+
+    (a, ra), (b, rb) = run(None), run("parameters")
+    assert same_values(a, b) and rb.skipped_steps == ra.skipped_steps > 0
+    stopped = tmp_path / "stopped.ckpt"
+    run(None, stop_at=3, checkpoint_path=stopped)
+    c, rc = run("parameters", resume_from=stopped, checkpoint_path=tmp_path / "resumed")
+    assert same_values(a, c)
