@@ -194,6 +194,7 @@ def peak_worker(rank: int, world: int, init: str, name: str, steps: int, q) -> N
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets the high-water mark to the resident memory now
     base = _status("VmRSS")
+    print(f"[peak of {name!r} on {world} ranks: rank {rank}]", file=sys.stderr, flush=True)  # names a crash
     CONTENDERS[name](steps)
     added = _status("VmHWM") - base
     everyone = [None] * world

@@ -1,16 +1,19 @@
-"""Parameter sharding (ZeRO-3, ``sharding="parameters"``) on 1, 2 and 3 gloo processes.
+"""Parameter sharding (ZeRO-3, ``sharding="parameters"``) on 1, 2, 3 (and 4) gloo processes.
 
 Every item is folded in item order by the owners of its ranges, so both the exact and
 the default reduction give the one-process bits (weights, buffers, whole optimizer
 state, logged losses): on the tied GPT with a mask buffer and dropout, a Hugging Face
-GPT-2 built from its config (also on 4 ranks), a model with BatchNorm, ties and a frozen bias (also evaluated every other update), the
-BatchNorm CNN, the LSTM and the frozen backbone; 7 items over 3 per update leave ranks
-without an item in some rounds (the stand-in pass: no deadlock). The loader loop with
-clipping by norm takes the block norm, so its reference is the sharded one-process run.
-The trained Parameters hold no memory while the loss is computed, the user's callback
-sees them whole, and afterwards the module has its own Parameter objects, ties and whole
-values. A run stopped on 2 ranks resumes on 1 and 3 ranks, under ``"gradients"`` and
-unsharded, to the uninterrupted run's bits."""
+GPT-2 built from its config, a model with BatchNorm, ties and a frozen bias (also
+evaluated every other update), the BatchNorm CNN, the LSTM, the frozen backbone, a
+parametrization (weight norm: its parameters gathered around the parametrization's own
+forward), a module called twice and a padding embedding; 7 items over 3 per update leave
+ranks without an item in some rounds (the stand-in pass: no deadlock). The loader loop
+with clipping by norm takes the block norm, so its reference is the sharded one-process
+run. While the loss is computed the trained Parameters hold no memory but the last
+module's (kept for its backward), the user's callback sees them whole, and afterwards
+the module has its own Parameter objects, ties and whole values. A run stopped on 2 ranks
+resumes on 1 and 3 ranks, under ``"gradients"`` and unsharded, to the uninterrupted
+run's bits."""
 
 import json
 
@@ -26,7 +29,8 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="no
 CASES = [f"{m}-adamw-{red}-parameters" for m in ("zoo.gpt_persistent_mask", "hf.gpt2") for red in ("exact", "default")]
 CASES += ["wide-adamw-default-parameters", "wide-momentum-exact-parameters", "lm-adamw-exact-parameters",
           "wide-adam-default-parameters-eval"]
-CASES += [f"zoo.{name}-adamw-default-parameters" for name in ("cnn_batchnorm", "lstm", "frozen_backbone")]
+CASES += [f"zoo.{name}-adamw-default-parameters" for name in ("cnn_batchnorm", "lstm", "frozen_backbone", "weight_norm",
+                                                              "shared_twice", "padded_embedding")]
 RESUMED = "zoo.gpt_persistent_mask-adamw-exact-parameters"
 FOUR = [RESUMED, "hf.gpt2-adamw-exact-parameters", "wide-adamw-default-parameters"]  # also on 4 ranks
 

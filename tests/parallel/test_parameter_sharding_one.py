@@ -230,3 +230,20 @@ def test_skipped_nonfinite_updates_and_a_resume_from_an_unsharded_file_match_the
     run(None, stop_at=3, checkpoint_path=stopped)
     c, rc = run("parameters", resume_from=stopped, checkpoint_path=tmp_path / "resumed")
     assert same_values(a, c)
+
+
+def test_a_callback_that_runs_the_model_still_reads_whole_parameters():
+    """The user's code holds the parameters whole: a forward it runs (an evaluation of its
+    own) does not release them under it."""
+    model = GPT.model(0)
+    runner = lt.Runner.from_module(model, GPT.loss)
+    probe = GPT.samples(1, seed=4)
+    seen = []
+
+    def callback(event):
+        runner.mean_loss(probe)  # the model's forward, inside the callback
+        seen.append(all(p.untyped_storage().nbytes() == p.numel() * p.element_size() for p in model.parameters()))
+        seen.append(float(model.lm_head.weight.detach().sum()))  # a read that would fault on released memory
+
+    lt.train_samples(runner, config(sharding="parameters"), GPT.samples(7), log=None, callback=callback)
+    assert seen[0::2] == [True] * 4 and all(v == v for v in seen[1::2])

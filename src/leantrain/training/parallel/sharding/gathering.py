@@ -85,6 +85,7 @@ class ParameterShards:
         self.active = {c: 0 for c in self.sharded}  # forwards of units running that use the storage
         self.pending: dict = {c: set() for c in self.sharded}  # occurrences whose gradient is still to come
         self.tracking = False  # an item's backward follows its forward (its occurrences are counted)
+        self.held = False  # every storage held whole for the user's code (``whole``)
         units: dict = {}
         for i, loc in enumerate(runner.locations):
             if loc.is_parameter and i < len(self.slots_map) and self.slots_map[i] is not None \
@@ -139,6 +140,8 @@ class ParameterShards:
             self.landing[c] = item
 
     def release(self, slots) -> None:
+        if self.held:
+            return  # the user's code holds every parameter whole (``whole``), its forwards too
         for c in slots:
             if self.resident[c] and c not in self.landing:  # a prefetch in flight stays until used
                 self.full[c].untyped_storage().resize_(0)
@@ -229,9 +232,11 @@ class ParameterShards:
     def whole(self):
         """The block with every trained Parameter whole (released again afterwards)."""
         self.gather(self.sharded)
+        self.held = True
         try:
             yield
         finally:
+            self.held = False
             self.release(self.sharded)
 
     def close(self, failed: bool = False) -> None:
