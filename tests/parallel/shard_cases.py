@@ -82,7 +82,10 @@ def make(case, sharding="auto"):
     torch.manual_seed(1)
     if model.startswith("zoo."):
         entry = zoo_models.BY_NAME[model[4:]]
-        runner = lt.Runner.from_module(entry.model(0), entry.loss)
+        module = entry.model(0)
+        if "frozen" in extra:  # a frozen slot among the trained ones (the GPT's final norm's bias)
+            module.ln_f.bias.requires_grad_(False)
+        runner = lt.Runner.from_module(module, entry.loss)
         cfg = lt.TrainConfig(steps=5, batch_size=3, **common)
         return runner, cfg, lambda c, cb: lt.train_samples(runner, c, entry.samples(7), log=None, callback=cb)
     if model == "hf.gpt2":  # Hugging Face GPT-2 from its config: a tied head, dropout, dict samples

@@ -71,11 +71,11 @@ def test_parameter_sharding_holds_a_share_of_everything_and_falls_with_the_world
     flight set to 4 MiB, so that the fixed buffers do not hide the 1/W part of a 105 MB
     model; as shipped they are DDP's 25 MiB and 50 MiB, about 1 P of this model and
     nothing of a large one). Measured: 4.38, 2.95 and 1.89 P on 1, 2 and 4 ranks;
-    ``"gradients"``, which keeps the parameters whole, 3.64 and 2.44 P on 2 and 4."""
+    ``"gradients"``, which keeps the parameters whole, 3.64 P on 2 (2.44 P on 4)."""
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
     one, two, four = (whole_peak(tmp_path, "parameters", w) for w in (1, 2, 4))
     assert 4.0 < one < 5.0, one  # sound: the parameters, gradient sums and AdamW state, whole
     assert two <= 4 / 2 + 1.0 and four <= 4 / 4 + 1.0, (two, four)
     assert two <= one - 1.2 and four <= two - 0.6, (one, two, four)  # 4 P / W: a drop of 2 P, then of 1 P
-    gradients_two, gradients_four = (whole_peak(tmp_path, "gradients", w) for w in (2, 4))
-    assert two <= gradients_two - 0.5 and four <= gradients_four - 0.3, (two, gradients_two, four, gradients_four)
+    gradients_two = whole_peak(tmp_path, "gradients", 2)
+    assert two <= gradients_two - 0.5, (two, gradients_two)
