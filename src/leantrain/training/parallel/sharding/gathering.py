@@ -5,9 +5,12 @@ Between uses a trained Parameter's memory is released: its storage is resized to
 so the Parameter object, its shape, its ties and every tensor autograd saved from it stay
 what they are, only without bytes. The *units* are the modules that hold trained
 Parameters directly. A unit's forward pre-hook resizes its storages and all-gathers the
-owners' ranges into them; its forward hook releases them again, and (when a gradient
-will be taken) registers a hook on the unit's outputs that gathers them once more just
-before the unit's backward runs. During a backward a storage is released as soon as the
+owners' ranges into them (``fetch.py``); its forward hook releases them again (but the
+forward's last unit's, whose backward comes next), and (when a gradient will be taken)
+registers a hook on the unit's outputs that gathers them once more just before the
+unit's backward runs. While a unit computes, the gather of the unit that followed it in
+the previous forward (or backward) is started: a prefetch, learned, never across the end
+of a forward. During a backward a storage is released as soon as the
 gradient of every occurrence the forward used has been handed over (the occurrences are
 known from the units' forwards), and whatever is still held when an item's backward ends
 is released then. A tie is gathered once per use and its gradient summed once, per slot,
@@ -20,14 +23,16 @@ of its own over the same memory, so no Parameter's version counter moves (autogr
 saved tensors stay valid).
 
 The user's code between updates (callbacks) runs with every Parameter whole
-(``whole``); when the loop ends, or fails, the module gets its whole values back
-(``close``), so outside a loop the module is as it always is.
+(``whole``), forwards it runs included; when the loop ends, or fails, the module gets
+its whole values back (``close``), so outside a loop the module is as it always is. Until
+the run's first update is applied, every torch call is checked for a released Parameter
+passed outside its module's forward (``guarded``): a ``ConfigError`` naming the slot
+rather than a read of memory that is not there.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
 
 import torch
 from torch.overrides import TorchFunctionMode
