@@ -13,6 +13,18 @@ from models import TiedNet, regression_batches
 pytestmark = pytest.mark.cuda
 
 
+def without_syncs(run) -> None:
+    """``run()`` once as a warm-up (allocations, mirrors), then again with any device sync
+    an error."""
+    run()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def on_cuda(batches):
     return [(x.cuda(), y.cuda()) for x, y in batches]
 
@@ -40,15 +52,8 @@ def test_a_native_step_never_syncs(kind):
     data = on_cuda(regression_batches(4, 5))
     batches = lt.training.loops.sample_loop.cyclic_batches("t", data, 2)
     cfg = lt.TrainConfig(steps=6, batch_size=2, optimizer=opt, log_every=0, nonfinite="skip")
-    lt.run_sample_steps(r, cfg, lambda: next(batches), lambda d: None, opt, state,
-                        lambda t, s: s.with_lr(0.01), log=lambda s: None)  # warm-up (allocations)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        lt.run_sample_steps(r, cfg, lambda: next(batches), lambda d: None, opt, state,
-                            lambda t, s: s.with_lr(0.01), log=lambda s: None)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    without_syncs(lambda: lt.run_sample_steps(r, cfg, lambda: next(batches), lambda d: None, opt, state,
+                                              lambda t, s: s.with_lr(0.01), log=lambda s: None))
 
 
 def test_cuda_checkpoint_round_trip(tmp_path):
@@ -182,13 +187,8 @@ def test_cuda_sparse_embedding_with_sgd_never_syncs():
     state = opt.init(r.params, native=True)
     x = torch.randint(0, 9, (3, 5), device="cuda")
     y = torch.randn(3, 2, device="cuda")
-    state = lt.step_batch(r, opt, state, True, [(x, y)], nonfinite="skip")  # warm-up
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        lt.step_batch(r, opt, state, True, [(x, y)], nonfinite="skip")
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    states = [state]  # each call continues from the last one's state, as a loop does
+    without_syncs(lambda: states.append(lt.step_batch(r, opt, states[-1], True, [(x, y)], nonfinite="skip")))
 
 
 @pytest.mark.parametrize("sharding, by", [("optimizer", "range"), ("gradients", "range"), ("gradients", "slot")])
@@ -221,13 +221,7 @@ def test_a_sharded_step_never_syncs(clip, by):
     data = on_cuda(regression_batches(4, 5))
     cfg = lt.TrainConfig(steps=6, batch_size=2, optimizer=optim.adam(0.01), log_every=0, nonfinite="skip",
                          measure_loss=False, ema_decay=0.9, sharding="gradients", shard_by=by, **clip)
-    lt.train_samples(r, cfg, data, log=lambda s: None)  # warm-up (allocations, the mirrors)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        lt.train_samples(r, cfg, data, log=lambda s: None)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    without_syncs(lambda: lt.train_samples(r, cfg, data, log=lambda s: None))
 
 
 def test_a_parameter_sharded_cuda_run_equals_the_unsharded_one_and_never_syncs():
@@ -248,10 +242,4 @@ def test_a_parameter_sharded_cuda_run_equals_the_unsharded_one_and_never_syncs()
     r = lt.Runner.from_module(copy.deepcopy(net), "mse").to("cuda")
     cfg = lt.TrainConfig(steps=6, batch_size=2, optimizer=optim.adam(0.01), log_every=0, measure_loss=False,
                          sharding="parameters")
-    lt.train_samples(r, cfg, data, log=lambda s: None)  # warm-up
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        lt.train_samples(r, cfg, data, log=lambda s: None)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    without_syncs(lambda: lt.train_samples(r, cfg, data, log=lambda s: None))
