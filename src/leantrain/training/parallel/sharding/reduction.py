@@ -1,11 +1,14 @@
-"""Sharding's reduction (ZeRO stages 1 and 2): the ``Sharded`` strategy a loop chooses.
+"""Sharding's reduction (ZeRO stages 1, 2 and 3): the ``Sharded`` strategy a loop chooses.
 
 The update's items are shared as data parallel shares them; the ranks' sums are then
 reduce-scattered by the shard plan (``step.py``), each rank updates the ranges it owns
 with the optimizer's own rules and gathers the rest. The run's history holds this
 rank's ranges only (``state.py``), its moving average too (``ema.py``), and every rank
 writes its pieces of a checkpoint folder (``checkpoint.py``). With ``exact`` the mean
-is data parallel's exact fold (the one-process bits). A sharded loop in one process
+is data parallel's exact fold (the one-process bits). ``"parameters"`` also releases the
+parameters' memory between uses (``gathering.py``), takes each item's gradient to the
+owners during its backward in item order (``rounds.py``: the one-process bits, exact or
+not) and updates the owned ranges without gathering them. A sharded loop in one process
 (no process group) runs the same plan with one rank.
 """
 
@@ -51,7 +54,8 @@ def check_trainable_kept(op: str, runner: Runner) -> None:
 
 
 class Sharded(DataParallel):
-    """``sharding="optimizer"`` or ``"gradients"`` over the ranks running (one or more)."""
+    """``sharding="optimizer"``, ``"gradients"`` or ``"parameters"`` over the ranks running
+    (one or more)."""
 
     host_state = True  # a resume reads the state into host memory and moves this rank's ranges only
 

@@ -36,7 +36,7 @@ from .state import slot_settings, working
 
 def keeps_ranges(plan: ShardPlan, clip_grad_norm: Optional[float]) -> bool:
     """Whether a step holds only this rank's ranges of the reduced gradient: always under
-    ``"gradients"``; under ``"optimizer"`` too unless clipping by norm needs the whole
+    ``"gradients"`` and ``"parameters"``; under ``"optimizer"`` too unless clipping by norm needs the whole
     gradient (for ``clip_grad_norm_``'s bits) — the update itself reads only the ranges."""
     return plan.mode != "optimizer" or clip_grad_norm is None
 
