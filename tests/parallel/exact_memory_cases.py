@@ -95,7 +95,7 @@ def measure_sharded(rank: int, world: int, init_file: str, out: str, mode: str) 
 
 
 def measure_whole(rank: int, world: int, init_file: str, out: str, mode: str, bucket_bytes: int = 0) -> None:
-    """Three AdamW updates of 4 items under ``sharding=mode`` on ``world`` gloo ranks; each
+    """Two AdamW updates of 4 items under ``sharding=mode`` on ``world`` gloo ranks; each
     rank writes its peak resident memory above what the process held before the model
     existed (the parameters included: parameter sharding releases them), in units of P,
     to ``whole{rank}-{mode}-of-{world}.txt``. ``bucket_bytes``: the reduce-scatter's
@@ -114,7 +114,7 @@ def measure_whole(rank: int, world: int, init_file: str, out: str, mode: str, bu
         gc.collect()
         start = high_water()
         runner, data, p_bytes = job(4)
-        cfg = lt.TrainConfig(steps=3, batch_size=4, optimizer=lt.optim.adamw(1e-3), log_every=0,
+        cfg = lt.TrainConfig(steps=2, batch_size=4, optimizer=lt.optim.adamw(1e-3), log_every=0,
                              measure_loss=False, sharding=mode, replica_check=False)
         lt.train_samples(runner, cfg, data, log=None)
         (Path(out) / f"whole{rank}-{mode}-of-{world}.txt").write_text(str((high_water() - start) / p_bytes))
