@@ -192,3 +192,33 @@ def same_bits(a, b):
     for k in ta:
         assert torch.equal(bits(ta[k]), bits(tb[k])), k
     assert la == lb and len(la) >= 4
+
+
+def against_plain_pytorch(name: str, checkpoint) -> None:
+    """A zoo run's checkpoint (AdamW of the table, 5 updates of 3 items) against plain
+    PyTorch on a fresh copy: each item's loss backward into ``.grad`` (ties summed by
+    autograd), the sum times 1/n, ``AdamW(fused=True)``; buffers advanced once per item.
+    Agreement to rounding (leantrain's fold and torch's ``.grad`` accumulation differ)."""
+    from leantrain.io.exporting import params_from_checkpoint
+
+    entry = zoo_models.BY_NAME[name]
+    model, data = entry.model(0), entry.samples(7)
+    h = TABLE["adamw"].hyper
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.01, betas=(h["beta1"], h["beta2"]),
+                            eps=h["eps"], weight_decay=h["weight_decay"], fused=True)
+    loss_fn = entry.loss_fn()
+    for step in range(5):
+        opt.zero_grad(set_to_none=True)
+        for k in range(3):
+            x, y = data[(step * 3 + k) % len(data)]
+            loss_fn(model(x), y).backward()
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(1.0 / 3)
+        opt.step()
+    ours = params_from_checkpoint(checkpoint)
+    theirs = dict(model.state_dict())
+    assert {s.name for s in ours} <= set(theirs) and len(ours) >= 4
+    for slot in ours:
+        torch.testing.assert_close(slot.storage.host, theirs[slot.name], rtol=1e-5, atol=1e-6,
+                                   msg=lambda m: f"{name} {slot.name}: {m}")

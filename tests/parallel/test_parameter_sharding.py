@@ -100,3 +100,9 @@ def test_each_rank_writes_its_own_ranges_of_the_parameters(runs, world):
     index = read_index(runs / f"{RESUMED}.w{world}", "test")
     files = {p["file"] for name, parts in index["pieces"].items() if name.startswith("storage.") for p in parts}
     assert len(files) == world
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["cnn_batchnorm", "frozen_backbone", "weight_norm", "shared_twice"])
+def test_the_zoo_under_parameter_sharding_on_two_ranks_equals_plain_pytorch(runs, name):
+    sc.against_plain_pytorch(name, runs / f"zoo.{name}-adamw-default-parameters.w2")

@@ -7,7 +7,6 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from leantrain.io.exporting import params_from_checkpoint
 import shard_cases as sc
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
@@ -74,29 +73,8 @@ def test_default_reduction_agrees_to_rounding(runs, case, world):
 @pytest.mark.parametrize("name", sc.ZOO)
 @pytest.mark.parametrize("world", [2, 3])
 def test_the_zoo_sharded_on_many_ranks_equals_plain_pytorch(runs, name, world):
-    """Plain PyTorch on a deep copy: each item's loss backward into ``.grad`` (ties summed
-    by autograd), the sum times 1/n, ``AdamW(fused=True)``; buffers advanced once per item."""
-    entry = sc.zoo_models.BY_NAME[name]
-    model, data = entry.model(0), entry.samples(7)
-    h = sc.TABLE["adamw"].hyper
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.01, betas=(h["beta1"], h["beta2"]),
-                            eps=h["eps"], weight_decay=h["weight_decay"], fused=True)
-    loss_fn = entry.loss_fn()
-    for step in range(5):
-        opt.zero_grad(set_to_none=True)
-        for k in range(3):
-            x, y = data[(step * 3 + k) % len(data)]
-            loss_fn(model(x), y).backward()
-        for p in model.parameters():
-            if p.grad is not None:
-                p.grad.mul_(1.0 / 3)
-        opt.step()
-    ours = params_from_checkpoint(runs / f"zoo.{name}-adamw-exact-gradients.w{world}")
-    theirs = dict(model.state_dict())
-    assert {s.name for s in ours} <= set(theirs) and len(ours) >= 4
-    for slot in ours:
-        torch.testing.assert_close(slot.storage.host, theirs[slot.name], rtol=1e-5, atol=1e-6,
-                                   msg=lambda m: f"{name} {slot.name}: {m}")
+    """Plain PyTorch on a deep copy (``shard_cases.against_plain_pytorch``)."""
+    sc.against_plain_pytorch(name, runs / f"zoo.{name}-adamw-exact-gradients.w{world}")
 
 
 @pytest.mark.parametrize("case", [c for c in sc.CASES if c.startswith("wide-") and "-default-" in c

@@ -39,6 +39,9 @@ from .options import StepOptions
 from .vectorized import stacked_loss_and_gradients
 
 
+NOTHING = contextlib.nullcontext()  # a context that does nothing (reusable: it keeps no state)
+
+
 class Reduction:
     """One process (the base every parallel strategy refines)."""
 
@@ -131,12 +134,12 @@ class Reduction:
     def guard(self, op: str):
         """A context around a loop's calls of the model (parameter sharding checks them
         until its first update is applied)."""
-        return contextlib.nullcontext()
+        return NOTHING
 
     def user_code(self):
         """A context around the user's code between updates (parameter sharding: the
         parameters whole)."""
-        return contextlib.nullcontext()
+        return NOTHING
 
     def close(self, runner: Runner, failed: bool) -> None:
         """The loop ended (``failed``: by an exception): the module as the user owns it."""
