@@ -17,6 +17,18 @@ def test_canonical_gradients_sum_left_to_right_and_drop_frozen():
     assert sums[1].item() == 4.0 and sums[2] is b
 
 
+def test_a_tie_sums_a_sparse_and_a_dense_gradient_in_either_order():
+    dense, sparse = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0.5, 0.0, -1.0]).to_sparse()
+    for pack in ([sparse, dense], [dense, sparse]):
+        (total, alias) = lt.canonical_gradients([0, 0], pack)
+        assert alias is None and torch.equal(total.to_dense(), torch.tensor([1.5, 2.0, 2.0]))
+    opt = lt.optim.sgd(0.5)  # SGD takes sparse gradients: the tie's one update uses the sum
+    params = lt.ParamList([lt.Param(torch.zeros(3), name="w")])
+    tied = lt.ParamList([params[0], lt.Param.of_storage(params[0].storage, name="w2")])
+    opt.step(opt.init(tied), tied, [sparse, dense])
+    assert torch.equal(params[0].storage.host, torch.tensor([-0.75, -1.0, -1.0]))
+
+
 def test_canonical_gradients_rejects_mixed_shapes():
     with pytest.raises(lt.PackError, match=r"slot 1: gradient does not match its representative slot 0"):
         lt.canonical_gradients([0, 0], [torch.zeros(()), torch.zeros(1)])

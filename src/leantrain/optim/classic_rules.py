@@ -8,6 +8,8 @@ Each rule is a class of static functions over one kind's hyperparameters ``h``:
   in place (``uniform``: one device and dtype, as the optimizer's groups are), returning
   the new records. Every form is elementwise: a tensor alone gets the bits it gets in a
   group (tested), so there is no separate per-tensor form;
+* ``steady_kernel(h, ps)`` (optional, Adam/AdamW): the function ``update_many`` would
+  run for a layout group's targets, chosen once with the layout (``optim/layout.py``);
 * ``reference``: upstream's per-tensor formula (``numerics="torchlean"``, in
   ``reference.py``), or ``None`` where upstream has none (the constructor then refuses
   that setting);
@@ -23,7 +25,7 @@ without one out). No parameter-sized temporary is allocated except where a formu
 needs one (a denominator, Lion's interpolation).
 
 What runs. On CPU and CUDA float tensors SGD (with or without momentum), Adagrad, Adam
-and AdamW run torch's fused kernels (``fused.py``), the bits of ``torch.optim.*(fused=
+and AdamW run torch's fused kernels (``kernels.py``), the bits of ``torch.optim.*(fused=
 True)``:
 
 * SGD:       ``p += -lr * g``; momentum ``b = b*mu + g``, ``p += -lr * b``
@@ -54,8 +56,7 @@ import torch
 import torch.optim
 
 from .reference import FORMULAS as upstream
-from .fused import by_device_dtype, fusable
-from .kernels import advanced, decoupled, fused_adam, has_options, step_tensors, torch_options
+from .kernels import advanced, by_device_dtype, decoupled, fusable, fused_adam, has_options, step_tensors, torch_options
 from .hyper import Adagrad, Adam, AdamW, SGD
 from .records import AdagradState, AdagradStepState, AdamState, AMSGradState, DampenedMomentumState, MomentumState, SGDState
 
@@ -279,6 +280,13 @@ class AdamRule:
     @staticmethod
     def record_type(h) -> type:
         return AMSGradState if h.amsgrad else AdamState
+
+    @staticmethod
+    def steady_kernel(h, ps):
+        """What ``update_many`` runs on the targets ``ps`` of one layout group (one device
+        and dtype) when every gradient is ready: torch's fused kernel where it takes them,
+        decided once with the layout (``None``: ``update_many`` decides per update)."""
+        return fused_adam if fusable(ps[:1]) else None
 
     @staticmethod
     def torch_equivalent(h):

@@ -13,8 +13,9 @@ same order either way, so a reused layout gives the same bits as a fresh one.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -42,6 +43,7 @@ class Group:
     move: bool  # some gradient lives on another device than its target (generic path)
     strides: list  # per target: the strides its gradient and state must have
     staged: bool  # some target is not dense: it is updated through a dense copy
+    kernel: object = None  # the rule's ``steady_kernel`` for these targets, if it has one
 
 
 @dataclass
@@ -53,6 +55,7 @@ class Layout:
     reusable: bool  # nothing of it depends on this step alone (no split history, no host sync)
     fresh: bool  # some representative has no record yet (made at the update)
     host_syncs: list  # storages whose newer mirror is synced to the host and dropped first
+    rule: object = None  # the hyperparameters' rule (``rules.rule_for``), looked up once
 
 
 def target(storage, path: str) -> torch.Tensor:
@@ -108,12 +111,13 @@ def build_layout(op: str, hyper, records: list, params: ParamList, slots_map: li
         if rec is None:
             fresh = True
         elif type(rec) is not SGDState:
-            check_record(op, params, i, rec, p)
+            fits = check_record(op, params, i, rec, p, strides)
             if id(rec) in owned:  # un-tied since the last step: split the history
                 records[i] = clone_record(rec)
                 split = True
-            if not all(same_layout(t, strides) for k, t in records[i].tensors().items()
-                       if parameter_shaped(type(records[i]), k)):
+                fits = all(same_layout(t, strides) for k, t in records[i].tensors().items()
+                           if parameter_shaped(type(records[i]), k))
+            if not fits:
                 records[i] = in_layout(records[i], p)  # e.g. state made elsewhere, contiguous
                 split = True
             owned.add(id(records[i]))
@@ -127,7 +131,49 @@ def build_layout(op: str, hyper, records: list, params: ParamList, slots_map: li
         group.move |= move
         group.staged |= not dense
     reusable = not (syncs or split or fresh)
-    return Layout(list(slots_map), tied, list(groups.values()), n_reps, reusable, fresh, syncs)
+    steady_kernel = getattr(rule, "steady_kernel", None)
+    if steady_kernel is not None:
+        for group in groups.values():  # decided once per layout, not per update
+            group.kernel = steady_kernel(group.hyper, group.targets)
+    return Layout(list(slots_map), tied, list(groups.values()), n_reps, reusable, fresh, syncs, rule)
+
+
+class Remembered:
+    """The last reusable layout a public ``step``/``step_native`` built for a parameter
+    list, with the state that step returned: the next call with that state (or its
+    ``with_lr`` copy), this optimizer's hyperparameters, the same slots and targets and
+    gradients on the same devices reuses it, as a loop reuses its ``Steady.layout``
+    (the records were checked when that state was made, and are its own). Held by the
+    parameter list weakly (``MEMO``): it never keeps a list's tensors alive."""
+
+    __slots__ = ("hyper", "path", "key", "layout", "state")
+
+    def __init__(self, hyper, path: str, key: tuple, layout: Layout) -> None:
+        self.hyper, self.path, self.key, self.layout, self.state = hyper, path, key, layout, None
+
+    def fits(self, hyper, state, path: str, key: tuple) -> bool:
+        made = None if self.state is None else self.state()
+        return (hyper is self.hyper and path == self.path and made is not None
+                and (state is made or state.slots is made.slots) and key == self.key)
+
+
+MEMO: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # ParamList -> Remembered
+
+
+def layout_key(params: ParamList, gradients: Sequence, path: str) -> Optional[tuple]:
+    """What a layout depends on besides the records, per slot: the slot's storage and
+    ``requires_grad``, its target tensor (object, memory, shape, strides), the mirror's
+    state, the gradient's device. ``None`` (nothing to remember) for a sparse gradient
+    or a missing mirror. A few attribute reads per slot, against a layout's checks."""
+    native, key = path == NATIVE, []
+    for v, g in zip(params.views, gradients):
+        s = v.storage
+        t = s.mirror if native else s.host
+        if t is None or (g is not None and g.layout != torch.strided):
+            return None
+        key.append((v.requires_grad, id(s), id(t), t.data_ptr(), t.shape, t.stride(), s.host_current,
+                    s.mirror is None, None if g is None else g.get_device()))
+    return tuple(key)
 
 
 def in_layout(rec, p: torch.Tensor):
@@ -147,12 +193,25 @@ def check_sparse(op: str, hyper, rule, params: ParamList, i: int) -> None:
         )
 
 
-def check_record(op: str, params: ParamList, i: int, rec, p: torch.Tensor) -> None:
+def check_record(op: str, params: ParamList, i: int, rec, p: torch.Tensor, strides: tuple) -> bool:
+    """Raise unless every tensor of ``rec`` fits slot ``i``'s target ``p`` (shape, device,
+    dtype); returns whether those of the parameter's shape are in its kernel layout
+    (``strides``). One pass over the record: this runs per slot of every built layout."""
+    shapes = getattr(type(rec), "SHAPES", None)
+    shape, device, dtype, fits = p.shape, p.device, p.dtype, True
     for field, t in rec.tensors().items():
-        want = state_shape(type(rec), field, tuple(p.shape))
-        if tuple(t.shape) != want or t.device != p.device or t.dtype != p.dtype:
+        pick = None if shapes is None else shapes.get(field)
+        if pick is None:
+            ok = t.shape == shape
+            if ok and fits and t.stride() != strides:
+                fits = same_layout(t, strides)
+        else:
+            ok = tuple(t.shape) == pick(tuple(shape))
+        if not ok or t.device != device or t.dtype != dtype:
+            want = state_shape(type(rec), field, tuple(shape))
             raise OptimizerStateError(
                 f"{op}: {slot_label(i, params[i].name)}: optimizer state '{field}' does not "
-                f"fit the parameter: expected {want} {p.dtype} on "
-                f"{p.device}, got {tuple(t.shape)} {t.dtype} on {t.device}"
+                f"fit the parameter: expected {want} {dtype} on "
+                f"{device}, got {tuple(t.shape)} {t.dtype} on {t.device}"
             )
+    return fits

@@ -21,6 +21,7 @@ with ``torch.optim``. Pass back the state a step returned.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import weakref
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -31,7 +32,7 @@ from ..params.paramlist import ParamList
 from .hyper import Hyper, check_rate
 from .per_slot import Settings, plain, resolve
 from ..params.dense import same_layout, to_layout
-from .layout import GENERIC, NATIVE, Layout, build_layout, check_sparse, no_mirror
+from .layout import MEMO, Remembered, layout_key, GENERIC, NATIVE, Layout, build_layout, check_sparse, no_mirror
 from .rules import rule_for
 from .torch_style import as_param_list, group_function
 
@@ -252,6 +253,12 @@ class Optimizer:
         op = f"{self.kind}.{'step_native' if path == NATIVE else 'step'}"
         records = list(state.slots)
         lay = None if cache is None else cache.layout
+        key = memo = None
+        if lay is None and cache is None and self.slot_fn is None and not presummed and found_inf is None:
+            key = layout_key(params, gradients, path)  # a public call: the last step's layout, if it still fits
+            memo = None if key is None else MEMO.get(params)
+            if memo is not None and memo.fits(self.hyper, state, path, key):
+                lay = memo.layout
         if lay is None:  # everything validated here, nothing written yet
             if slots_map is None:
                 slots_map = params.canonical_slot_indices()
@@ -260,11 +267,17 @@ class Optimizer:
             lay = build_layout(op, self.hyper, records, params, slots_map, sums, path, self.settings(op, params)[0])
             if cache is not None and lay.reusable:
                 cache.layout = lay
-        else:  # a loop's layout: the runner's own gradients, the same slots
-            sums = (canonical_gradients(lay.slots_map, gradients, allow_missing=True) if lay.tied and not presummed
-                    else gradients)
+            memo = Remembered(self.hyper, path, key, lay) if key is not None and lay.reusable else None
+            if memo is not None:
+                MEMO[params] = memo
+        else:  # a loop's (or the last call's) layout: the same slots, gradients that fit them
+            sums = (canonical_gradients(lay.slots_map, gradients, names=params, allow_missing=True)
+                    if lay.tied and not presummed else gradients)
         if found_inf is None:
-            return self._run(state, records, lay, sums, path)
+            new = self._run(state, records, lay, sums, path)
+            if memo is not None:
+                memo.state = weakref.ref(new)  # the state whose records this layout's next use takes
+            return new
         targets = [t for group in lay.groups for t in group.targets]
         targets += [t for rec in state.records().values() for t in rec.tensors().values()]
         saved = [t.detach().clone() for t in targets]
@@ -283,7 +296,7 @@ class Optimizer:
     def _run(self, state: OptState, records: list, lay: Layout, sums: Sequence, path: str) -> OptState:
         """Write: one multi-tensor call per group of the layout, then the alias records."""
         native = path == NATIVE
-        rule = rule_for(self.hyper)
+        rule = lay.rule
         for storage in lay.host_syncs:
             storage.begin_host_update()  # sync a newer mirror, then drop it
         with torch.no_grad():
@@ -321,6 +334,8 @@ def _update_group(rule, hyper, lr: float, group, recs: list, gs: list) -> tuple[
     ps = group.targets
     if not (group.staged or group.move) and hyper.numerics == "fast" and _ready(gs, group.strides):
         # the usual step: every gradient present, dense, in its target's layout
+        if group.kernel is not None:  # the rule's kernel for these targets, chosen with the layout
+            return range(len(gs)), group.kernel(hyper, lr, recs, ps, gs)
         return range(len(gs)), rule.update_many(hyper, lr, recs, ps, gs, uniform=True)
     keep = range(len(gs))
     if hyper.numerics == "torchlean":

@@ -75,7 +75,8 @@ def canonical_gradients(
                 f"{slot_label(c, _name(names, c))}: expected shape {shape_str(acc.shape)} "
                 f"{acc.dtype}, got {shape_str(g.shape)} {g.dtype}"
             )
-        sums[c] = acc + g
+        # addition commutes bit for bit; torch adds a sparse tensor only to a dense one
+        sums[c] = g + acc if acc.layout != torch.strided and g.layout == torch.strided else acc + g
     return sums
 
 

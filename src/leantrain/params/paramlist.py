@@ -23,9 +23,12 @@ Device = Union[str, torch.device]
 
 
 class ParamList:
-    """An ordered, shape-indexed list of parameter views (parameters, then buffers)."""
+    """An ordered, shape-indexed list of parameter views (parameters, then buffers).
 
-    __slots__ = ("_views",)
+    ``views``: the slots' ``Param`` objects in slot order (a tuple, fixed at creation:
+    per-update code reads it without a call per slot)."""
+
+    __slots__ = ("views", "__weakref__")
 
     def __init__(self, views: Sequence[Param]) -> None:
         for i, v in enumerate(views):
@@ -42,7 +45,7 @@ class ParamList:
                     f"(shape {shape_str(t.shape)}, stride {tuple(t.stride())}: expanded or self-overlapping) "
                     f"cannot be updated; give it its own memory (.clone()) or freeze it"
                 )
-        self._views: tuple[Param, ...] = tuple(views)
+        self.views: tuple[Param, ...] = tuple(views)
 
     # ----------------------------------------------------------------- building
     @classmethod
@@ -80,13 +83,13 @@ class ParamList:
 
     # ---------------------------------------------------------------- sequence
     def __len__(self) -> int:
-        return len(self._views)
+        return len(self.views)
 
     def __getitem__(self, index: int) -> Param:
-        return self._views[index]
+        return self.views[index]
 
     def __iter__(self) -> Iterator[Param]:
-        return iter(self._views)
+        return iter(self.views)
 
     def __repr__(self) -> str:
         return f"ParamList({len(self)} slots)"
@@ -94,30 +97,30 @@ class ParamList:
     @property
     def shapes(self) -> list[Shape]:
         """Each slot's shape, in slot order."""
-        return [v.shape for v in self._views]
+        return [v.shape for v in self.views]
 
     @property
     def names(self) -> list[Optional[str]]:
         """Each slot's name (``None`` where it has none), in slot order."""
-        return [v.name for v in self._views]
+        return [v.name for v in self.views]
 
     @property
     def dtypes(self) -> list[torch.dtype]:
         """Each slot's dtype, in slot order."""
-        return [v.dtype for v in self._views]
+        return [v.dtype for v in self.views]
 
     def label(self, index: int) -> str:
         """How messages name slot ``index``: ``slot 3 ('decoder.weight')``."""
-        return slot_label(index, self._views[index].name)
+        return slot_label(index, self.views[index].name)
 
     # ------------------------------------------------------------------ seed 1
     def requires_grad_array(self) -> list[bool]:
         """The trainability mask in slot order."""
-        return [v.requires_grad for v in self._views]
+        return [v.requires_grad for v in self.views]
 
     def optimizer_storage(self) -> list[Optional[Storage]]:
         """The storage of each trainable slot, ``None`` at frozen slots. Reads no data."""
-        return [v.storage if v.requires_grad else None for v in self._views]
+        return [v.storage if v.requires_grad else None for v in self.views]
 
     def canonical_slot_indices(self) -> list[Optional[int]]:
         """Map each trainable slot to the first trainable slot with the same storage.
@@ -129,7 +132,7 @@ class ParamList:
         """
         first: dict[int, int] = {}
         out: list[Optional[int]] = []
-        for i, v in enumerate(self._views):
+        for i, v in enumerate(self.views):
             if not v.requires_grad:
                 out.append(None)
             else:
@@ -139,13 +142,13 @@ class ParamList:
     def storages(self) -> list[Storage]:
         """Every distinct storage once, in order of first occurrence (frozen included)."""
         seen: dict[int, Storage] = {}
-        for v in self._views:
+        for v in self.views:
             seen.setdefault(id(v.storage), v.storage)
         return list(seen.values())
 
     def values(self) -> list[torch.Tensor]:
         """Snapshots of the host values in slot order, with no sync (may be stale)."""
-        return [v.storage.host.detach().clone() for v in self._views]
+        return [v.storage.host.detach().clone() for v in self.views]
 
     def values_synced(self) -> list[torch.Tensor]:
         """Snapshots after copying every newer mirror to the host.
@@ -164,7 +167,7 @@ class ParamList:
         aliases the same storage is written several times; the last occurrence wins.
         """
         self.check_pack("ParamList.set_values", pack)
-        for v, t in zip(self._views, pack):
+        for v, t in zip(self.views, pack):
             v.storage.write_host(t)
 
     # ----------------------------------------------------------------- devices
@@ -177,7 +180,7 @@ class ParamList:
 
     def has_mirrors(self) -> bool:
         """True when every storage has a device mirror."""
-        return bool(self._views) and all(s.mirror is not None for s in self.storages())
+        return bool(self.views) and all(s.mirror is not None for s in self.storages())
 
     # -------------------------------------------------------------- validation
     def check_pack(
@@ -191,12 +194,12 @@ class ParamList:
         (the optimizer decides whether its rule takes them)."""
         if not isinstance(pack, (list, tuple)):
             raise PackTypeError(f"{op}: expected a list of tensors, got {type(pack).__name__}")
-        if len(pack) != len(self._views):
+        if len(pack) != len(self.views):
             raise PackError(
-                f"{op}: pack length mismatch: expected {len(self._views)} tensors "
+                f"{op}: pack length mismatch: expected {len(self.views)} tensors "
                 f"(one per slot), got {len(pack)}; pass the pack in slot order, see ParamList.shapes"
             )
-        for i, (v, t) in enumerate(zip(self._views, pack)):
+        for i, (v, t) in enumerate(zip(self.views, pack)):
             if t is None and (gradients or (allow_none_frozen and not v.requires_grad)):
                 continue
             check_slot_tensor(op, i, v.name, v.shape, v.dtype, t, sparse=gradients)
@@ -211,6 +214,9 @@ def check_slot_tensor(
 ) -> None:
     """Raise unless ``t`` is a dense tensor holding data, with ``shape`` and ``dtype``
     (``sparse``: a sparse COO tensor is accepted too)."""
+    if (isinstance(t, torch.Tensor) and t.shape == shape and t.dtype == dtype and t.layout == torch.strided
+            and not t.is_meta and not t.is_quantized):
+        return  # the usual case, checked first: this runs per slot of every public update
     where = slot_label(i, name)
     ok_layout = (torch.strided, torch.sparse_coo) if sparse else (torch.strided,)
     if isinstance(t, torch.Tensor) and (t.is_meta or t.layout not in ok_layout or t.is_quantized):
