@@ -3,7 +3,7 @@
 Each call chooses its ``Reduction`` once when it starts, as a loop does
 (``parallel.strategy.choose``: under ``torch.distributed`` every rank computes its
 share of the items, as data parallel), then runs one update (``update.step``) or one
-mean (``update.gradients``).
+mean (``update.step.batch_mean``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from ...optim import OptState, Optimizer
 from ..parallel.strategy import choose
 from ..runner.runner import Runner, Sample
-from ..update.gradients import batch_mean, check_batch
+from ..update.step import batch_mean, check_batch
 from ..update.mean import Pack
 from ..update.options import StepOptions
 from ..update.step import Update, update

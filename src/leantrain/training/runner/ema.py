@@ -40,10 +40,13 @@ class EMA:
         self.trainable = sorted({index[id(params[i].storage)] for i, c in enumerate(params.canonical_slot_indices())
                                  if c is not None})
         self.values: list[Optional[torch.Tensor]] = values if values is not None else [None] * len(storages)
+        self._of, self._storages = params, storages
 
     def update(self, params) -> None:
         """Average in the current weights (after an optimizer step); device-side only."""
-        storages = params.storages()
+        if self._of is not params:  # the storages looked up once per parameter list
+            self._of, self._storages = params, params.storages()
+        storages = self._storages
         with torch.no_grad():
             if self.count == 0:
                 for k in self.trainable:
@@ -51,7 +54,8 @@ class EMA:
             else:
                 groups: dict[tuple, tuple[list, list]] = {}
                 for k in self.trainable:
-                    w = storages[k].newest().detach()
+                    s = storages[k]  # its newest tensor (``Storage.newest``, read here: this runs every update)
+                    w = (s.host if s.host_current or s.mirror is None else s.mirror).detach()
                     avg = self.values[k]
                     if avg.device != w.device:  # the runner moved: the average follows
                         avg = self.values[k] = avg.to(w.device)

@@ -29,6 +29,7 @@ class Steady:
 
     checked: Any = None  # the optimizer whose state the first step checked
     slot_map: Optional[list] = None  # params.canonical_slot_indices()
+    plain: Optional[bool] = None  # that map is the identity (no tie, nothing frozen)
     binding: Any = None  # a Binding that swaps nothing in (reused as it is)
     layout: Any = None  # the optimizer's update layout (optim.layout.Layout)
     buckets: Any = None  # data parallel's bucket plan (overlap.BucketPlan)
@@ -38,7 +39,7 @@ class Steady:
     suspect: bool = False
 
     def clear(self) -> None:
-        self.checked = self.slot_map = self.binding = self.layout = self.buckets = self.fingerprint = None
+        self.checked = self.slot_map = self.plain = self.binding = self.layout = self.buckets = self.fingerprint = None
         self.suspect = False
 
 

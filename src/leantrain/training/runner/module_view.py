@@ -103,11 +103,9 @@ class ModuleView:
         object and its device. Equal fingerprints before and after the user's code mean
         the loop's checks still hold (``Runner.confirm_steady``)."""
         out: list = []
-        for i, (table, attr, orig, _, _) in enumerate(self.slot_info):
-            now = table.get(attr)
-            s = params[i].storage
-            out.append((id(now), orig.requires_grad, params[i].requires_grad, orig.data_ptr(), orig.shape,
-                        orig.stride(), orig.dtype, orig.device, id(s.mirror)))
+        for (table, attr, orig, _, _), p in zip(self.slot_info, params.views):
+            out.append((id(table.get(attr)), orig.requires_grad, p.requires_grad, orig.data_ptr(), orig.shape,
+                        orig.stride(), orig.dtype, orig.device, id(p.storage.mirror)))
         for loc in self.scratch_locations:
             cur = loc.current()
             out.append((id(cur), None if cur is None else cur.device))

@@ -252,6 +252,18 @@ class Runner:
             steady.slot_map = self.params.canonical_slot_indices()
         return steady.slot_map
 
+    def slots_plain(self) -> bool:
+        """Whether every slot is its own representative (no tie, nothing frozen): the
+        canonical gradients are the gradients. Once per steady stretch of a loop."""
+        steady = self.loop.steady
+        if steady is not None and steady.plain is not None:
+            return steady.plain
+        smap = self.slot_map()
+        plain = all(c == i for i, c in enumerate(smap))
+        if steady is not None:
+            steady.plain = plain
+        return plain
+
     # --------------------------------------------------------------- binding
     def binding(self, op: str = "Runner") -> Binding:
         """The module bound at the current values for one call (use as a context).

@@ -14,7 +14,8 @@ average), what happens before each update (``check_step``), how a checkpoint is 
 how the run finishes and how a failure is reported.
 
 ``Reduction`` itself is **one process**: the items' left-to-right fold times ``1/n``,
-applied by the optimizer as it is. ``parallel/`` holds the others (data parallel,
+applied by the optimizer as it is (``clipped`` and ``apply`` below: clipping, skip mode,
+the loss scale; no host read). ``parallel/`` holds the others (data parallel,
 overlapped or exact, rank-local or not; sharding), each a subclass that overrides where
 ranks take part; ``parallel.strategy.choose`` picks one. Nothing in this floor imports
 ``torch.distributed``.
@@ -29,11 +30,12 @@ import torch
 
 from ...io.checkpoint import save_checkpoint
 from ...optim import OptState, Optimizer
+from ...optim.clipping import clip_
+from ...params.packs import canonical_gradients
 from ..runner.binding import BufferSnapshot
 from ..runner.ema import EMA, restored_ema
 from ..runner.runner import Runner, Sample
 from .accumulate import sum_items
-from .apply import apply, clipped
 from .mean import Mean, Pack
 from .options import StepOptions
 from .vectorized import stacked_loss_and_gradients
@@ -151,3 +153,42 @@ class Reduction:
 
 
 ONE_PROCESS = Reduction()
+
+
+# ---------------------------------------------------------------- applying
+def clipped(runner: Runner, grads: Pack, o: StepOptions) -> tuple[Pack, Optional[torch.Tensor]]:
+    """The gradients clipped as ``o`` asks, on the canonical gradients (each storage once,
+    a tie with its sum), and the norm before clipping (clipping by norm); else as given."""
+    if not o.clipping:
+        return grads, None
+    smap = runner.slot_map()
+    if not runner.slots_plain():  # a tie or a frozen slot: each storage's one gradient
+        grads = canonical_gradients(smap, grads, allow_missing=True)
+    return grads, clip_(grads, o.clip_grad_norm, o.clip_grad_value)
+
+
+def apply(runner: Runner, opt: Optimizer, state: OptState, grads: Pack, found: torch.Tensor,
+          snapshot: Optional[BufferSnapshot], o: StepOptions) -> OptState:
+    """The optimizer's update; in skip mode undone on the device where ``found`` is set
+    (the buffers too), the skip counted, the loss scale adjusted. No host read."""
+    skipping(found, snapshot, o)
+    steady = runner.loop.steady
+    kept = None if steady is None else steady.layout
+    # The gradients come from the runner's own slots: their shapes and dtypes fit.
+    state = opt.apply(state, runner.params, grads, o.path, found_inf=found if o.skips else None,
+                      presummed=o.clipping, cache=steady, slots_map=runner.slot_map())
+    if steady is None or steady.layout is None or steady.layout is not kept:
+        runner.counted_layout()
+    if o.scaler is not None:
+        o.scaler.update(found)
+    return state
+
+
+def skipping(found: torch.Tensor, snapshot: Optional[BufferSnapshot], o: StepOptions) -> None:
+    """Skip mode: the buffers put back where ``found`` is set, the skip counted."""
+    if o.skips:
+        if snapshot is not None:
+            snapshot.restore_where(found)  # a skipped step leaves the buffers as they were
+        if o.skipped is not None:
+            o.skipped.add_(found[0])
+

@@ -21,7 +21,7 @@ import torch
 
 from ....errors import ConfigError
 from ...runner.runner import Runner
-from ...update.apply import clipped, skipping
+from ...update.reduction import clipped, skipping
 from ...update.mean import Mean
 from ...update.reduction import Reduction
 from ...update.accumulate import sum_items
