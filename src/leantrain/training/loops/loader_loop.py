@@ -100,8 +100,8 @@ def _epochs(cfg: LoaderTrainConfig, stream: Stream, state: OptState, schedule_st
             session.meter.saw(examples_in(raw, items))  # for the throughput: host shapes only
             group += cut(items, cfg.pieces)
             if (b + 1) % cfg.accumulate == 0:
-                if not session.reduction.local:  # rank-local data: every rank has its own items
-                    warn_idle_ranks(op, cfg, group, at, start)
+                if at.step == start.step and session.reduction.ranks and not session.reduction.local:
+                    warn_idle_ranks(op, group)  # the first update only (rank-local data: every rank has its own)
                 state, at, event, stop = _group_update(cfg, session, stream, state, group, at, b, schedule_state)
                 group = []
                 if stop or _reached(cfg, at):
@@ -128,11 +128,11 @@ def cut(items: list[Sample], pieces: Optional[int]) -> list[Sample]:
     return items if pieces is None else [p for s in items for p in split_rows(s, pieces)]
 
 
-def warn_idle_ranks(op: str, cfg: LoaderTrainConfig, group: list, at: Progress, start: Progress) -> None:
+def warn_idle_ranks(op: str, group: list) -> None:
     """Under ``torch.distributed``, a loop whose first update has fewer items than ranks
     (a collated batch is one item) leaves ranks idle: say so once, with the remedy."""
     world = distributed.active()
-    if at.step == start.step and world is not None and len(group) < world[1]:
+    if world is not None and len(group) < world[1]:
         warnings.warn(f"{op}: an update has {len(group)} item(s) for {world[1]} ranks, so some ranks compute "
                       f"nothing (a collated batch is one item): pass pieces=N to cut each loader batch along "
                       f"dimension 0 into N items", stacklevel=4)
