@@ -9,8 +9,7 @@ left-to-right fold times ``1/n``, ``mean.Mean``; ``parallel/``: each rank its sh
 ``update`` reads top to bottom as its phases, the same for one process and for every
 parallel strategy (the options' ``Reduction``, chosen once per loop, owns what differs):
 the batch checked, the history checked (once per loop), buffers and gradients
-(``batch_mean``: the buffers advance for every item first, then every item is
-differentiated at one point and the sums are multiplied by ``1/n``), the sparse check,
+(``batch_mean``, as above), the sparse check,
 the ranks' one verdict on the non-finite flag, the non-finite check, the reduction's
 apply (clipping and the optimizer), and what the reduction does after. A rejected step
 leaves parameters, optimizer state and buffers as they were. Losses stay on the device
