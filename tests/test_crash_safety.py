@@ -3,11 +3,11 @@ of a checkpoint write: the newest complete checkpoint always verifies, holds the
 should, and resuming from it reproduces the uninterrupted run exactly (parameters,
 BatchNorm buffers and logged losses). Every trial must resume."""
 
-import multiprocessing as mp
 
 import pytest
 import torch
 
+import spawning
 import crash_child
 from leantrain.io.checkpoint import read_checkpoint
 
@@ -16,9 +16,7 @@ KILL_STEPS = (1, 2, 7, crash_child.STEPS)
 
 @pytest.fixture(scope="module")
 def ctx():
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "leantrain", "crash_child"])
-    return ctx
+    return spawning.context()  # the forkserver the distributed tests share, these modules loaded
 
 
 @pytest.fixture(scope="module")

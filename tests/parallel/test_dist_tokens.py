@@ -6,9 +6,9 @@ batch along dimension 0 so every rank computes a share of it."""
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
+import spawning
 import leantrain as lt
 import token_cases as tc
 
@@ -20,7 +20,7 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tokens")
     torch.set_num_threads(1)
     for world in (2, 3):
-        mp.spawn(tc.worker, args=(world, str(tmp / f"init-{world}"), str(tmp)), nprocs=world, join=True)
+        spawning.spawn(tc.worker, (world, str(tmp / f"init-{world}"), str(tmp)), world)
     for case in tc.CASES:
         tc.run(case, tmp, "w1")
     tc.run("loader-4-exact", tmp, "uncut", pieces=None)

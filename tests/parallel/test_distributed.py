@@ -1,10 +1,10 @@
 """Data parallel training on torch.distributed (gloo, 2 processes on this machine)."""
 
 import torch
-import torch.multiprocessing as mp
 import pytest
 from safetensors import safe_open
 
+import spawning
 import dist_cases as dc
 from leantrain.training.parallel import distributed
 
@@ -17,7 +17,7 @@ def tensors(path):
 
 
 def spawn(tmp, plan, tag):
-    mp.spawn(dc.worker, args=(2, str(tmp / f"init-{tag}"), str(tmp), plan), nprocs=2, join=True)
+    spawning.spawn(dc.worker, (2, str(tmp / f"init-{tag}"), str(tmp), plan), 2)
 
 
 @pytest.fixture(scope="module")

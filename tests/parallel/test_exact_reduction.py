@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors import safe_open
 
+import spawning
 import dist_cases as dc
 import leantrain as lt
 
@@ -28,7 +28,7 @@ def runs(tmp_path_factory):
     torch.set_num_threads(1)
     for world in (2, 3):
         plan = [(c, f"w{world}", False, False) for c in dc.EXACT_CASES]
-        mp.spawn(dc.worker, args=(world, str(tmp / f"init-{world}"), str(tmp), plan), nprocs=world, join=True)
+        spawning.spawn(dc.worker, (world, str(tmp / f"init-{world}"), str(tmp), plan), world)
     for case in dc.EXACT_CASES:
         dc.run(case, tmp, "w1")
     return tmp

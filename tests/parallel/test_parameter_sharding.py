@@ -19,8 +19,8 @@ import json
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+import spawning
 import shard_cases as sc
 from leantrain.io.sharded import read_index
 
@@ -39,7 +39,7 @@ RUNS = [(case, world) for world, cases in WORLDS.items() for case in cases]
 
 
 def spawn(tmp, world, plan):
-    mp.spawn(sc.worker, args=(world, str(tmp / f"init-{world}"), str(tmp), plan), nprocs=world, join=True)
+    spawning.spawn(sc.worker, (world, str(tmp / f"init-{world}"), str(tmp), plan), world)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+import spawning
 import leantrain as lt
 import rank_cases
 
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="no
 
 
 def test_ranks_with_different_numbers_of_items_all_refuse(tmp_path):
-    mp.spawn(rank_cases.worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    spawning.spawn(rank_cases.worker, (2, str(tmp_path / "init"), str(tmp_path)), 2)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert results[0] == results[1]
     host = socket.gethostname()
@@ -29,7 +30,7 @@ def test_a_relaunch_whose_ranks_see_different_checkpoints_names_the_nodes_and_th
     r, samples, cfg = rank_cases.resume_job()
     lt.train_samples(r, lt.TrainConfig(**dict(cfg, steps=2, checkpoint_path=str(tmp_path / "ck0.ckpt"))), samples,
                      log=None)
-    mp.spawn(rank_cases.resume_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    spawning.spawn(rank_cases.resume_worker, (2, str(tmp_path / "init"), str(tmp_path)), 2)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert results[0] == results[1]
     host = socket.gethostname()
@@ -45,7 +46,7 @@ def test_dropout_draws_follow_the_item_not_the_rank(tmp_path):
     (and BatchNorm); the default all-reduce agrees to rounding; the ranks' generators end
     where one process's does."""
     torch.set_num_threads(1)
-    mp.spawn(rank_cases.dropout_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    spawning.spawn(rank_cases.dropout_worker, (2, str(tmp_path / "init"), str(tmp_path)), 2)
     for bn in (False, True):
         for exact in (False, True):
             state, losses, rng = rank_cases.dropout_run(bn, exact)

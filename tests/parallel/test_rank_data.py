@@ -6,9 +6,9 @@ alike on every rank (rank 0's, broadcast after each update, as DDP)."""
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
+import spawning
 import rank_data_cases as rc
 from rank_data_cases import same_bits
 
@@ -20,7 +20,7 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rankdata")
     torch.set_num_threads(1)
     for world in (2, 3):
-        mp.spawn(rc.worker, args=(world, str(tmp / f"init-{world}"), str(tmp)), nprocs=world, join=True)
+        spawning.spawn(rc.worker, (world, str(tmp / f"init-{world}"), str(tmp)), world)
         rc.reference(world, tmp / f"reference.w{world}.safetensors")
     return tmp
 

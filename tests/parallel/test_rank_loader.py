@@ -10,9 +10,9 @@ import json
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
+import spawning
 import leantrain as lt
 import rank_loader_cases as rc
 from rank_data_cases import same_bits
@@ -25,7 +25,7 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rankloader")
     torch.set_num_threads(1)
     for world in (2, 3):  # 2 first: its checkpoint is resumed on 3 ranks
-        mp.spawn(rc.worker, args=(world, str(tmp / f"init-{world}"), str(tmp)), nprocs=world, join=True)
+        spawning.spawn(rc.worker, (world, str(tmp / f"init-{world}"), str(tmp)), world)
         rc.reference_collated(world, tmp / f"reference-collated.w{world}.safetensors")
     rc.reference_items(tmp / "reference.safetensors")
     r = rc.runner()  # the 2-rank checkpoint resumed in one process, reading every item

@@ -4,7 +4,6 @@ truncated, missing or corrupted shard, pieces that overlap or leave a gap, a wro
 size, a stray file) refused with nothing installed; ``export --consolidate``."""
 
 import json
-import multiprocessing as mp
 from dataclasses import replace
 
 import pytest
@@ -13,6 +12,7 @@ import torch
 import leantrain as lt
 from leantrain.cli.main import main as cli_main
 from leantrain.io import checkfile, sharded
+import spawning
 import shard_cases as sc
 import shard_crash_child as child
 from optimizer_table import TABLE
@@ -20,9 +20,7 @@ from optimizer_table import TABLE
 
 @pytest.fixture(scope="module")
 def ctx():
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "leantrain", "shard_crash_child"])
-    return ctx
+    return spawning.context()  # the forkserver the distributed tests share, these modules loaded
 
 
 @pytest.fixture(scope="module")

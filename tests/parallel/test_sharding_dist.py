@@ -5,15 +5,15 @@ saved on 2 ranks resumes on 1 and on 3 to the uninterrupted run's bits."""
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+import spawning
 import shard_cases as sc
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
 
 
 def spawn(tmp, world, plan):
-    mp.spawn(sc.worker, args=(world, str(tmp / f"init-{world}"), str(tmp), plan), nprocs=world, join=True)
+    spawning.spawn(sc.worker, (world, str(tmp / f"init-{world}"), str(tmp), plan), world)
 
 
 @pytest.fixture(scope="module")

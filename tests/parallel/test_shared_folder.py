@@ -7,8 +7,8 @@ import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+import spawning
 import folder_cases
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
@@ -17,8 +17,7 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="no
 @pytest.mark.parametrize("sharding", ["optimizer", None])
 @pytest.mark.parametrize("per_node", [True, False])
 def test_a_checkpoint_folder_per_node_is_refused_on_every_rank_before_training(tmp_path, per_node, sharding):
-    mp.spawn(folder_cases.worker, args=(2, str(tmp_path / "init"), str(tmp_path), per_node, sharding), nprocs=2,
-             join=True)
+    spawning.spawn(folder_cases.worker, (2, str(tmp_path / "init"), str(tmp_path), per_node, sharding), 2)
     results = [(tmp_path / f"result{r}.txt").read_text() for r in (0, 1)]
     if not per_node or sharding is None:
         assert results == ["trained", "trained"]

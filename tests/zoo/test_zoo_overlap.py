@@ -3,9 +3,9 @@ the same bits as summing first and all-reducing after, on the model zoo."""
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
+import spawning
 import overlap_worker as ow
 from leantrain.training.parallel import overlap
 
@@ -13,8 +13,7 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="no
 
 
 def _run(tmp_path, world, tiny):
-    mp.spawn(ow.worker, args=(world, str(tmp_path / f"init-{world}-{tiny}"), str(tmp_path), tiny), nprocs=world,
-             join=True)
+    spawning.spawn(ow.worker, (world, str(tmp_path / f"init-{world}-{tiny}"), str(tmp_path), tiny), world)
     return [(tmp_path / f"rank{r}-{'tiny' if tiny else 'ddp'}.txt").read_text().splitlines() for r in range(world)]
 
 

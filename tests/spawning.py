@@ -1,0 +1,34 @@
+"""Rank processes for the distributed tests, forked from one server process.
+
+``mp.spawn`` starts every rank as a fresh interpreter that imports torch and leantrain
+again (about 2.5 s of CPU per rank on the CI's machine, some 80 ranks in the suite). The
+ranks here are forked from multiprocessing's forkserver instead, which has those modules
+and the case modules imported once (a clean interpreter of its own, started on first use:
+no threads, nothing of the test process). What a rank computes is the same: it runs the
+same function from the same fresh module state. Tests whose ranks read an environment
+variable set by the test (``MALLOC_*`` for the memory measures) keep ``mp.spawn``: the
+server's environment is the one it started with.
+"""
+
+from __future__ import annotations
+
+import torch.multiprocessing as mp
+
+# Imported once by the server (a module that fails to import is skipped by it).
+PRELOAD = ["torch", "torch.distributed", "leantrain", "safetensors.torch", "crash_child", "shard_crash_child",
+           "shard_cases", "dist_cases", "rank_cases", "rank_data_cases", "rank_loader_cases", "token_cases",
+           "folder_cases", "overlap_worker"]
+
+
+def context():
+    """The forkserver context, its preload set (it takes effect when the server starts)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def spawn(fn, args: tuple, nprocs: int) -> None:
+    """``mp.spawn(fn, args=args, nprocs=nprocs, join=True)`` with the ranks forked from the
+    server: ``fn(rank, *args)`` in each, a rank's exception raised here."""
+    context()
+    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
