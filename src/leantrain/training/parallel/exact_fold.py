@@ -36,6 +36,8 @@ def _buckets(leaves: list) -> dict[tuple, list[tuple[int, torch.Tensor]]]:
     return out
 
 
+# torch's newer name for the same collective (the older one warns there; torch >= 2.4 has one of them)
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 SEGMENTS = 4  # each round's gradient crosses in this many pieces: a quarter of a pack in flight at a time
 
 
@@ -96,7 +98,7 @@ def owner_fold(pairs: Iterator, n: int, rank: int, world: int, leaves: list) -> 
         # segment's all-gather writes the owners' ranges into their places, no copy after
         full = torch.empty(SEGMENTS * seg, dtype=key[1], device=key[0])
         for s in range(SEGMENTS):
-            dist.all_gather_into_tensor(full[s * seg: (s + 1) * seg], sums[key][s * sub: (s + 1) * sub], group=group)
+            ALL_GATHER(full[s * seg: (s + 1) * seg], sums[key][s * sub: (s + 1) * sub], group=group)
         sums[key] = None
         at = 0
         for i, t in members:
