@@ -126,3 +126,19 @@ def test_the_memo_keeps_no_parameter_list_alive():
     del params, state
     gc.collect()
     assert gone() is None
+
+
+def test_the_native_path_keeps_its_layout_once_the_mirrors_are_newer(builds, monkeypatch):
+    def native_run(opt) -> list:
+        params = tied_params().to_device("cpu")  # CPU mirrors stand for a device's
+        state = opt.init(params, native=True)
+        for k in range(4):
+            state = opt.step_native(state, params, gradients(k))
+        return [t.clone() for t in params.values_synced()]
+
+    opt = optim.adam(1e-2)
+    kept = native_run(opt)
+    assert builds[0] == 2  # the first call found the host current; from the second the mirrors are newer
+    monkeypatch.setattr(optimizer_module, "MEMO", Forgetful())
+    assert all(torch.equal(a, b) for a, b in zip(kept, native_run(opt)))
+    assert builds[0] == 2 + 4
