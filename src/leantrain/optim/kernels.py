@@ -94,10 +94,9 @@ def step_tensors(ss: list) -> list:
 def fused_adam(h, lr: float, ss: list, ps, gs) -> list:
     """Adam/AdamW by torch's fused kernel (``adam``); the records advance as always."""
     news = advanced(h, ss)
-    adam(ps, gs, [s.m for s in ss], [s.v for s in ss], [n.step for n in news],
-                      adamw=decoupled(h), lr=lr, beta1=h.beta1, beta2=h.beta2,
-                      weight_decay=h.weight_decay, eps=h.eps, maximize=h.maximize,
-                      vmaxs=[s.vmax for s in ss] if h.amsgrad else None)
+    adam(ps, gs, [s.m for s in ss], [s.v for s in ss], [n.step for n in news], adamw=decoupled(h), lr=lr,
+         beta1=h.beta1, beta2=h.beta2, weight_decay=h.weight_decay, eps=h.eps, maximize=h.maximize,
+         vmaxs=[s.vmax for s in ss] if h.amsgrad else None)
     return news
 
 
