@@ -39,7 +39,8 @@ class Forgetful(dict):
 def tied_params() -> ParamList:
     g = torch.Generator().manual_seed(0)
     shared = Param(torch.randn(4, 3, generator=g), name="shared")
-    return ParamList([shared, Param(torch.randn(5, generator=g), name="bias"), Param.of_storage(shared.storage, name="tie")])
+    bias = Param(torch.randn(5, generator=g), name="bias")
+    return ParamList([shared, bias, Param.of_storage(shared.storage, name="tie")])
 
 
 def gradients(step: int) -> list:

@@ -61,3 +61,41 @@ def test_a_tiny_eps_and_a_zero_gradient_stay_finite():
     for _ in range(3):
         state = opt.step(state, params, [torch.zeros(4)])
     assert torch.isfinite(params.values()[0]).all()
+
+
+@pytest.mark.parametrize("entry", [e for e in ZOO if not e.tied], ids=lambda e: e.name)
+def test_public_steps_that_keep_their_layout_equal_torch_fused_adamw(entry, monkeypatch):
+    """``Optimizer.step`` called by hand, as a PyTorch script would, keeps its layout from
+    the first call (``optim/layout.py``'s memo) and still gives ``AdamW(fused=True)``'s bits
+    on a deep copy, for every zoo model (buffers and frozen slots without a gradient)."""
+    import copy
+
+    from leantrain.optim import optimizer as optimizer_module
+
+    built, real = [], optimizer_module.build_layout
+
+    def counted(*args, **kwargs):
+        built.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(optimizer_module, "build_layout", counted)
+    model = entry.model(0)
+    ref = copy.deepcopy(model)
+    params = lt.ParamList.from_module(model)
+    opt = optim.adamw(1e-2, weight_decay=0.1)
+    state = opt.init(params)
+    topt = torch.optim.AdamW([p for p in ref.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.1, fused=True)
+    named = dict(model.named_parameters())
+    for k, (x, y) in enumerate(entry.samples(4)):
+        trained = {n: p for n, p in named.items() if p.requires_grad}
+        torch.manual_seed(k)  # the same dropout draws on both sides
+        found = torch.autograd.grad(entry.loss_fn()(model(x), y), list(trained.values()), allow_unused=True)
+        by_name = dict(zip(trained, found))
+        state = opt.step(state, params, [by_name.get(v.name) for v in params])
+        topt.zero_grad(set_to_none=True)
+        torch.manual_seed(k)
+        entry.loss_fn()(ref(x), y).backward()
+        topt.step()
+    assert len(built) == 1  # the first call's layout served the other three
+    for (name, ours), theirs in zip(model.named_parameters(), ref.parameters()):
+        assert torch.equal(ours, theirs), name

@@ -54,8 +54,7 @@ class EMA:
             else:
                 groups: dict[tuple, tuple[list, list]] = {}
                 for k in self.trainable:
-                    s = storages[k]  # its newest tensor (``Storage.newest``, read here: this runs every update)
-                    w = (s.host if s.host_current or s.mirror is None else s.mirror).detach()
+                    w = storages[k].newest().detach()
                     avg = self.values[k]
                     if avg.device != w.device:  # the runner moved: the average follows
                         avg = self.values[k] = avg.to(w.device)
