@@ -41,6 +41,9 @@ def data(dtype):
 CASES = [f"{loop}-{kind}-{dt}" for loop in ("samples", "loader") for kind in ("sgd", "adam") for dt in ("f64", "f32")]
 CASES += ["samples-adam-f64-mirrors", "loader-sgd-f32-mirrors"]  # the native path on CPU mirrors
 EXACT_CASES = ["samples-adam-f32-exact", "loader-sgd-f32-exact"]  # exact_reduction
+# and with segments of 64 bytes: each round's gradient crosses in several segments, slots
+# straddling them, with the send and receive buffers reused from segment to segment
+EXACT_CASES += ["loader-adam-f32-exact-segments"]
 
 
 def make(case):
@@ -51,7 +54,7 @@ def make(case):
     if case.endswith("-mirrors"):
         runner.to("cpu")
     opt = TABLE[kind].make()  # the shared table's setting
-    exact = dict(exact_reduction=True, log_every=1) if case.endswith("-exact") else {}
+    exact = dict(exact_reduction=True, log_every=1) if "-exact" in case else {}
     if loop == "samples":  # batches of 3 items: ranks get 2 and 1
         cfg = replace(lt.TrainConfig(steps=8, batch_size=3, optimizer=opt, log_every=4), **exact)
         return runner, cfg, lambda c, cb=None: lt.train_samples(runner, c, data(dtype), log=lambda s: None, callback=cb)
@@ -62,6 +65,18 @@ def make(case):
 
 
 def run(case, out: Path, tag: str, resume: bool = False, stop: bool = False):
+    from leantrain.training.parallel import exact_fold
+
+    segment = exact_fold.SEGMENT_BYTES
+    if case.endswith("-segments"):
+        exact_fold.SEGMENT_BYTES = 64
+    try:
+        _run(case, out, tag, resume, stop)
+    finally:
+        exact_fold.SEGMENT_BYTES = segment
+
+
+def _run(case, out: Path, tag: str, resume: bool, stop: bool):
     runner, cfg, go = make(case)
     cfg = replace(cfg, checkpoint_path=out / f"{case}.{tag}")
     if resume:

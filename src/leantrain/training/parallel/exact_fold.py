@@ -4,21 +4,24 @@ their owners, one round of items at a time, each owner folding its range in item
 Item ``j`` of an update's ``n`` is differentiated on rank ``j mod world``, in rounds of
 ``world`` items (round ``r`` holds items ``r*world`` to ``r*world + world - 1``). In each
 round every rank cuts its item's flat gradient (zeros where it used no slot, or has no item)
-into ``SEGMENTS`` segments, each into ``world`` ranges, and sends range ``c`` of each segment
-to rank ``c`` (one all-to-all per segment and gradient dtype); rank ``c`` adds the round's
-ranges to its running sums in item order. After the
-last round the ranks all-gather their summed ranges, each segment straight into its place
-in the whole gradient. Every element is the same sequence of additions as one process's
-left-to-right fold (``accumulate.fold``: ``g0 + g1``, then ``+ g2``...), so the bits are
-the same on any number of ranks; but a rank holds one item's gradient (each slot let go
-once its last segment is sent), a segment in flight both ways and its share of the sum:
-at most one process's two packs (the sum and one item's), never every item's as a
+into segments of at most ``SEGMENT_BYTES``, each into ``world`` ranges, and sends range
+``c`` of each segment to rank ``c`` (one asynchronous all-to-all per segment and gradient
+dtype); rank ``c`` adds the round's ranges to its running sums in item order. One segment
+crosses while the next is cut, and a round's last one while the next item is
+differentiated (``_Flight``). After the last round the ranks all-gather their summed
+ranges, each segment straight into its place in the whole gradient. Every element is the
+same sequence of additions as one process's left-to-right fold (``accumulate.fold``:
+``g0 + g1``, then ``+ g2``...), so the bits are the same on any number of ranks; but a rank
+holds one item's gradient (each slot let go once its last segment is cut), two segments
+both ways and its share of the sum: at most one process's two packs (the sum and one
+item's) for a model of more than ``4 * SEGMENT_BYTES`` on two ranks, never every item's as a
 gather of all items would (``n`` packs per rank). The items' losses travel together at
 the end (as float64: exact for every narrower float and for counts below 2**53).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Iterator, Optional
 
 import torch
@@ -38,28 +41,83 @@ def _buckets(leaves: list) -> dict[tuple, list[tuple[int, torch.Tensor]]]:
 
 # torch's newer name for the same collective (the older one warns there; torch >= 2.4 has one of them)
 ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-SEGMENTS = 4  # each round's gradient crosses in this many pieces: a quarter of a pack in flight at a time
+SEGMENT_BYTES = 8 << 20  # a round's gradient crosses in segments of at most this size (all ranks' ranges)
+
+
+class _Flight:
+    """The segments sent and not yet folded, oldest first, with their buffers (a send and a
+    receive buffer of one segment each): one segment crosses while the next is cut, and the
+    round's last one while the next item is differentiated. A rank holds at most two
+    segments' buffers, and one between rounds, however many rounds."""
+
+    def __init__(self, n: int, world: int, sums: dict) -> None:
+        self.n, self.world, self.sums = n, world, sums
+        self.pending: deque = deque()
+        self.spare: Optional[tuple] = None  # the buffers of the segment last folded
+
+    def buffers(self, key, seg: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A (send, receive) pair of ``seg`` elements for bucket ``key``: the spare pair
+        when it fits, else new ones; an earlier segment still in flight is folded first."""
+        while len(self.pending) > 1:
+            self.land()  # at most one segment in flight besides the one about to be cut
+        spare, self.spare = self.spare, None
+        if spare is not None and spare[0].dtype == key[1] and spare[0].device == key[0] and spare[0].numel() == seg:
+            return spare
+        return torch.empty(seg, dtype=key[1], device=key[0]), torch.empty(seg, dtype=key[1], device=key[0])
+
+    def send(self, key, s: int, r: int, sub: int, part: torch.Tensor, received: torch.Tensor, group) -> None:
+        # equal splits: range c of the segment to rank c; asynchronous, folded when it lands
+        work = dist.all_to_all_single(received, part, group=group, async_op=True)
+        self.pending.append((key, s, r, sub, part, received, work))
+
+    def land(self) -> None:
+        """Wait for the oldest segment in flight and add its ranges to this rank's sums,
+        in item order (the same IEEE additions as ``g0 + g1``, then ``add_``)."""
+        key, s, r, sub, part, received, work = self.pending.popleft()
+        work.wait()
+        mine = self.sums[key][s * sub: (s + 1) * sub]
+        for k, rng in enumerate(received.split(sub)):  # this round's items, in item order
+            j = r * self.world + k
+            if j >= self.n:
+                break
+            if j == 0:
+                mine.copy_(rng)  # the first item's own values
+            else:
+                mine.add_(rng)
+        self.spare = (part, received)
+
+    def between_rounds(self) -> None:
+        """Let go of the spare buffers: while the next item is differentiated a rank holds
+        only the segment still crossing."""
+        self.spare = None
+
+    def drain(self) -> None:
+        while self.pending:
+            self.land()
 
 
 def owner_fold(pairs: Iterator, n: int, rank: int, world: int, leaves: list) -> tuple[list, list, Optional[object]]:
     """``(item losses in item order, summed gradient pack, this rank's first loss)`` from
     ``pairs``, this rank's items' ``(loss, pack)`` in order, computed lazily round by round.
 
-    Each bucket's flat gradient is cut into ``SEGMENTS`` segments of ``seg = world * sub``
-    elements (the last padded with zeros), each segment into ``world`` ranges of ``sub``:
-    rank ``c`` owns range ``c`` of every segment and keeps their sums side by side
-    (``SEGMENTS * sub`` elements)."""
+    Each bucket's flat gradient is cut into ``count`` segments of ``seg = world * sub``
+    elements (at most ``SEGMENT_BYTES``; the last padded with zeros), each segment into
+    ``world`` ranges of ``sub``: rank ``c`` owns range ``c`` of every segment and keeps
+    their sums side by side (``count * sub`` elements). Segments cross asynchronously
+    (``_Flight``): the next is cut, and the next item differentiated, while one crosses."""
     group = distributed.group()
     rows = -(-n // world)
     buckets = _buckets(leaves)
     layout = {}
     for key, members in buckets.items():
         width = sum(t.numel() for _, t in members)
-        sub = -(-width // (SEGMENTS * world))
-        layout[key] = (width, sub * world, sub)  # a segment is world ranges exactly: gathered in place
-    sums: dict[tuple, Optional[torch.Tensor]] = {key: None for key in buckets}
+        count = max(1, -(-width * key[1].itemsize // SEGMENT_BYTES))
+        sub = -(-width // (count * world))
+        layout[key] = (width, sub * world, sub, count)  # a segment is world ranges exactly: gathered in place
+    sums = {key: torch.empty(layout[key][3] * layout[key][2], dtype=key[1], device=key[0]) for key in buckets}
     device = next((t.device for t in leaves if t is not None), torch.device("cpu"))
     loss_rows = torch.zeros(rows, 2, dtype=torch.float64, device=device)
+    flight = _Flight(n, world, sums)
     first = None
     for r in range(rows):
         pair = next(pairs) if r * world + rank < n else None
@@ -70,41 +128,33 @@ def owner_fold(pairs: Iterator, n: int, rank: int, world: int, leaves: list) -> 
             first = loss if first is None else first
             loss_row(loss_rows, r, loss)
         for key, members in buckets.items():
-            width, seg, sub = layout[key]
-            if sums[key] is None:
-                sums[key] = torch.empty(SEGMENTS * sub, dtype=key[1], device=key[0])
-            for s in range(SEGMENTS):
-                part = _segment(grads, members, s * seg, min((s + 1) * seg, width), sub * world, key)
-                _free_used(grads, members, (s + 1) * seg)  # slots wholly sent: gone
-                received = torch.empty(sub * world, dtype=key[1], device=key[0])
-                dist.all_to_all_single(received, part, group=group)  # equal splits: range c to rank c
-                part = None
-                received = received.split(sub)
-                mine = sums[key][s * sub: (s + 1) * sub]
-                for k in range(world):  # this round's items, in item order
-                    j = r * world + k
-                    if j >= n:
-                        break
-                    if j == 0:
-                        mine.copy_(received[k])  # the first item's own values
-                    else:
-                        mine.add_(received[k])  # the same IEEE additions as g0 + g1, then add_
-                received = None
-        grads = None  # this item's gradients are folded: freed before the next is computed
+            width, seg, sub, count = layout[key]
+            for s in range(count):
+                part, received = flight.buffers(key, seg)
+                _segment(part, grads, members, s * seg, min((s + 1) * seg, width))
+                _free_used(grads, members, (s + 1) * seg)  # slots wholly copied out: gone
+                flight.send(key, s, r, sub, part, received, group)
+        grads = None  # this item's gradients are on their way: freed before the next is computed
+        flight.between_rounds()
+    flight.drain()
     packs: list = [None] * len(leaves)
+    works = []
     for key, members in buckets.items():
-        width, seg, sub = layout[key]
+        width, seg, sub, count = layout[key]
         # element (segment s, owner c, offset e) sits at flat position s*seg + c*sub + e: each
         # segment's all-gather writes the owners' ranges into their places, no copy after
-        full = torch.empty(SEGMENTS * seg, dtype=key[1], device=key[0])
-        for s in range(SEGMENTS):
-            ALL_GATHER(full[s * seg: (s + 1) * seg], sums[key][s * sub: (s + 1) * sub], group=group)
-        sums[key] = None
+        full = torch.empty(count * seg, dtype=key[1], device=key[0])
+        for s in range(count):
+            works.append(ALL_GATHER(full[s * seg: (s + 1) * seg], sums[key][s * sub: (s + 1) * sub], group=group,
+                                    async_op=True))
         at = 0
         for i, t in members:
             packs[i] = full[at: at + t.numel()].view(t.shape)
             at += t.numel()
-    return item_losses(loss_rows, n, world, first), packs, first
+    losses = item_losses(loss_rows, n, world, first)
+    for w in works:
+        w.wait()
+    return losses, packs, first
 
 
 def loss_row(loss_rows: torch.Tensor, r: int, loss) -> None:
@@ -126,12 +176,12 @@ def item_losses(loss_rows: torch.Tensor, n: int, world: int, first) -> list:
     return [LossSum(x[0], x[1]) for x in rows_of] if sums_loss else [x[0] for x in rows_of]
 
 
-def _segment(grads, members, lo: int, hi: int, size: int, key) -> torch.Tensor:
+def _segment(part: torch.Tensor, grads, members, lo: int, hi: int) -> None:
     """Flat positions ``[lo, hi)`` of the item's gradient (zeros where it used no slot, or
-    has no item), padded with zeros to ``size``."""
+    has no item) into ``part``, padded with zeros to its end."""
     if grads is None:
-        return torch.zeros(size, dtype=key[1], device=key[0])
-    part = torch.empty(size, dtype=key[1], device=key[0])
+        part.zero_()
+        return
     part[hi - lo:].zero_()  # the last segment's padding
     at = 0
     for i, t in members:
@@ -142,7 +192,6 @@ def _segment(grads, members, lo: int, hi: int, size: int, key) -> torch.Tensor:
             else:
                 part[a - lo: b - lo].zero_()  # a slot this item did not use
         at += t.numel()
-    return part
 
 
 def _free_used(grads, members, upto: int) -> None:
