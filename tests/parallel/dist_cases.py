@@ -33,6 +33,18 @@ class Net(nn.Module):
         return self.head(torch.tanh(self.c(torch.tanh(self.b(h)))))
 
 
+class Mixed(Net):
+    """``Net`` in float32 with a float64 head: two gradient buckets (one per dtype)."""
+
+    def __init__(self):
+        super().__init__(torch.float32)
+        self.head.to(torch.float64)
+
+    def forward(self, x):
+        h = torch.tanh(self.c(torch.tanh(self.b(torch.tanh(self.norm(self.a(x)))))))
+        return self.head(h.double()).float()
+
+
 def data(dtype):
     g = torch.Generator().manual_seed(5)
     return [(torch.randn(4, 3, generator=g).to(dtype), torch.randn(4, 2, generator=g).to(dtype)) for _ in range(7)]
@@ -42,15 +54,16 @@ CASES = [f"{loop}-{kind}-{dt}" for loop in ("samples", "loader") for kind in ("s
 CASES += ["samples-adam-f64-mirrors", "loader-sgd-f32-mirrors"]  # the native path on CPU mirrors
 EXACT_CASES = ["samples-adam-f32-exact", "loader-sgd-f32-exact"]  # exact_reduction
 # and with segments of 64 bytes: each round's gradient crosses in several segments, slots
-# straddling them, with the send and receive buffers reused from segment to segment
-EXACT_CASES += ["loader-adam-f32-exact-segments"]
+# straddling them, with the send and receive buffers reused from segment to segment (and,
+# "mixed", across a float32 and a float64 bucket)
+EXACT_CASES += ["loader-adam-f32-exact-segments", "samples-sgd-mixed-exact-segments"]
 
 
 def make(case):
     loop, kind, dt = case.split("-")[:3]
     dtype = torch.float64 if dt == "f64" else torch.float32
     torch.manual_seed(1)
-    runner = lt.Runner.from_module(Net(dtype), "mse")
+    runner = lt.Runner.from_module(Mixed() if dt == "mixed" else Net(dtype), "mse")
     if case.endswith("-mirrors"):
         runner.to("cpu")
     opt = TABLE[kind].make()  # the shared table's setting
