@@ -126,7 +126,7 @@ class LoopOptions:
     may round differently, so exact only against itself); ``sharding``: ``"optimizer"``
     (ZeRO stage 1: each rank keeps the optimizer state of its ranges only) or
     ``"gradients"`` (stage 2: its ranges of the reduced gradient too), see
-    ``shard_step.py``, or ``"parameters"`` (stage 3: its ranges of the parameters too,
+    ``parallel/sharding/step.py``, or ``"parameters"`` (stage 3: its ranges of the parameters too,
     each module's gathered into its own Parameters around its use, gathering.py);
     ``None``: every rank holds everything; ``shard_by``: ``"range"``
     (each slot cut at multiples of 64 elements) or ``"slot"`` (whole slots per rank).

@@ -84,10 +84,10 @@ def draws(runner: Runner, states: Optional[list], j: int) -> None:
 def sum_hooked(runner: Runner, mine: Sequence[Sample], leaves, scratch, own: Optional[list], make_reducer,
                vectorized: bool = False):
     """The loss sum of ``mine`` with the last backward under a reducer's gradient hooks
-    (data parallel's overlap, ``overlap.py`` and ``shard_overlap.py``): all items but the
-    last are folded first (``sum_items``), then
-    ``make_reducer(partial)`` hooks every leaf while the last item (or, ``vectorized``,
-    the stacked items) is differentiated. Returns ``(reducer, loss, grads)``; the hooks
+    (data parallel's overlap, ``parallel/overlap.py`` and ``parallel/sharding/overlap.py``):
+    all items but the last are folded first (``sum_items``), then ``make_reducer(partial)``
+    hooks every leaf while the last item (or, ``vectorized``, the stacked items) is
+    differentiated. Returns ``(reducer, loss, grads)``; the hooks
     are removed also on error."""
     partial_loss, partial = None, None
     if not vectorized and len(mine) > 1:

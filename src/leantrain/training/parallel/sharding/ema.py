@@ -7,7 +7,7 @@ first update copies, then ``_foreach_lerp_``), on the same elements, so the aver
 values are the unsharded run's bits. Where the whole average is needed (an evaluation
 with ``eval_ema``) it is all-gathered (every rank evaluates, so every rank joins);
 ``whole()`` gives an ``EMA`` again (the loop hands that to the runner when it ends);
-a checkpoint stores each rank's ranges as pieces (``shard_checkpoint.py``).
+a checkpoint stores each rank's ranges as pieces (``checkpoint.py``).
 """
 
 from __future__ import annotations

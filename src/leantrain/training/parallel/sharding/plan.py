@@ -5,7 +5,7 @@ A shard plan is a pure function of the slot sizes, the alias map (frozen slots m
 Each representative slot is viewed flat and cut into at most one contiguous range per
 rank, at multiples of ``ALIGN`` (64) elements: torch's fused and multi-tensor optimizer
 kernels give an element the same bits wherever it sits as long as a cut falls on such a
-multiple (``tests/test_sharding.py`` guards that rule against torch upgrades). A slot
+multiple (``tests/parallel/test_sharding.py`` guards that rule against torch upgrades). A slot
 of ``k`` blocks of 64 gives rank ``r`` the blocks ``[floor(r k / W), floor((r+1) k / W))``,
 rotated by the slot's position ``k`` among the representatives, so that small slots
 spread over the ranks (an empty slot: one empty range, on rank ``k mod W``). As an

@@ -14,7 +14,7 @@ The update runs the optimizer's own rules and fused kernels on the owned ranges 
 views of the parameters, cut at multiples of 64 elements, so each element gets the
 bits the whole tensor's update gives it), then every rank's ranges are all-gathered
 into every rank's parameters. With ``exact_reduction`` the gradients come from the
-item-order fold (``dp_gradients.exact_gradients``): the one-process bits on any world
+item-order fold (``data_parallel.exact_gradients``): the one-process bits on any world
 size. Skipped steps (``nonfinite="skip"``) are undone on the device, as unsharded.
 """
 
