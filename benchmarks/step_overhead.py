@@ -4,8 +4,9 @@
 Both sides do the same math (forward, backward, one optimizer step per minibatch)
 in the same process, interleaved; the hand loop uses torch's fused optimizers
 (``fused=True``, the fastest a user has); the ratios printed are the best of N (each
-side's fastest run) and the median of per-run ratios (< 1 means leantrain is faster). ``train_samples`` and ``train_loader`` run
-with ``log_every=0`` and the default ``nonfinite="raise"`` check, and include their
+side's fastest run) and the median of per-run ratios (< 1 means leantrain is faster).
+``train_samples`` and ``train_loader`` run with ``log_every=0`` and the default
+``nonfinite="raise"`` check, and include their
 before/after mean losses (8 extra forward passes per call, spread over 800 or 240 steps).
 "floor (math)" is a loop with nothing but the math (forward, ``autograd.grad``, the
 fused optimizer step): no loop can go below it. "step callback" is ``train_samples`` with a

@@ -28,9 +28,11 @@ class Net(nn.Module):
         self.head.bias.requires_grad_(False)
         self.to(dtype)
 
+    def features(self, x):
+        return torch.tanh(self.c(torch.tanh(self.b(torch.tanh(self.norm(self.a(x)))))))
+
     def forward(self, x):
-        h = torch.tanh(self.norm(self.a(x)))
-        return self.head(torch.tanh(self.c(torch.tanh(self.b(h)))))
+        return self.head(self.features(x))
 
 
 class Mixed(Net):
@@ -41,8 +43,7 @@ class Mixed(Net):
         self.head.to(torch.float64)
 
     def forward(self, x):
-        h = torch.tanh(self.c(torch.tanh(self.b(torch.tanh(self.norm(self.a(x)))))))
-        return self.head(h.double()).float()
+        return self.head(self.features(x).double()).float()
 
 
 def data(dtype):
