@@ -121,3 +121,38 @@ def measure_whole(rank: int, world: int, init_file: str, out: str, mode: str, bu
     finally:
         if world > 1:
             dist.destroy_process_group()
+
+
+def measure_finish(rank: int, world: int, init_file: str, out: str) -> None:
+    """Two AdamW updates of 4 items under ``sharding="parameters"`` on ``world`` gloo
+    ranks; each rank writes how far its resident memory rises above what it held when the
+    run's end began (the strategy's ``finish``: the module gathered whole again), in P,
+    to ``finish{rank}-of-{world}.txt``. The peak is restarted there (``clear_refs``)."""
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        import leantrain as lt
+        from leantrain.training.parallel.sharding.reduction import Sharded
+
+        runner, data, p_bytes = job(4)
+        rise = []
+        end = Sharded.finish
+
+        def finish(self, runner):
+            gc.collect()
+            before = resident()
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # VmHWM restarts from the resident size now
+            end(self, runner)
+            rise.append(high_water() - before)
+
+        Sharded.finish = finish  # this spawned process's class only
+        cfg = lt.TrainConfig(steps=2, batch_size=4, optimizer=lt.optim.adamw(1e-3), log_every=0,
+                             measure_loss=False, sharding="parameters", replica_check=False)
+        lt.train_samples(runner, cfg, data, log=None)
+        (Path(out) / f"finish{rank}-of-{world}.txt").write_text(str(rise[0] / p_bytes))
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+

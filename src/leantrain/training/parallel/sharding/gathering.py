@@ -42,6 +42,8 @@ from .fetch import Fetch
 from .plan import ShardPlan
 from .state import working
 
+CLOSE_CHUNK = 16 << 20  # bytes of storages gathered together when a run ends (a larger slot alone)
+
 
 def _tensors(output) -> list:
     """The tensors of a module's output (a tensor, or tuples, lists and dicts of them)."""
@@ -253,7 +255,13 @@ class ParameterShards:
         self.handles = []
         self.tracking = False
         if not failed:
-            self.gather(self.sharded)
+            # A chunk of slots at a time, this rank's own ranges of each let go once it is
+            # whole: the peak is the whole module plus one chunk, not plus this rank's ranges.
+            for chunk in self._chunks():
+                self.gather(chunk)
+                wanted = set(chunk)
+                for r in [r for r in self.values if r.slot in wanted]:
+                    del self.values[r]
             return
         with torch.no_grad():
             for c in self.sharded:  # a fetch in flight is not waited for (its peers may be gone)
@@ -264,6 +272,19 @@ class ParameterShards:
             self.landing.clear()
             for r, v in self.values.items():
                 self._storage_view(r.slot)[r.start: r.stop].copy_(v)
+
+    def _chunks(self) -> list[list[int]]:
+        """The sharded slots in order, in runs of at most ``CLOSE_CHUNK`` bytes (a larger
+        slot alone): the same on every rank, as the gathers are collectives."""
+        chunks: list[list[int]] = []
+        size = 0
+        for c in self.sharded:
+            if not chunks or size + self.nbytes[c] > CLOSE_CHUNK:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(c)
+            size += self.nbytes[c]
+        return chunks
 
     @contextlib.contextmanager
     def guarded(self, op: str):
