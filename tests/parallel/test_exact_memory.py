@@ -71,7 +71,7 @@ def test_parameter_sharding_holds_a_share_of_everything_and_falls_with_the_world
     here, plus the newest bucket, both ways: one layer's weight is 1/8 P), the gradient
     being cut, the activations and what the process itself grows by; about 1 P on this
     model, hence 4 / W + 1.25 (as shipped the buffers are DDP's 25 MiB and 50 MiB, about 1 P
-    more of this model and nothing of a large one). Measured: 4.38, 2.89-3.02 and 1.82-1.89 P
+    more of this model and nothing of a large one). Measured (largest rank): 4.38, 2.89-3.02, 1.86-1.93 P
     on 1, 2 and 4 ranks; ``"gradients"``, which keeps the parameters whole, 3.64 P on 2
     (2.44 P on 4). The fall with the world is the test's point (the last two lines)."""
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
