@@ -47,11 +47,11 @@ def run(steps: int, exact: bool = False) -> float:
     data = batches()
     from types import SimpleNamespace
 
-    from leantrain.training.parallel.strategy import choose
+    from leantrain.training.parallel.choose import choose
     from leantrain.training.update.options import StepOptions
     from leantrain.training.update.step import update
 
-    options = StepOptions(reduction=choose(SimpleNamespace(exact_reduction=exact)))
+    options = StepOptions(reduction=choose(SimpleNamespace(exact_reduction=exact)).reduction)
 
     def step(state):
         return update("bench", runner, opt, state, data, options).state

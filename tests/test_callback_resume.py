@@ -60,7 +60,7 @@ def test_an_older_metrics_file_resumes_and_plots_with_its_steps_from_0(tmp_path)
     """A file written before step records counted from 1 (no meta record): a resume trims
     it by its own numbering, and plot reads its step k as update k + 1."""
     from leantrain.cli.plotting import _points, read_metrics
-    from leantrain.training.loops.callbacks import step_offset
+    from leantrain.training.loops.loggers import step_offset
 
     path = tmp_path / "m.jsonl"
     lt.train_samples(_runner(), _cfg(tmp_path), _data(), callbacks=[lt.JSONLLogger(path), Crash(4)],

@@ -147,7 +147,7 @@ def test_loggers_write_files_that_parse_back(tmp_path):
     # every record counts updates from 1: the loss logged before update 1, before update 3, the eval after 4
     assert [(x["kind"], x["step"]) for x in records] == [("step", 1), ("step", 3), ("eval", 4)]
     assert [x["loss"] for x in records[:2]] == [loss for _, loss in report.losses]
-    assert [k for k, _ in report.losses] == [0, 2]  # the log line's 0-based index (TorchLean's format)
+    assert [k for k, _ in report.losses] == [1, 3]  # the same update numbers as the records (from 1)
     assert records[2]["accuracy"] == report.evals[0][1]["accuracy"]
     rows = list(csv.DictReader((tmp_path / "m.csv").open()))
     assert (rows[0]["kind"], rows[0]["name"], rows[0]["value"]) == ("meta", "format", "2")

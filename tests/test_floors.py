@@ -138,3 +138,28 @@ def test_every_file_the_docstrings_name_exists():
             if not found:
                 missing.append(f"{path.relative_to(PKG)}: {ref}")
     assert not missing, missing
+
+
+def test_the_update_floor_imports_no_files_and_no_moving_average():
+    """``update/`` is one update: how a run saves (``io/``) or averages its weights
+    (``runner/ema.py``) belongs to the run-level strategy and the session."""
+    bad = []
+    for path in (PKG / "training" / "update").rglob("*.py"):
+        for target, line in imports(path):
+            if target.startswith("leantrain.io") or target.startswith("leantrain.training.runner.ema"):
+                bad.append(f"{path.relative_to(PKG)}:{line} {target}")
+    assert bad == []
+
+
+def test_the_update_seam_holds_what_an_update_calls():
+    """``Reduction`` is the seam one update calls: at most 6 methods (the run's start,
+    saves and end are the ``Strategy``'s)."""
+    from leantrain.training.update.reduction import Reduction
+
+    methods = [n for n, v in vars(Reduction).items() if callable(v) or isinstance(v, (property, staticmethod,
+                                                                                       classmethod))]
+    assert len(methods) <= 6, methods
+
+
+def test_the_session_stays_a_screen_of_calls():
+    assert len((PKG / "training" / "loops" / "session.py").read_text().splitlines()) <= 300

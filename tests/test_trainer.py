@@ -58,9 +58,10 @@ def test_log_lines_use_a_global_step_and_pre_update_losses():
     loader = lt.DataLoader(lt.Dataset([ONE] * 3), batch_size=2)  # batches of 2 and 1
     cfg = lt.LoaderTrainConfig(epochs=2, optimizer=optim.sgd(1.0), log_every=3)
     report, _ = lt.train_loader(r, cfg, loader, log=lines.append)
-    # epoch 0: steps 0, 1 (w 10 -> 9 -> 8); epoch 1: steps 2, 3; step 3 sees w = 7
-    assert lines == ["step 0: loss=10.000000", "step 3: loss=7.000000"]
-    assert report.losses == ((0, 10.0), (3, 7.0)) and report.steps == 4 and report.samples_seen == 6
+    # epoch 0: updates 1, 2 (w 10 -> 9 -> 8); epoch 1: updates 3, 4; update 4 sees w = 7
+    # (updates are numbered from 1: the first, then every log_every-th, is logged)
+    assert lines == ["step 1: loss=10.000000", "step 4: loss=7.000000"]
+    assert report.losses == ((1, 10.0), (4, 7.0)) and report.steps == 4 and report.samples_seen == 6
 
 
 def test_partial_final_batch_is_averaged_over_its_own_size_and_drop_last_drops_it():
@@ -185,7 +186,7 @@ def test_quickstart_trains_below_0_01(capsys):
     cfg = lt.TrainConfig(steps=200, optimizer=optim.adam(0.03), log_every=25)
     report = lt.train_samples(r, cfg, grid_samples())
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("step 0: loss=") and len(out) == 8
+    assert out[0].startswith("step 1: loss=") and len(out) == 8
     assert report.after < 0.01 < report.before and report.steps == 200
     assert r.mode == "train"
 

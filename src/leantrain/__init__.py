@@ -34,11 +34,12 @@ from .params import (
     canonical_gradients,
     scale_gradient_pack,
 )
-from .training.loops.callbacks import Callback, CSVLogger, EarlyStopping, JSONLLogger, ProgressBar, TensorBoardLogger
+from .training.loops.callbacks import Callback, EarlyStopping, ProgressBar
+from .training.loops.loggers import CSVLogger, JSONLLogger, MLflowLogger, TensorBoardLogger, WandbLogger
 from .training.loops.config import LoaderTrainConfig, TrainConfig, TrainReport
+from .training.loops.options import CheckpointOptions, EvalOptions, ParallelOptions
 from .training.loops.evaluation import evaluate, predict
 from .training.loops.run_options import seed_everything
-from .training.loops.trackers import MLflowLogger, WandbLogger
 from .training.loops.loader_loop import run_loader_epochs, train_loader
 from .training.loops.sample_loop import run_sample_steps, train_dataset, train_samples
 from .training.loops.events import StepEvent
@@ -59,7 +60,7 @@ __all__ = [
     "Param", "ParamList", "Storage", "ParameterSchema",
     "canonical_gradients", "canonical_gradient", "add_gradient_packs", "scale_gradient_pack",
     "Runner", "LossSum", "split_rows", "Dataset", "DataLoader",
-    "TrainConfig", "LoaderTrainConfig", "TrainReport",
+    "TrainConfig", "LoaderTrainConfig", "TrainReport", "CheckpointOptions", "EvalOptions", "ParallelOptions",
     "mean_gradients", "mean_loss_and_gradients", "step_batch", "step_batch_and_loss",
     "run_sample_steps", "train_samples", "train_dataset", "run_loader_epochs", "train_loader",
     "StepEvent", "save_checkpoint", "load_checkpoint", "read_checkpoint", "Checkpoint",

@@ -82,9 +82,9 @@ def test_the_command_resume_auto(tmp_path, capsys):
 
 def test_a_failed_collective_names_the_rank_the_step_and_the_last_checkpoint(tmp_path, monkeypatch):
     from leantrain.training.parallel import distributed
-    from leantrain.training.parallel.data_parallel import DataParallel
+    from leantrain.training.parallel.data_parallel import DataParallelStrategy
     from leantrain.training.loops import session
-    from leantrain.training.update.reduction import Reduction
+    from leantrain.training.parallel.strategy import Strategy
 
     runner, cfg, go = dc.make("samples-sgd-f64")
     from dataclasses import replace
@@ -92,8 +92,8 @@ def test_a_failed_collective_names_the_rank_the_step_and_the_last_checkpoint(tmp
     cfg = replace(cfg, checkpoint_path=tmp_path / "run.ckpt", checkpoint_every=2, log_every=0)
     real = session.update
 
-    class RankOneOfTwo(Reduction):  # one process's updates, failures reported as data parallel's
-        failed = DataParallel.failed
+    class RankOneOfTwo(Strategy):  # one process's updates, failures reported as data parallel's
+        failed = DataParallelStrategy.failed
 
     def flaky(op, runner, opt, state, *rest):
         if state.steps == 5:  # the sixth update: its all-reduce fails, as when a peer dies

@@ -208,27 +208,27 @@ def test_an_unfreeze_under_sharding_never_saves_a_checkpoint_that_cannot_load(tm
 def test_a_peer_lost_inside_a_save_is_a_collective_error_naming_the_update_and_the_last_checkpoint(tmp_path,
                                                                                                   monkeypatch):
     """A save's collective failing (a peer died while the ranks wrote their shards) goes
-    through the reduction's failure path: ``CollectiveError`` with the rank, the update and
+    through the strategy's failure path: ``CollectiveError`` with the rank, the update and
     the checkpoint that survives, not gloo's raw error."""
     from dataclasses import replace
 
     import dist_cases as dc
     from leantrain.training.loops import session
     from leantrain.training.parallel import distributed
-    from leantrain.training.parallel.data_parallel import DataParallel
-    from leantrain.training.update.reduction import Reduction
+    from leantrain.training.parallel.data_parallel import DataParallelStrategy
+    from leantrain.training.parallel.strategy import Strategy
 
     runner, cfg, go = dc.make("samples-sgd-f64")
     cfg = replace(cfg, checkpoint_path=tmp_path / "run.ckpt", checkpoint_every=2, log_every=0)
 
-    class RankOneOfTwo(Reduction):  # one process's updates, failures reported as data parallel's
-        failed = DataParallel.failed
+    class RankOneOfTwo(Strategy):  # one process's updates, failures reported as data parallel's
+        failed = DataParallelStrategy.failed
 
-        def save(self, path, runner, state, progress, loader_state, ema):
+        def save(self, path, runner, state, progress, loader_state, ema, identity=None):
             if progress["step"] == 4:
                 monkeypatch.setattr(distributed, "rank_world", lambda: (1, 2))
                 raise torch.distributed.DistBackendError("Connection closed by peer")  # what gloo raises
-            super().save(path, runner, state, progress, loader_state, ema)
+            super().save(path, runner, state, progress, loader_state, ema, identity)
 
     monkeypatch.setattr(session, "choose", lambda cfg, local=False: RankOneOfTwo())
     with pytest.raises(distributed.CollectiveError,

@@ -64,10 +64,6 @@ class Probe:
         return r, train_samples(r, cfg, self.samples, log=lambda line: None)
 
 
-def _slot_names(runner: Runner) -> dict[int, str]:
-    return {i: runner.params.label(i) for i in range(len(runner.params))}
-
-
 def gradients(p: Probe) -> tuple[bool, str]:
     r = p.runner()
     ref = copy.deepcopy(r.module)

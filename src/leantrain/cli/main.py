@@ -18,7 +18,7 @@ import torch
 from ..errors import LeantrainError
 from ..errors import CheckpointError
 from ..io.atomic import path_problem
-from ..io.bits import read_regular
+from ..io.regular import read_regular
 from ..io.torchlean import detect_format
 from .check import cmd_check
 from .torchlean import cmd_export, inspect_torchlean

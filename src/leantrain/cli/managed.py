@@ -13,9 +13,9 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from ..training.loops.callbacks import Callback, CSVLogger, TensorBoardLogger
+from ..training.loops.callbacks import Callback
+from ..training.loops.loggers import CSVLogger, MLflowLogger, TensorBoardLogger, WandbLogger
 from ..training.loops.checkpoint_folder import newest_whole
-from ..training.loops.trackers import MLflowLogger, WandbLogger
 from .usage import UserError
 
 TRACKERS = ("tensorboard", "csv", "wandb", "mlflow")

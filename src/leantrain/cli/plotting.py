@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..training.loops.callbacks import step_offset
+from ..training.loops.loggers import step_offset
 from ..validate import is_number
 
 

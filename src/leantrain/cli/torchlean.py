@@ -10,8 +10,8 @@ from typing import Optional
 from ..errors import CheckpointError, ConfigError
 from ..optim.hyper import Adam, AdamW
 from ..io import torchlean
-from ..io.bits import read_json, read_regular
-from ..io.framing import U64, ByteReader
+from ..io.regular import read_json, read_regular
+from ..io.torchlean.framing import U64, ByteReader
 from ..io.checkpoint import load_checkpoint, read_checkpoint
 from ..io.exporting import consolidate, optimizer_of, params_from_checkpoint
 from ..io.weights import save_weights

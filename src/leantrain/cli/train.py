@@ -28,7 +28,8 @@ from ..io.sharded import INDEX, SHARD
 from ..io.atomic import atomic_write_bytes
 from ..metrics import accuracy
 from ..training.parallel import distributed
-from ..training.loops.callbacks import Callback, JSONLLogger, ProgressBar
+from ..training.loops.callbacks import Callback, ProgressBar
+from ..training.loops.loggers import JSONLLogger
 from ..training.loops.config import LoaderTrainConfig, TrainReport
 from ..training.loops.events import StepEvent
 from ..training.loops.loader_loop import train_loader

@@ -67,6 +67,14 @@ def read_checkpoint(path: PathLike, op: str = "read_checkpoint") -> tuple[dict, 
     return manifest, tensors
 
 
+def read_manifest(path: PathLike, op: str) -> dict:
+    """The manifest of a checkpoint file alone (its header: format, version and schema
+    checked; no tensor read): what a file says it is, for identity checks."""
+    path = Path(path)
+    with TensorFile(path, op) as f:
+        return manifest_of(f.metadata.get("leantrain"), op, path)[0]
+
+
 def read_checked(path: PathLike, op: str) -> tuple[dict, dict[str, torch.Tensor], Checked]:
     """``read_checkpoint``, with what the manifest's check built (its schema, its
     optimizer's hyperparameters): a sound file, internally consistent (every tensor the

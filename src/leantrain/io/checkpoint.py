@@ -64,6 +64,7 @@ def save_checkpoint(
     loader_state: Optional[dict] = None,
     rng: bool = True,
     ema=None,
+    identity: Optional[dict] = None,
 ) -> Path:
     """Write ``target``'s parameters, and optionally its training state, to ``path``
     atomically (a scratch file, fsynced, renamed over ``path``; a crash leaves the old
@@ -78,6 +79,8 @@ def save_checkpoint(
         loader_state: a loader's position (the loops write it).
         rng: save the random generators' states.
         ema: a moving average of the weights (an ``EMA``).
+        identity: who wrote the file (the loops: ``{"run": run id, "file": file id}``),
+            what a folder of kept checkpoints checks before it deletes or loads it.
 
     Returns:
         The path written.
@@ -88,7 +91,7 @@ def save_checkpoint(
     op = "save_checkpoint"
     params = params_of(op, target)
     path = check_destination(op, path)
-    manifest, tensors = contents(op, params, state, progress, loader_state, rng, ema)
+    manifest, tensors = contents(op, params, state, progress, loader_state, rng, ema, identity=identity)
     names = sorted(tensors)
     with ThreadPoolExecutor(max_workers=2) as pool:  # the checksum releases the GIL
         sums = list(pool.map(lambda n: checksum(tensors[n]), names))
@@ -103,7 +106,7 @@ def save_checkpoint(
 
 def contents(op: str, params: ParamList, state: Optional[OptState], progress: Optional[dict],
              loader_state: Optional[dict], rng: bool, ema, records: Optional[dict] = None,
-             pieced: frozenset = frozenset()) -> tuple[dict, dict[str, torch.Tensor]]:
+             pieced: frozenset = frozenset(), identity: Optional[dict] = None) -> tuple[dict, dict[str, torch.Tensor]]:
     """A checkpoint's manifest (without checksums) and tensors. ``records``: the
     optimizer's record entries given whole (a sharded save: the state tensors are
     written by their owners, not put in ``tensors``); ``pieced``: the storages whose
@@ -131,6 +134,8 @@ def contents(op: str, params: ParamList, state: Optional[OptState], progress: Op
         "loader": None,
         "rng": {"torch": False, "cuda": 0},
     }
+    if identity is not None:
+        manifest["identity"] = dict(identity)
     if state is not None:
         if not isinstance(state, OptState) or len(state.slots) != len(params):
             raise CheckpointError(

@@ -114,6 +114,10 @@ def check_manifest(m: dict) -> Checked:
             if ks != want:
                 out.append(f"ema: after {ema['count']} update(s) the averages are of storages {want}, "
                            f"the record lists {ks}")
+    identity = m.get("identity")
+    if identity is not None and not (isinstance(identity, dict) and set(identity) == {"run", "file"}
+                                     and all(isinstance(v, str) and len(v) <= 64 for v in identity.values())):
+        out.append(f"identity: expected {{run: id, file: id}}, got {_short(identity)}")
     rng = m.get("rng")
     if not (isinstance(rng, dict) and isinstance(rng.get("torch"), bool)
             and _count(rng.get("cuda")) and rng["cuda"] <= MAX_CUDA_DEVICES):

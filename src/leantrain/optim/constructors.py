@@ -246,11 +246,16 @@ def muon(lr=1e-3, weight_decay: float = 0.1, momentum: float = 0.95, nesterov: b
                  torch_args)
 
 
-CONSTRUCTORS = {"sgd": sgd, "adagrad": adagrad, "rmsprop": rmsprop, "adam": adam, "adamw": adamw,
-                "adadelta": adadelta, "lion": lion, "nadam": nadam, "radam": radam, "adamax": adamax,
-                "asgd": asgd, "rprop": rprop, "adafactor": adafactor, "muon": muon}
+def _derived():
+    """The constructors by kind and torch.optim's class names, from the records' own
+    declarations (``Hyper.kind``, ``Hyper.torch_name``): one constructor per registered kind."""
+    from .rules import HYPERS
 
-# torch.optim class name -> leantrain kind
-TORCH_NAMES = {"SGD": "sgd", "Adagrad": "adagrad", "RMSprop": "rmsprop", "Adam": "adam", "AdamW": "adamw",
-               "Adadelta": "adadelta", "NAdam": "nadam", "RAdam": "radam", "Adamax": "adamax", "ASGD": "asgd",
-               "Rprop": "rprop", "Adafactor": "adafactor", "Muon": "muon"}
+    missing = [kind for kind in HYPERS if not callable(globals().get(kind))]
+    if missing:
+        raise ImportError(f"leantrain.optim: no constructor for the kinds {missing} (constructors.py)")
+    return ({kind: globals()[kind] for kind in HYPERS},
+            {h.torch_name: kind for kind, h in HYPERS.items() if h.torch_name is not None})
+
+
+CONSTRUCTORS, TORCH_NAMES = _derived()  # kind -> constructor; torch.optim class name -> kind

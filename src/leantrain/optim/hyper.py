@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field, fields
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 import torch
 
@@ -57,7 +57,8 @@ class Hyper:
     # "fast" (leantrain's fused order) or "torchlean" (upstream's formulas, host only).
     numerics: str = field(default="fast", kw_only=True)
 
-    kind: ClassVar[str] = "?"
+    kind: ClassVar[str] = "?"  # the kind's name, and its constructor's in leantrain.optim
+    torch_name: ClassVar[Optional[str]] = None  # the torch.optim class it ports (None: torch has none)
     _units: ClassVar[tuple[str, ...]] = ()
     _rates: ClassVar[tuple[str, ...]] = ("lr",)
     _eps: ClassVar[tuple[str, ...]] = ()
@@ -172,7 +173,8 @@ class SGD(Hyper):
     weight_decay: float = 0.0
     nesterov: bool = False
     maximize: bool = False
-    kind = "sgd"
+    kind = "sgd"  # its constructor: optim.sgd
+    torch_name = 'SGD'  # its torch.optim class
     _fused = True
     _units = ("momentum",)
     _rates = ("lr", "weight_decay")
@@ -193,7 +195,8 @@ class Adagrad(Hyper):
     weight_decay: float = 0.0
     initial_accumulator_value: float = 0.0
     maximize: bool = False
-    kind = "adagrad"
+    kind = "adagrad"  # its constructor: optim.adagrad
+    torch_name = 'Adagrad'  # its torch.optim class
     _fused = True
     _eps = ("eps",)
     _rates = ("lr", "lr_decay", "weight_decay", "initial_accumulator_value")
@@ -209,7 +212,8 @@ class RMSProp(Hyper):
     momentum: float = 0.0
     centered: bool = False
     maximize: bool = False
-    kind = "rmsprop"
+    kind = "rmsprop"  # its constructor: optim.rmsprop
+    torch_name = 'RMSprop'  # its torch.optim class
     _units = ("decay", "momentum")
     _eps = ("eps",)
     _rates = ("lr", "weight_decay")
@@ -226,7 +230,8 @@ class Adam(Hyper):
     amsgrad: bool = False
     maximize: bool = False
     decoupled_weight_decay: bool = False  # True: AdamW's decay (torch's Adam option)
-    kind = "adam"
+    kind = "adam"  # its constructor: optim.adam
+    torch_name = 'Adam'  # its torch.optim class
     _fused = True
     _units = ("beta1", "beta2")
     _eps = ("eps",)
@@ -243,7 +248,8 @@ class AdamW(Hyper):
     eps: float = 1e-8
     amsgrad: bool = False
     maximize: bool = False
-    kind = "adamw"
+    kind = "adamw"  # its constructor: optim.adamw
+    torch_name = 'AdamW'  # its torch.optim class
     _fused = True
     _rates = ("lr", "weight_decay")
     _units = ("beta1", "beta2")
@@ -258,7 +264,8 @@ class Adadelta(Hyper):
     eps: float = 1e-6
     weight_decay: float = 0.0
     maximize: bool = False
-    kind = "adadelta"
+    kind = "adadelta"  # its constructor: optim.adadelta
+    torch_name = 'Adadelta'  # its torch.optim class
     _units = ("rho",)
     _eps = ("eps",)
     _rates = ("lr", "weight_decay")
@@ -275,6 +282,7 @@ class Lion(Hyper):
     beta1: float = 0.9
     beta2: float = 0.99
     weight_decay: float = 0.0
-    kind = "lion"
+    kind = "lion"  # its constructor: optim.lion
+    torch_name = None  # its torch.optim class
     _rates = ("lr", "weight_decay")
     _units = ("beta1", "beta2")

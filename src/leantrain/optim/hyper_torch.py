@@ -26,7 +26,8 @@ class NAdam(Hyper):
     momentum_decay: float = 4e-3
     decoupled_weight_decay: bool = False
     maximize: bool = False
-    kind = "nadam"
+    kind = "nadam"  # its constructor: optim.nadam
+    torch_name = 'NAdam'  # its torch.optim class
     _units = ("beta1", "beta2")
     _eps = ("eps",)
     _rates = ("lr", "weight_decay", "momentum_decay")
@@ -43,7 +44,8 @@ class RAdam(Hyper):
     weight_decay: float = 0.0
     decoupled_weight_decay: bool = False
     maximize: bool = False
-    kind = "radam"
+    kind = "radam"  # its constructor: optim.radam
+    torch_name = 'RAdam'  # its torch.optim class
     _units = ("beta1", "beta2")
     _eps = ("eps",)
     _rates = ("lr", "weight_decay")
@@ -59,7 +61,8 @@ class Adamax(Hyper):
     eps: float = 1e-8
     weight_decay: float = 0.0
     maximize: bool = False
-    kind = "adamax"
+    kind = "adamax"  # its constructor: optim.adamax
+    torch_name = 'Adamax'  # its torch.optim class
     _units = ("beta1", "beta2")
     _eps = ("eps",)
     _rates = ("lr", "weight_decay")
@@ -75,7 +78,8 @@ class ASGD(Hyper):
     t0: float = 1e6
     weight_decay: float = 0.0
     maximize: bool = False
-    kind = "asgd"
+    kind = "asgd"  # its constructor: optim.asgd
+    torch_name = 'ASGD'  # its torch.optim class
     _rates = ("lr", "lambd", "alpha", "t0", "weight_decay")
     _flags = ("maximize",)
 
@@ -89,7 +93,8 @@ class Rprop(Hyper):
     step_size_min: float = 1e-6
     step_size_max: float = 50.0
     maximize: bool = False
-    kind = "rprop"
+    kind = "rprop"  # its constructor: optim.rprop
+    torch_name = 'Rprop'  # its torch.optim class
     _rates = ("lr", "etaminus", "etaplus", "step_size_min", "step_size_max")
     _flags = ("maximize",)
 
@@ -114,7 +119,8 @@ class Adafactor(Hyper):
     d: float = 1.0
     weight_decay: float = 0.0
     maximize: bool = False
-    kind = "adafactor"
+    kind = "adafactor"  # its constructor: optim.adafactor
+    torch_name = 'Adafactor'  # its torch.optim class
     _rates = ("lr", "eps2", "weight_decay")
     _flags = ("maximize",)
     _fused = True  # no eps is added to a stored intermediate
@@ -152,7 +158,8 @@ class Muon(Hyper):
     adamw_beta1: float = 0.9
     adamw_beta2: float = 0.999
     adamw_eps: float = 1e-8
-    kind = "muon"
+    kind = "muon"  # its constructor: optim.muon
+    torch_name = 'Muon'  # its torch.optim class
     _fused = True  # eps clamps a bfloat16 norm (float32's range), adamw_eps goes to the fused AdamW kernel
     _rates = ("lr", "weight_decay", "momentum")
     _units = ("adamw_beta1", "adamw_beta2")

@@ -1,7 +1,7 @@
 """The public one-update calls: ``step_batch``, ``mean_gradients`` and their loss-reading forms.
 
 Each call chooses its ``Reduction`` once when it starts, as a loop does
-(``parallel.strategy.choose``: under ``torch.distributed`` every rank computes its
+(``parallel.choose``: under ``torch.distributed`` every rank computes its
 share of the items, as data parallel), then runs one update (``update.step``) or one
 mean (``update.step.batch_mean``).
 """
@@ -12,8 +12,9 @@ from typing import Optional, Sequence
 
 import torch
 
+from ...errors import ConfigError
 from ...optim import OptState, Optimizer
-from ..parallel.strategy import choose
+from ..parallel.choose import choose
 from ..runner.runner import Runner, Sample
 from ..update.step import batch_mean, check_batch
 from ..update.mean import Pack
@@ -22,10 +23,19 @@ from ..update.step import Update, update
 
 
 def _step(op: str, runner: Runner, opt: Optimizer, state: OptState, native: bool, batch: Sequence[Sample],
-          want_loss: bool, **options) -> Update:
-    """The body ``step_batch`` and ``step_batch_and_loss`` share: options checked, one update."""
-    o = StepOptions.checked(op, native=native, reduction=choose(), **options)
+          want_loss: bool, options: dict) -> Update:
+    """The body ``step_batch`` and ``step_batch_and_loss`` share: the options (the keyword
+    arguments both take, ``STEP_OPTIONS``) checked, one update."""
+    unknown = sorted(set(options) - set(STEP_OPTIONS))
+    if unknown:
+        raise ConfigError(f"{op}: unknown argument {unknown[0]!r} (it takes {', '.join(STEP_OPTIONS)})")
+    o = StepOptions.checked(op, native=native, reduction=choose().reduction, **options)
     return update(op, runner, opt, state, batch, o, want_loss)
+
+
+# The keyword arguments of the one-update calls, with their defaults (StepOptions' fields).
+STEP_OPTIONS = {"accumulation": "exact", "nonfinite": "raise", "skipped": None, "clip_grad_norm": None,
+                "clip_grad_value": None}
 
 
 def step_batch(
@@ -70,29 +80,18 @@ def step_batch(
             nothing was updated, buffers included.
         OptimizerStateError: ``state`` does not fit the slots or the path.
     """
-    return _step("step_batch", runner, opt, state, use_native_singleton, batch, False, accumulation=accumulation,
-                 nonfinite=nonfinite, skipped=skipped, clip_grad_norm=clip_grad_norm,
-                 clip_grad_value=clip_grad_value).state
+    options = dict(accumulation=accumulation, nonfinite=nonfinite, skipped=skipped, clip_grad_norm=clip_grad_norm,
+                   clip_grad_value=clip_grad_value)
+    return _step("step_batch", runner, opt, state, use_native_singleton, batch, False, options).state
 
 
-def step_batch_and_loss(
-    runner: Runner,
-    opt: Optimizer,
-    state: OptState,
-    use_native_singleton: bool,
-    batch: Sequence[Sample],
-    *,
-    accumulation: str = "exact",
-    nonfinite: str = "raise",
-    skipped: Optional[torch.Tensor] = None,
-    clip_grad_norm: Optional[float] = None,
-    clip_grad_value: Optional[float] = None,
-) -> tuple[OptState, float]:
+def step_batch_and_loss(runner: Runner, opt: Optimizer, state: OptState, use_native_singleton: bool,
+                        batch: Sequence[Sample], **options) -> tuple[OptState, float]:
     """``step_batch``, also returning the batch's mean loss measured before the update
-    (one host read: a sync on CUDA). Same arguments and errors as ``step_batch``."""
-    done = _step("step_batch_and_loss", runner, opt, state, use_native_singleton, batch, True,
-                 accumulation=accumulation, nonfinite=nonfinite, skipped=skipped, clip_grad_norm=clip_grad_norm,
-                 clip_grad_value=clip_grad_value)
+    (one host read: a sync on CUDA). Takes ``step_batch``'s keyword arguments
+    (``accumulation``, ``nonfinite``, ``skipped``, ``clip_grad_norm``,
+    ``clip_grad_value``, the same defaults) and raises its errors."""
+    done = _step("step_batch_and_loss", runner, opt, state, use_native_singleton, batch, True, options)
     return done.state, float(done.loss.item())  # intentional sync: the caller asked for the loss
 
 
@@ -102,7 +101,7 @@ def mean_gradients(runner: Runner, batch: Sequence[Sample], *, accumulation: str
     used has the sum over those items times ``1/n``. Each gradient is dense in its
     parameter's layout and in memory of its own."""
     op = "mean_gradients"
-    o = StepOptions.checked(op, accumulation=accumulation, reduction=choose())
+    o = StepOptions.checked(op, accumulation=accumulation, reduction=choose().reduction)
     return batch_mean(op, runner, check_batch(op, batch), o)[0].gradients()
 
 
@@ -111,6 +110,6 @@ def mean_loss_and_gradients(
 ) -> tuple[float, Pack]:
     """Mean loss and mean gradients; reads the loss back to the host (a sync on CUDA)."""
     op = "mean_loss_and_gradients"
-    o = StepOptions.checked(op, accumulation=accumulation, reduction=choose())
+    o = StepOptions.checked(op, accumulation=accumulation, reduction=choose().reduction)
     mean, _ = batch_mean(op, runner, check_batch(op, batch), o, want_loss=True)
     return float(mean.loss.item()), mean.gradients()  # intentional sync: the caller asked for the loss

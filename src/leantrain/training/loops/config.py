@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Callable, Mapping, Optional, Union
 
 from ...errors import ConfigError
@@ -13,17 +13,20 @@ from ...optim import Optimizer, Schedule, sgd
 from ...optim.clipping import check_clip
 from ..runner.ema import check_decay
 from ..runner.precision import check_autocast
-from ..parallel.sharding.plan import SHARD_BY, SHARDING_MODES
 from ...validate import check_bool, check_choice, check_count
-from .checkpoint_folder import check_keeping
-from .evaluation import check_eval_sets
+from .checkpoint_folder import template_fields
+from .evaluation import result_names
+from .options import CheckpointOptions, EvalOptions, ParallelOptions, group
 from .run_options import check_run_options
 from ..update.options import ACCUMULATION_MODES, NONFINITE_MODES
 
 PathArg = Union[str, os.PathLike]
 
 
-def _common(op: str, cfg) -> None:
+def _common(op: str, cfg, records: dict) -> None:
+    """The records' own checks (``options.group``), then the settings no record owns and
+    what ties records together."""
+    group(op, cfg, records)
     if not isinstance(cfg.optimizer, Optimizer):
         raise ConfigError(
             f"{op}: optimizer must be built with leantrain.optim (e.g. optim.adam(1e-3)), "
@@ -35,33 +38,14 @@ def _common(op: str, cfg) -> None:
             f"{type(cfg.scheduler).__name__}"
         )
     check_count(op, "log_every", cfg.log_every, 0)
-    check_count(op, "checkpoint_every", cfg.checkpoint_every, 0)
-    for name in ("checkpoint_path", "resume_from"):
-        value = getattr(cfg, name)
-        if value is not None and not isinstance(value, (str, os.PathLike)):
-            raise ConfigError(f"{op}: {name} must be a path or None, got {type(value).__name__}")
-    if cfg.resume_from == "auto" and cfg.checkpoint_path is None:
-        raise ConfigError(f"{op}: resume_from='auto' resumes from checkpoint_path: set one")
-    if cfg.checkpoint_every and cfg.checkpoint_path is None:
-        raise ConfigError(f"{op}: checkpoint_every={cfg.checkpoint_every} needs a checkpoint_path")
     check_choice(op, "nonfinite", cfg.nonfinite, NONFINITE_MODES)
-    check_bool(op, "replica_check", cfg.replica_check)
     check_choice(op, "accumulation", cfg.accumulation, ACCUMULATION_MODES)
-    if cfg.eval_every is not None:
-        check_count(op, "eval_every", cfg.eval_every, 1)
     check_bool(op, "measure_loss", cfg.measure_loss)
-    check_bool(op, "exact_reduction", cfg.exact_reduction)
-    t = cfg.collective_timeout
-    if t is not None and not (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < 10**7):
-        raise ConfigError(f"{op}: collective_timeout must be seconds > 0 (below 10**7) or None, got {t!r}")
     check_clip(op, cfg.clip_grad_norm, cfg.clip_grad_value)
     check_decay(op, cfg.ema_decay)
     check_autocast(op, cfg.autocast)
-    check_bool(op, "eval_ema", cfg.eval_ema)
     check_bool(op, "compile", cfg.compile)
-    if cfg.sharding is not None and cfg.sharding not in SHARDING_MODES:
-        raise ConfigError(f"{op}: sharding must be one of {SHARDING_MODES} or None, got {cfg.sharding!r}")
-    check_choice(op, "shard_by", cfg.shard_by, SHARD_BY)
+    check_run_options(op, cfg)
     if cfg.sharding == "parameters":
         for what, bad in (("ema_decay", cfg.ema_decay is not None), ("compile=True", cfg.compile),
                           ("accumulation='vectorized'", cfg.accumulation == "vectorized")):
@@ -72,15 +56,23 @@ def _common(op: str, cfg) -> None:
         raise ConfigError(f"{op}: eval_ema evaluates the moving average: set ema_decay")
     if cfg.exact_reduction and cfg.accumulation != "exact":
         raise ConfigError(f"{op}: exact_reduction folds items one by one: it needs accumulation='exact'")
-    check_eval_sets(op, cfg.eval_data)
-    check_keeping(op, cfg)
-    check_run_options(op, cfg)
-    if cfg.eval_metrics is not None and (
-        not isinstance(cfg.eval_metrics, Mapping) or not all(callable(f) for f in cfg.eval_metrics.values())
-    ):
-        raise ConfigError(f"{op}: eval_metrics must map names to callables (output, target) -> tensor")
-    if cfg.eval_metrics and cfg.eval_data is None:
-        raise ConfigError(f"{op}: eval_metrics needs eval_data")
+    _check_kept_folder(op, cfg)
+
+
+def _check_kept_folder(op: str, cfg) -> None:
+    """A folder of checkpoints against the other records: never sharded, and ranked by
+    an evaluation result the run gives."""
+    if template_fields(cfg.checkpoint_path) is None:
+        return
+    if cfg.sharding is not None:
+        raise ConfigError(f"{op}: a folder of checkpoints ({{step}} in checkpoint_path) is not kept for sharded "
+                          f"runs, whose checkpoint is itself a folder: give a plain checkpoint_path")
+    if (cfg.keep_best is not None or cfg.load_best_at_end) and cfg.eval_data is None:
+        raise ConfigError(f"{op}: keep_best and load_best_at_end choose by an evaluation's {cfg.monitor!r}: "
+                          f"set eval_data")
+    if cfg.keep_best is not None and cfg.monitor not in result_names(cfg):
+        raise ConfigError(f"{op}: keep_best monitors {cfg.monitor!r}, but the evaluations give "
+                          f"{sorted(result_names(cfg))}")
 
 
 SCHEDULE_PER = ("epoch", "step")
@@ -162,6 +154,12 @@ class LoopOptions:
     peak_flops: Optional[float] = None
     profile: Optional[tuple[int, int]] = None
     profile_dir: Optional[PathArg] = None
+    # The settings grouped by component (options.py): given here, they fill the flat fields
+    # above; after construction ``cfg.checkpoints``, ``cfg.evaluation`` and ``cfg.parallel``
+    # always hold the records.
+    checkpoints: InitVar[Optional[CheckpointOptions]] = None
+    evaluation: InitVar[Optional[EvalOptions]] = None
+    parallel: InitVar[Optional[ParallelOptions]] = None
 
 
 @dataclass(frozen=True)
@@ -180,12 +178,12 @@ class TrainConfig(LoopOptions):
     log_every: int = 1
     mem_watch: int = 0
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, checkpoints, evaluation, parallel) -> None:
         op = "TrainConfig"
         check_count(op, "steps", self.steps, 0)
         check_count(op, "batch_size", self.batch_size, 1)
         check_count(op, "mem_watch", self.mem_watch, 0)
-        _common(op, self)
+        _common(op, self, {"checkpoints": checkpoints, "evaluation": evaluation, "parallel": parallel})
 
     def eval_due(self, step: int) -> bool:
         """Whether an evaluation follows update ``step`` (every update without a cadence)."""
@@ -223,21 +221,19 @@ class LoaderTrainConfig(LoopOptions):
     pieces: Optional[int] = None
     eval_every_epochs: Optional[int] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, checkpoints, evaluation, parallel) -> None:
         op = "LoaderTrainConfig"
         if self.epochs is None:
             if self.max_steps is None:
                 raise ConfigError(f"{op}: epochs=None trains until max_steps: set max_steps")
         else:
             check_count(op, "epochs", self.epochs, 0)
-        if self.eval_every_epochs is not None:
-            check_count(op, "eval_every_epochs", self.eval_every_epochs, 1)
         check_count(op, "accumulate", self.accumulate, 1)
         for name in ("max_steps", "measure_batches", "pieces"):
             if getattr(self, name) is not None:
                 check_count(op, name, getattr(self, name), 1)
         check_choice(op, "schedule_per", self.schedule_per, SCHEDULE_PER)
-        _common(op, self)
+        _common(op, self, {"checkpoints": checkpoints, "evaluation": evaluation, "parallel": parallel})
 
     def eval_due(self, step: int) -> bool:
         """Whether an evaluation follows update ``step`` (on the ``eval_every`` cadence)."""

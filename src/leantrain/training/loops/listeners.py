@@ -7,7 +7,7 @@ says whether one asked to stop. Two facts follow from who wrote them:
   ``reads_only``) makes the runner confirm the module at the next update
   (``Runner.user_code_ran``);
 * the user's own callbacks (the same on every rank: the program's list, before rank 0's
-  are picked) run inside the reduction's ``user_code``, where parameter sharding gives
+  are picked) run inside the strategy's ``user_code``, where parameter sharding gives
   them the parameters whole.
 """
 
@@ -17,7 +17,7 @@ import contextlib
 from typing import Optional, Sequence
 
 from ..runner.runner import Runner
-from ..update.reduction import Reduction
+from ..parallel.strategy import Strategy
 from .callbacks import Callback
 from .events import StepCallback, StepEvent
 from .loop_checks import wants_stop
@@ -29,15 +29,15 @@ class Listeners:
     """The run's step callback and callbacks (``callbacks``: this rank's, already picked
     from ``given``, the program's list)."""
 
-    def __init__(self, op: str, runner: Runner, reduction: Reduction, callback: Optional[StepCallback],
+    def __init__(self, op: str, runner: Runner, strategy: Strategy, callback: Optional[StepCallback],
                  callbacks: Sequence[Callback], given: Sequence[Callback]) -> None:
-        self.op, self.runner, self.reduction = op, runner, reduction
+        self.op, self.runner, self.strategy = op, runner, strategy
         self.callback, self.callbacks = callback, list(callbacks)
         self.may_change = callback is not None or not all(cb.reads_only for cb in self.callbacks)
         self.users = callback is not None or any(not type(cb).__module__.startswith("leantrain.") for cb in given)
 
     def _user_code(self):
-        return self.reduction.user_code() if self.users else _NOTHING
+        return self.strategy.user_code() if self.users else _NOTHING
 
     def _ran(self) -> None:
         if self.may_change:

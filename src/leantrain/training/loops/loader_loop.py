@@ -13,7 +13,6 @@ so a resume inside any epoch continues with the batches the interrupted run had 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional, Sequence, Union
 
 from ...data import DataLoader
@@ -25,32 +24,14 @@ from .config import LoaderTrainConfig, TrainReport, lr_for
 from ..runner.runner import Runner, Sample
 from ...samples import split_rows
 from .callbacks import Callback
-from .events import StepCallback, StepEvent
+from .events import Progress, StepCallback
 from ..parallel import distributed
 from .loop_checks import check_inputs
 from ..parallel.rank_data import rank_local
 from .session import Log, ScheduleState, Session
+from .loader_kinds import stream_of
 from .streams import Stream
 from ...io.checkpoint import loader_record
-
-@dataclass(frozen=True)
-class Progress:
-    """Where a loader run stands: its epoch, the loader batches done in that epoch, the
-    updates done and the samples seen (what a checkpoint saves and a resume starts at)."""
-
-    epoch: int = 0
-    batch: int = 0
-    step: int = 0
-    seen: int = 0
-
-    def after(self, batch: int, items: int) -> "Progress":
-        """One update later, at loader batch ``batch`` of the epoch, ``items`` more seen."""
-        return Progress(self.epoch, batch, self.step + 1, self.seen + items)
-
-    def record(self) -> dict:
-        """The fields a checkpoint's progress holds besides the step."""
-        return {"epoch": self.epoch, "batch": self.batch, "seen": self.seen}
-
 
 def run_loader_epochs(
     runner: Runner,
@@ -61,7 +42,7 @@ def run_loader_epochs(
     schedule_state: ScheduleState,
     *,
     log: Log = print,
-    start: Union[Progress, tuple[int, int, int, int]] = Progress(),
+    start: Union[Progress, tuple[int, int, int, int]] = Progress(0, 0, 0, 0),
     session: Optional[Session] = None,
     stream: Optional[Stream] = None,
 ) -> tuple[Loader, OptState, list[tuple[int, float]], int, int]:
@@ -75,8 +56,10 @@ def run_loader_epochs(
     if session is None:
         session = Session("train_loader", runner, cfg, "loader", log=log)
     if stream is None:
-        stream = Stream(session.op, loader)
-    start = start if isinstance(start, Progress) else Progress(*start)
+        stream = stream_of(session.op, loader)
+    if not isinstance(start, Progress):  # (epoch, batches done in it, step, samples seen)
+        epoch, batch, step, seen = start
+        start = Progress(step, epoch, batch, seen)
     first_logged = len(session.logged)
     with runner.steady():  # checked at the first step, again after the user's code ran
         state, at = _epochs(cfg, stream, state, schedule_state, start, session)
@@ -86,41 +69,71 @@ def run_loader_epochs(
 def _epochs(cfg: LoaderTrainConfig, stream: Stream, state: OptState, schedule_state: ScheduleState,
             start: Progress, session: Session) -> tuple[OptState, Progress]:
     """The loop, top to bottom: per epoch the schedule, then per group of batches the
-    update and what follows it (callbacks, checkpoints); stops at ``max_steps``."""
-    op = session.op
-    at, skip = start, start.batch
-    event: Optional[StepEvent] = None
+    update and what follows it (callbacks, checkpoints), then the epoch's end; stops at
+    ``max_steps``, when asked to, or when the loader runs dry."""
+    at = start
     while (cfg.epochs is None or at.epoch < cfg.epochs) and not _reached(cfg, at):
-        if cfg.schedule_per == "epoch":
-            state = schedule_state(at.epoch, state)  # the schedule advances once per epoch
-        group: list[Sample] = []  # the items of up to cfg.accumulate loader batches
-        b = skip - 1
-        for b, raw in enumerate(stream.epoch(at.epoch, skip), start=skip):
-            items = as_list_batch(op, raw)
-            session.meter.saw(examples_in(raw, items))  # for the throughput: host shapes only
-            group += cut(items, cfg.pieces)
-            if (b + 1) % cfg.accumulate == 0:
-                if at.step == start.step and session.reduction.ranks and not session.reduction.local:
-                    warn_idle_ranks(op, group)  # the first update only (rank-local data: every rank has its own)
-                state, at, event, stop = _group_update(cfg, session, stream, state, group, at, b, schedule_state)
-                group = []
-                if stop or _reached(cfg, at):
-                    return state, at
-        if group:  # the epoch's short tail group: its own mean
-            state, at, event, stop = _group_update(cfg, session, stream, state, group, at, b, schedule_state)
-            if stop or _reached(cfg, at):
-                return state, at
-        if b < 0:  # the pass yielded nothing
-            if at.step == start.step:
-                raise DataError(f"{op}: the loader yielded no batch in epoch {at.epoch}; nothing was trained")
-            warnings.warn(f"{op}: the loader yielded no batch in epoch {at.epoch} (a stream that is read once?); "
-                          f"training ends after {at.step} updates", stacklevel=3)
-            return state, at
-        if event is not None and session.end_epoch(event, at.epoch):
-            return state, at
-        skip = 0
-        at = Progress(at.epoch + 1, 0, at.step, at.seen)
+        state, at, stop = _epoch(cfg, stream, state, schedule_state, at, start, session)
+        if stop:
+            break
+        at = at.next_epoch()
     return state, at
+
+
+def _epoch(cfg: LoaderTrainConfig, stream: Stream, state: OptState, schedule_state: ScheduleState, at: Progress,
+           start: Progress, session: Session) -> tuple[OptState, Progress, bool]:
+    """One epoch from ``at`` (a resumed one after the batches it did): its updates and its
+    end. Returns the state, where the run stands and whether the run stops."""
+    op = session.op
+    if cfg.schedule_per == "epoch":
+        state = schedule_state(at.epoch, state)  # the schedule advances once per epoch
+    read, stop = at.batch, False  # loader batches of this epoch read so far
+    for group, read in _groups(op, stream, at, cfg, session):
+        if at.step == start.step and session.reduction.ranks and not session.reduction.local:
+            warn_idle_ranks(op, group)  # the first update only (rank-local data: every rank has its own)
+        if cfg.schedule_per == "step":
+            state = schedule_state(at.step, state)  # indexed by update: a warm-up over updates
+        done = session.update(state, group, at.step + 1)
+        state, at = done.state, at.after(read, len(group))
+        stop = session.after_update(done, group, at, stream.state) or _reached(cfg, at)
+        if stop:
+            break
+    else:
+        stop = _epoch_end(op, read, at, start, state, session, stream)
+    return state, at, stop
+
+
+def _epoch_end(op: str, read: int, at: Progress, start: Progress, state: OptState, session: Session,
+               stream: Stream) -> bool:
+    """The end of a pass: the session's epoch end (also when a resumed run starts at
+    an epoch's last batch, whose end the interrupted run had not reached), or, when the
+    pass yielded nothing, the end of training. True: stop."""
+    if read:
+        return session.end_epoch(at, state, stream.state)
+    if at.step == start.step:
+        raise DataError(f"{op}: the loader yielded no batch in epoch {at.epoch}; nothing was trained")
+    warnings.warn(f"{op}: the loader yielded no batch in epoch {at.epoch} (a stream that is read once?); "
+                  f"training ends after {at.step} updates", stacklevel=5)
+    return True
+
+
+def _groups(op: str, stream: Stream, at: Progress, cfg: LoaderTrainConfig, session: Session):
+    """An epoch's updates: (the items of up to ``cfg.accumulate`` loader batches, the
+    epoch's batches read after them); an epoch's short tail group is its own. A resumed
+    epoch continues after the ``at.batch`` batches done, its groups where the interrupted
+    run's were."""
+    group: list[Sample] = []
+    read = at.batch
+    for raw in stream.epoch(at.epoch, at.batch):
+        read += 1
+        items = as_list_batch(op, raw)
+        session.meter.saw(examples_in(raw, items))  # for the throughput: host shapes only
+        group += cut(items, cfg.pieces)
+        if read % cfg.accumulate == 0:
+            yield group, read
+            group = []
+    if group:
+        yield group, read
 
 
 def cut(items: list[Sample], pieces: Optional[int]) -> list[Sample]:
@@ -140,19 +153,6 @@ def warn_idle_ranks(op: str, group: list) -> None:
 
 def _reached(cfg: LoaderTrainConfig, at: Progress) -> bool:
     return cfg.max_steps is not None and at.step >= cfg.max_steps
-
-
-def _group_update(cfg: LoaderTrainConfig, session: Session, stream: Stream, state: OptState, group: list[Sample],
-                  at: Progress, b: int, schedule_state: ScheduleState
-                  ) -> tuple[OptState, Progress, StepEvent, bool]:
-    """One update over a group of loader batches (the list-batch mean over its items),
-    then the callbacks and the checkpoint cadence. Returns the new progress and stop."""
-    if cfg.schedule_per == "step":
-        state = schedule_state(at.step, state)  # indexed by update: a warm-up over updates
-    state, loss = session.update(state, group, at.step)
-    at = at.after(b + 1, len(group))
-    event = session.event(at.step, state, loss, at.epoch, at.batch)
-    return state, at, event, session.after_update(event, at.record(), stream.state)
 
 
 def train_loader(
@@ -199,7 +199,7 @@ def train_loader(
             f"re-iterable loader (a list of batches, a leantrain.DataLoader, a torch.utils.data.DataLoader)"
         )
     local = rank_local(op, loader, cfg.accumulate, cfg.pieces)  # each rank reads its own items (rank_data.py)
-    stream = Stream(op, loader)
+    stream = stream_of(op, loader)
     with distributed.collectives(cfg.collective_timeout):  # fail, not hang, on a lost peer
         session = Session(op, runner, cfg, "loader", log=log, callback=callback, callbacks=callbacks, local=local)
         with session.computing():  # autocast and the loss scale, for this loop only
@@ -209,10 +209,10 @@ def train_loader(
             state, ck = session.start(lambda: _measure(session, stream, cfg), expect,
                                       lambda manifest, tensors: stream.problems(loader_record(manifest, tensors))
                                       + stream.position_problems(manifest["progress"]))
-            start = Progress()
+            start = Progress(0, 0, 0, 0)
             if ck is not None:
                 p = ck.progress
-                start = Progress(p["epoch"], p["batch"], p["step"], p["seen"])
+                start = Progress(p["step"], p["epoch"], p["batch"], p["seen"])
                 stream.restore(ck.loader_state, start.epoch, start.batch)
             session.begin(_total_steps(stream.loader, cfg), start.step)
             loader, state, _, steps, seen = run_loader_epochs(
@@ -234,7 +234,7 @@ def _measure(session: Session, stream: Stream, cfg: LoaderTrainConfig) -> Option
         return None
     runner = session.runner
     with rng_preserved(runner.device, loader_generators(stream.loader)):
-        return session.reduction.mean_loss(runner, stream.samples(cfg.measure_batches))  # rank-local: all ranks
+        return session.strategy.mean_loss(runner, stream.samples(cfg.measure_batches))  # rank-local: all ranks
 
 
 def _total_steps(loader: Loader, cfg: LoaderTrainConfig) -> Optional[int]:

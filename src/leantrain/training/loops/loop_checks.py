@@ -1,14 +1,12 @@
 """What a loop checks before it starts, so that a refused start changes nothing: the
 runner and config it is given, the schedule against the parameters' dtypes, the
-callbacks (an ``EarlyStopping`` needs evaluations that give what it watches), and a
-resumed checkpoint's progress record."""
+callbacks (an ``EarlyStopping`` needs evaluations that give what it watches). A resumed
+checkpoint's checks are the ``Checkpointer``'s (``checkpointing.py``)."""
 
 from __future__ import annotations
 
-import json
 import math
 import sys
-import warnings
 from typing import Sequence
 
 import numpy
@@ -17,10 +15,9 @@ import torch
 from ...errors import ConfigError
 from ...optim.plateau import Plateau
 from ...optim.rules import elementwise
-from ...validate import is_int, is_number
+
 from .callbacks import Callback, EarlyStopping, PlateauFeed, ProgressBar
 from .evaluation import result_names
-from ..runner.precision import scaler_state_problems
 from ..runner.runner import Runner
 from ..parallel.sharding.state import check_shardable
 
@@ -91,40 +88,6 @@ def loop_callbacks(op: str, cfg, callbacks: Sequence[Callback], main: bool) -> l
     return out
 
 
-def check_savable(op: str, callbacks: Sequence[Callback]) -> None:
-    """Each callback's saved state is JSON data (a checkpoint's progress holds it): checked
-    when the loop starts, so a tensor in it is refused before the first update, not at
-    the first save."""
-    for cb in callbacks:
-        state = cb.state_dict()
-        if state is None:
-            continue
-        try:
-            json.dumps(state, allow_nan=True)
-        except (TypeError, ValueError, RecursionError) as e:
-            raise ConfigError(f"{op}: {type(cb).__name__}.state_dict() is not JSON data ({e}); a checkpoint saves "
-                              f"it as JSON: return numbers, strings, lists and dicts (float(t) for a tensor "
-                              f"t)") from None
-
-
-def restore_callbacks(op: str, callbacks: Sequence[Callback], saved: list) -> None:
-    """Give the callbacks that keep state theirs back (the same kinds in the same order
-    as when saved); otherwise say that they start afresh."""
-    mine = stateful(callbacks)
-    kinds = [type(cb).__name__ for cb in mine]
-    if kinds == [kind for kind, _ in saved]:
-        for cb, (_, state) in zip(mine, saved):
-            cb.load_state_dict(state)
-    elif saved or mine:
-        warnings.warn(f"{op}: the checkpoint carries the state of the callbacks {[k for k, _ in saved]}, this "
-                      f"run's callbacks keeping state are {kinds}: they start afresh", stacklevel=5)
-
-
-def stateful(callbacks: Sequence[Callback]) -> list[Callback]:
-    """The callbacks that carry state across a resume (``state_dict()`` is not None)."""
-    return [cb for cb in callbacks if cb.state_dict() is not None]
-
-
 def wants_stop(op: str, who: str, value: object) -> bool:
     """A hook's answer: ``True`` stops the run, ``None`` or ``False`` goes on; anything
     else (a tensor would need a device read, a string is always true) is refused."""
@@ -132,62 +95,3 @@ def wants_stop(op: str, who: str, value: object) -> bool:
         return bool(value)
     raise ConfigError(f"{op}: {who} returned {type(value).__name__} {value!r:.40}; return True to stop the run, "
                       f"or None (or False) to go on")
-
-
-# What a checkpoint written before a setting existed implies for it.
-EXPECT_DEFAULTS = {"accumulate": 1, "ema_decay": None, "autocast": None}
-
-
-def progress_problems(kind: str, p: dict) -> list[str]:
-    """Why a saved progress record cannot resume a ``kind`` loop: each field it needs,
-    of the wrong type or out of range."""
-    out = []
-    counts = ("step",) + (("epoch", "batch", "seen") if kind == "loader" else ())
-    for key in counts:
-        v = p.get(key)
-        if not (is_int(v) and 0 <= v < 2**63):
-            out.append(f"progress.{key}: expected an integer >= 0, got {v!r}")
-    if p.get("before") is not None and not is_number(p.get("before")):
-        out.append(f"progress.before: expected a number or null, got {p.get('before')!r}")
-    for key in ("losses", "grad_norms"):
-        pairs = p.get(key, [] if key == "grad_norms" else None)
-        if not (isinstance(pairs, list) and all(
-                isinstance(x, list) and len(x) == 2 and is_int(x[0]) and is_number(x[1]) for x in pairs)):
-            out.append(f"progress.{key}: expected a list of [step, value] pairs")
-    saved = p.get("callbacks", [])
-    if not (isinstance(saved, list) and all(
-            isinstance(x, list) and len(x) == 2 and isinstance(x[0], str) and isinstance(x[1], dict) for x in saved)):
-        out.append("progress.callbacks: expected a list of [callback kind, state] pairs")
-    evals = p.get("evals", [])
-    if not (isinstance(evals, list) and all(
-            isinstance(x, list) and len(x) == 2 and is_int(x[0]) and isinstance(x[1], dict) for x in evals)):
-        out.append("progress.evals: expected a list of [step, results] pairs")
-    return out
-
-
-def resume_check(kind: str, cfg, expect: dict, want_path: str, scaling: bool, extra: list):
-    """``accept(manifest, tensors)`` for ``load_checkpoint``: why a checkpoint cannot resume
-    this ``kind`` of loop (its progress, ``expect``, the moving average, the update path,
-    the float16 loss scale when ``scaling``, and each of ``extra``'s problems), decided
-    before anything is installed."""
-    def fits(manifest: dict, tensors: dict) -> list[str]:
-        p = manifest.get("progress") or {}
-        if not isinstance(p, dict) or p.get("kind") != kind or not manifest.get("optimizer"):
-            return [f"not a {kind} training checkpoint with optimizer state"]
-        problems = progress_problems(kind, p)
-        if scaling and p.get("autocast") == "float16":
-            problems += scaler_state_problems(p)
-        problems += [f"{key}: checkpoint has {p.get(key, EXPECT_DEFAULTS.get(key))!r}, this run has {value!r}"
-                     for key, value in expect.items() if p.get(key, EXPECT_DEFAULTS.get(key)) != value]
-        e = manifest.get("ema")
-        if cfg.ema_decay is not None and (e is None or e["decay"] != cfg.ema_decay):
-            problems.append(f"ema: checkpoint has {None if e is None else e['decay']!r}, "
-                            f"this run has ema_decay={cfg.ema_decay!r}")
-        if manifest["optimizer"].get("path") != want_path:
-            problems.append(f"the checkpoint's optimizer history is {manifest['optimizer'].get('path')}; "
-                            f"resume with parameters on the same kind of device")
-        for check in extra:
-            problems += check(manifest, tensors)
-        return problems
-
-    return fits

@@ -2,7 +2,9 @@
 
 Every checkpoint's progress carries it (``before``, ``losses``, ``evals`` and, when
 clipping by norm was logged, ``grad_norms``), so a resumed run's report and logs hold
-the whole run: the resumed entries first.
+the whole run: the resumed entries first. Every entry names its update by its number,
+counted from 1 (``numbered_from: 1`` in the progress; a checkpoint written before
+leantrain numbered losses and norms from 1 is read with its 0-based indices shifted).
 """
 
 from __future__ import annotations
@@ -25,17 +27,20 @@ class RunRecord:
     last_norm: Optional[float] = None
     last_rates: Optional[dict] = None  # the newest logged update's throughput (throughput.py)
 
-    @classmethod
-    def resumed(cls, progress: dict) -> "RunRecord":
-        """The record a checkpoint's progress holds."""
-        return cls(progress["before"], [tuple(x) for x in progress["losses"]],
-                   [tuple(x) for x in progress.get("grad_norms", [])],
-                   [(int(step), dict(results)) for step, results in progress.get("evals", [])])
+    def resume(self, progress: dict) -> None:
+        """Take the record a checkpoint's progress holds (in place: the run's components
+        hold this record)."""
+        shift = 0 if progress.get("numbered_from") == 1 else 1  # older files: 0-based update indices
+        self.before = progress["before"]
+        self.logged = [(int(k) + shift, v) for k, v in progress["losses"]]
+        self.grad_norms = [(int(k) + shift, v) for k, v in progress.get("grad_norms", [])]
+        self.evals = [(int(step), dict(results)) for step, results in progress.get("evals", [])]
 
     def progress(self) -> dict:
         """The fields a checkpoint's progress saves."""
-        return dict(before=self.before, losses=list(self.logged), evals=[[k, r] for k, r in self.evals],
-                    **({"grad_norms": list(self.grad_norms)} if self.grad_norms else {}))
+        return dict(before=self.before, losses=[list(x) for x in self.logged],
+                    evals=[[k, r] for k, r in self.evals], numbered_from=1,
+                    **({"grad_norms": [list(x) for x in self.grad_norms]} if self.grad_norms else {}))
 
     def metric_at(self, step: int, name: str) -> Optional[float]:
         """``name`` from the evaluation made after update ``step`` (``None``: none made)."""

@@ -18,7 +18,7 @@ from .config import TrainConfig, TrainReport, lr_for
 from .memory import MemoryWatch, cadence
 from ..runner.runner import Runner, Sample, check_sample
 from .callbacks import Callback
-from .events import StepCallback
+from .events import Progress, StepCallback
 from ..parallel import distributed
 from .loop_checks import check_inputs
 from .session import Log, ScheduleState, Session
@@ -56,16 +56,15 @@ def run_sample_steps(
     if session is None:
         session = Session("run_sample_steps", runner, cfg, "samples", log=log)
     first_logged = len(session.logged)
-    k = cfg.batch_size
     step = start_step
     with runner.steady():  # checked at the first step, again after the user's code ran
         while step < cfg.steps:
             batch = next_batch()
             state = schedule_state(step, state)  # the schedule advances per optimizer step
-            state, loss = session.update(state, batch, step)
-            step += 1
+            done = session.update(state, batch, step + 1)
+            state, step = done.state, step + 1
             watch_memory(step)
-            if session.after_update(session.event(step, state, loss), {"batch_size": k}):
+            if session.after_update(done, batch, Progress(step)):
                 break
     return state, session.logged[first_logged:], step
 

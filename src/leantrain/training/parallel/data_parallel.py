@@ -1,4 +1,5 @@
-"""Data parallel (``torch.distributed``): the ``DataParallel`` reduction and its gradients.
+"""Data parallel (``torch.distributed``): the ``DataParallel`` reduction and its gradients,
+and the ``DataParallelStrategy`` that runs a loop with it.
 
 Each rank differentiates its share of the items (item ``j`` on rank ``j mod world``,
 or with rank-local data the items it read, ``rank_data.py``).
@@ -19,9 +20,10 @@ import torch.distributed as dist
 from . import distributed, overlap, rank_data
 from .exact_fold import owner_fold
 from ..runner.runner import Runner
-from ..update.accumulate import item_gradients, sum_hooked
+from ..update.mean import item_gradients, sum_hooked
 from ..update.mean import Mean
 from ..update.reduction import Reduction
+from .strategy import Strategy
 from ...errors import DataError
 from ...samples import LossSum, add_losses
 
@@ -33,12 +35,12 @@ class DataParallel(Reduction):
     ``local``: each rank's batches hold its own items (``rank_data.py``)."""
 
     ranks = True
+    direct = False  # every item through the shared path, also one
+    probes = True  # every rank runs every item's buffer pass: every rank learns alike
 
     def __init__(self, exact: bool = False, local: bool = False) -> None:
         self.exact, self.local = exact, local
-        self.agreed = False  # whether the ranks compared their first batch (once per loop)
         self.name = "data parallel" + (" (exact reduction)" if exact else "") + (", rank-local data" if local else "")
-        self.main = distributed.is_main()  # only rank 0 logs and writes
 
     def draw_states(self, runner: Runner) -> Optional[list]:
         # where each item's random draws start in one process (dropout); rank-local data draws its own
@@ -68,13 +70,39 @@ class DataParallel(Reduction):
         if advanced and self.local:
             rank_data.broadcast_buffers(runner)  # each rank advanced them on its own items: rank 0's, as DDP
 
+    def redo(self, op: str) -> None:
+        if self.ranks:  # one rank cannot redo a step the others have done
+            raise DataError(f"{op}: the model wrote a buffer in this step although its first data-parallel step "
+                            f"wrote none (a buffer written only for some inputs); under torch.distributed the "
+                            f"ranks cannot redo one step apart")
+
+
+class DataParallelStrategy(Strategy):
+    """A loop under ``torch.distributed`` without sharding: the ranks agree on the run
+    and on its first batch, start from rank 0's parameters, and only rank 0 logs and
+    writes (``DataParallel`` makes each update's mean)."""
+
+    watches_updates = True  # the ranks compare their first batch (once per loop)
+
+    def __init__(self, exact: bool = False, local: bool = False, reduction: Optional[DataParallel] = None) -> None:
+        super().__init__(reduction if reduction is not None else DataParallel(exact, local))
+        self.local = local
+        self.agreed = False  # whether the ranks compared their first batch (once per loop)
+        self.name = self.reduction.name
+        self.main = distributed.is_main()  # only rank 0 logs and writes
+
     def agree_on_start(self, op: str, what: dict) -> None:
         distributed.agree(op, what)  # every rank, or none
 
-    def start_replicas(self, runner: Runner, check: bool) -> None:
-        distributed.start_replicas(runner, check)
+    def start_replicas(self, op: str, runner: Runner, check: bool) -> None:
+        try:
+            distributed.start_replicas(runner, check)
+        except distributed.ReplicaError:  # the replicas differ: that message, as it is
+            raise
+        except RuntimeError as e:
+            self.failed(op, e, "start", "none saved yet")
 
-    def check_step(self, op: str, runner: Runner, batch: list) -> None:
+    def before_update(self, op: str, runner: Runner, batch: list) -> None:
         if not self.local and not self.agreed:
             self.agreed = True
             rank_data.agree_on_batch(op, batch)  # the ranks read the same data (once per loop)

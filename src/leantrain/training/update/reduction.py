@@ -9,58 +9,53 @@ reads the same for every strategy (``step.update``):
     ``reduction.agree`` on the non-finite flag, raise if set, ``reduction.apply``,
     ``reduction.after``.
 
-The session asks the same object how a run starts (its optimizer history, the moving
-average), what happens before each update (``check_step``), how a checkpoint is written,
-how the run finishes and how a failure is reported.
+The seam holds what an update calls and nothing else: how the run starts, saves and
+finishes is the run-level ``Strategy``'s (``parallel/strategy.py``), which owns its
+``Reduction``. Three facts of the buffer pass and the mean are the reduction's own
+flags and methods: ``direct`` (a one-item update may take one forward, writing the
+buffers as it goes), ``probes`` (buffer writes are probed on every update until known,
+so every rank learns alike), ``draw_states`` (each item's generator state) and ``redo``
+(whether a step whose model wrote a buffer unseen before may be redone).
 
 ``Reduction`` itself is **one process**: the items' left-to-right fold times ``1/n``,
 applied by the optimizer as it is (``clipped`` and ``apply`` below: clipping, skip mode,
 the loss scale; no host read). ``parallel/`` holds the others (data parallel,
 overlapped or exact, rank-local or not; sharding), each a subclass that overrides where
-ranks take part; ``parallel.strategy.choose`` picks one. Nothing in this floor imports
-``torch.distributed``.
+ranks take part. Nothing in this floor imports ``torch.distributed``, ``io/`` or the
+moving average.
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterable, NoReturn, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
-from ...io.checkpoint import save_checkpoint
 from ...optim import OptState, Optimizer
 from ...optim.clipping import clip_
 from ...params.packs import canonical_gradients
 from ..runner.binding import BufferSnapshot
-from ..runner.ema import EMA, restored_ema
 from ..runner.runner import Runner, Sample
-from .accumulate import sum_items
-from .mean import Mean, Pack
+from .mean import Mean, Pack, sum_items
 from .options import StepOptions
 from .vectorized import stacked_loss_and_gradients
 
 
-NOTHING = contextlib.nullcontext()  # a context that does nothing (reusable: it keeps no state)
-
-
 class Reduction:
-    """One process (the base every parallel strategy refines)."""
+    """One process (the base every parallel reduction refines)."""
 
-    #: the strategy's name, for messages and the run's report
+    #: the reduction's name, for messages and the run's report
     name = "one process"
-    #: more than one process computes each update: a model's buffer writes are probed on
-    #: every step until known (every rank learns alike), and a step is never redone on one
-    #: rank alone
+    #: more than one process computes each update
     ranks = False
     #: each rank's batches hold its own items only (rank-local data)
     local = False
-    #: this process logs and writes the run's one-file checkpoints
-    main = True
-    #: a resumed optimizer state is read into host memory (each rank moves its share)
-    host_state = False
+    #: a one-item update may take one forward with the buffers written as it goes (plain
+    #: PyTorch's step); a reduction that shares or cuts the update computes every item alike
+    direct = True
+    #: buffer writes are probed on every update until known (every rank learns alike)
+    probes = False
 
-    # ------------------------------------------------------------ one update
     def draw_states(self, runner: Runner) -> Optional[list]:
         """A list that receives each item's generator state (an item computed on another
         rank draws what it draws in one process), or ``None``: not needed."""
@@ -91,65 +86,10 @@ class Reduction:
         """After an applied update (``advanced``: its buffer pass wrote buffers)."""
         return None
 
-    # ------------------------------------------------------------ a loop's run
-    def agree_on_start(self, op: str, what: dict) -> None:
-        """Every rank starts the same run (one process: nothing to compare)."""
+    def redo(self, op: str) -> None:
+        """A step whose model wrote a buffer although none was seen written before is
+        redone with the buffer pass (one process: the real buffers were not touched)."""
         return None
-
-    def check_shared(self, op: str, checkpoint_path) -> None:
-        """Every rank sees where the checkpoints go (one process: nothing to compare)."""
-        return None
-
-    def start_replicas(self, runner: Runner, check: bool) -> None:
-        """The ranks' parameters made alike before the first update."""
-        return None
-
-    def start(self, op: str, cfg, runner: Runner, opt: Optimizer, native: bool,
-              whole: Optional[OptState] = None) -> OptState:
-        """The loop's optimizer history: fresh, or ``whole`` (a resumed checkpoint's)."""
-        return whole if whole is not None else opt.init(runner.params, native=native)
-
-    def ema(self, runner: Runner, decay: float, saved=None):
-        """The loop's moving average: fresh, or a checkpoint's ``saved`` record."""
-        return EMA(runner.params, decay) if saved is None else restored_ema(runner.params, saved)
-
-    def check_step(self, op: str, runner: Runner, batch: list) -> None:
-        """What is checked before each update of a loop (one process: nothing)."""
-        return None
-
-    def save(self, path, runner: Runner, state: OptState, progress: dict, loader_state, ema) -> None:
-        """Write one checkpoint (``loader_state`` may be a function asked only when a
-        file is written)."""
-        if self.main:
-            if callable(loader_state):
-                loader_state = loader_state()
-            save_checkpoint(path, runner, state=state, progress=progress, loader_state=loader_state, ema=ema)
-
-    def mean_loss(self, runner: Runner, samples: Iterable[Sample]) -> Optional[float]:
-        """A measured mean loss over ``samples`` (this process's)."""
-        return runner.mean_loss(samples)
-
-    def finish(self, runner: Runner) -> None:
-        """What a run does when its loop ends, before its ``after`` loss."""
-        return None
-
-    def guard(self, op: str):
-        """A context around a loop's calls of the model (parameter sharding checks them
-        until its first update is applied)."""
-        return NOTHING
-
-    def user_code(self):
-        """A context around the user's code between updates (parameter sharding: the
-        parameters whole)."""
-        return NOTHING
-
-    def close(self, runner: Runner, failed: bool) -> None:
-        """The loop ended (``failed``: by an exception): the module as the user owns it."""
-        return None
-
-    def failed(self, op: str, e: RuntimeError, where: str, last: str) -> NoReturn:
-        """Re-raise a runtime error met inside the loop (one process: as it is)."""
-        raise e
 
 
 ONE_PROCESS = Reduction()

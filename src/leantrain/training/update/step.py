@@ -126,36 +126,43 @@ def batch_mean(op: str, runner: Runner, batch: list[Sample], o: StepOptions, wan
         check_stackable(runner, batch)  # before the buffers move
     reduction = o.reduction
     with runner.binding(op) as bound:
-        if len(batch) == 1 and o.accumulation == "exact" and runner.has_buffer_updates and not reduction.ranks:
+        if len(batch) == 1 and o.accumulation == "exact" and runner.has_buffer_updates and reduction.direct:
             loss, grads, snapshot = bound.one_item(op, batch[0])  # one forward, as plain PyTorch
             return Mean.of_sums(loss, grads, 1, o.scaler is None), snapshot
         rng = rng_state(runner.device) if runner.has_buffer_updates else None
-        states = reduction.draw_states(runner)  # where each item's random draws start (data parallel)
-        while True:
-            ran, snapshot = bound.advance_buffers(op, batch, states=states, probe=reduction.ranks)  # every item first
-            runner.counted_buffer_pass(ran)
-            if states is not None:
-                states = bound.item_states(op, batch, states if ran else None)
-            try:
-                with bound.scratch_buffers() as scratch:  # gradient passes leave buffers be
-                    mean = reduction.mean(runner, bound.leaves, scratch, batch, o, want_loss, states)
-            except BaseException:
-                if snapshot is not None:
-                    snapshot.restore()
-                raise
-            if states is not None:
-                set_rng_state(runner.device, states[-1])  # every rank where one process ends
-            if ran or not scratch.written:
-                if rng is not None and not ran:
-                    runner.learned_buffer_writes(False)  # seen: a forward writes no buffer
-                return mean, snapshot
+        mean, snapshot, ran, wrote = _buffers_then_mean(op, runner, bound, batch, o, want_loss)
+        if wrote and not ran:
             # The model wrote a buffer although none was seen written before: redo the
             # step with the buffer pass (the real buffers were not touched; the
             # generators replay, so the redone step draws the same numbers).
-            if reduction.ranks:  # one rank cannot redo a step the others have done
-                raise DataError(f"{op}: the model wrote a buffer in this step although its first data-parallel "
-                                f"step wrote none (a buffer written only for some inputs); under "
-                                f"torch.distributed the ranks cannot redo one step apart")
+            reduction.redo(op)  # refused where ranks computed the step together
             runner.learned_buffer_writes(True)
             runner.counted_redo()
             set_rng_state(runner.device, rng)
+            mean, snapshot, _, _ = _buffers_then_mean(op, runner, bound, batch, o, want_loss)
+        elif rng is not None and not ran:
+            runner.learned_buffer_writes(False)  # seen: a forward writes no buffer
+        return mean, snapshot
+
+
+def _buffers_then_mean(op: str, runner: Runner, bound, batch: list[Sample], o: StepOptions, want_loss: bool
+                       ) -> tuple[Mean, Optional[BufferSnapshot], bool, bool]:
+    """The buffer pass (every item first, where it runs), then the reduction's mean with
+    the buffers held fixed. Also returns whether the buffer pass ran and whether a
+    gradient pass wrote a buffer (without the pass: the step must be redone with it)."""
+    reduction = o.reduction
+    states = reduction.draw_states(runner)  # where each item's random draws start (data parallel)
+    ran, snapshot = bound.advance_buffers(op, batch, states=states, probe=reduction.probes)  # every item first
+    runner.counted_buffer_pass(ran)
+    if states is not None:
+        states = bound.item_states(op, batch, states if ran else None)
+    try:
+        with bound.scratch_buffers() as scratch:  # gradient passes leave buffers be
+            mean = reduction.mean(runner, bound.leaves, scratch, batch, o, want_loss, states)
+    except BaseException:
+        if snapshot is not None:
+            snapshot.restore()
+        raise
+    if states is not None:
+        set_rng_state(runner.device, states[-1])  # every rank where one process ends
+    return mean, snapshot, ran, bool(scratch.written)

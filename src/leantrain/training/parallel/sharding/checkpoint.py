@@ -33,7 +33,8 @@ def _everyone(value, world: int) -> list:
 
 
 def save_sharded(path, runner, plan: ShardPlan, rank: int, state: OptState, *, progress: dict,
-                 loader_state: Optional[dict], ema, values: Optional[dict] = None) -> Path:
+                 loader_state: Optional[dict], ema, values: Optional[dict] = None,
+                 identity: Optional[dict] = None) -> Path:
     """Write a sharded checkpoint of a sharded run into the folder ``path`` (``ema``: the
     run's ``ShardedEMA``, or ``None``; ``values``: parameter sharding's owned ranges of the
     parameters, which their owners write as pieces of their storages)."""
@@ -42,12 +43,12 @@ def save_sharded(path, runner, plan: ShardPlan, rank: int, state: OptState, *, p
     folder.mkdir(parents=True, exist_ok=True)
     proposed = f"g{int(progress.get('step', 0)) % 10**8:08d}-{os.urandom(4).hex()}"
     with generation_marked(folder, proposed) if rank == 0 else contextlib.nullcontext():
-        _save(folder, runner, plan, rank, state, progress, loader_state, ema, proposed, values)
+        _save(folder, runner, plan, rank, state, progress, loader_state, ema, proposed, values, identity)
     return folder
 
 
 def _save(folder, runner, plan: ShardPlan, rank: int, state: OptState, progress: dict, loader_state, ema,
-          proposed: str, values: Optional[dict]) -> None:
+          proposed: str, values: Optional[dict], identity: Optional[dict] = None) -> None:
     op, world = "save_checkpoint", plan.world
     generation = _everyone(proposed, world)[0]  # rank 0's, marked in flight before any shard is written
     owned = [r for r in plan.owned(rank) if state.slots[r.slot] is not None]
@@ -69,7 +70,7 @@ def _save(folder, runner, plan: ShardPlan, rank: int, state: OptState, progress:
     whole, manifest = {}, None
     if rank == 0:
         manifest, whole = contents(op, runner.params, state, progress, loader_state, True, None, records=records,
-                                   pieced=pieced)
+                                   pieced=pieced, identity=identity)
         if ema is not None:
             manifest["ema"] = {"decay": ema.decay, "count": ema.count, "storages": ema.trainable if ema.count else []}
         manifest["checksums"] = {n: checksum(t) for n, t in whole.items()}

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from .. import distributed
 from ...runner.backward import taken
-from ...update.accumulate import sum_hooked
+from ...update.mean import sum_hooked
 from ..overlap import BucketPlan, step_buckets
 from .comm import piece
 from .plan import ShardPlan

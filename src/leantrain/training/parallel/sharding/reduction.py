@@ -1,4 +1,5 @@
-"""Sharding's reduction (ZeRO stages 1, 2 and 3): the ``Sharded`` strategy a loop chooses.
+"""Sharding's reduction (ZeRO stages 1, 2 and 3): the ``Sharded`` update seam, which the
+``ShardedStrategy`` (``strategy.py``) installs its plan in when the run starts.
 
 The update's items are shared as data parallel shares them; the ranks' sums are then
 reduce-scattered by the shard plan (``step.py``), each rank updates the ranges it owns
@@ -14,54 +15,30 @@ not) and updates the owned ranges without gathering them. A sharded loop in one 
 
 from __future__ import annotations
 
-import contextlib
 from typing import Optional
 
 import torch
 
-from ....errors import ConfigError
 from ...runner.runner import Runner
-from ...update.reduction import clipped, skipping
-from ...update.mean import Mean
-from ...update.reduction import Reduction
-from ...update.accumulate import sum_items
+from ...update.mean import Mean, sum_items
+from ...update.reduction import Reduction, clipped, skipping
 from ...update.vectorized import stacked_loss_and_gradients
 from .. import distributed
 from ..data_parallel import DataParallel
 from . import comm, step as shard_step
-from .checkpoint import save_sharded
-from .ema import ShardedEMA
 from .gathering import ParameterShards
 from .overlap import overlapped_ranges
 from .plan import ShardPlan
 from .rounds import parameter_mean
-from .state import check_plan, loop_start
-
-
-def check_trainable_kept(op: str, runner: Runner) -> None:
-    """A sharded run trains the slots trainable at its start: a ``requires_grad`` turned on
-    or off since (a callback unfreezing a backbone) is refused before the next update or
-    save, so no checkpoint marks a slot trainable without its optimizer state."""
-    changed = runner.view.changed_requires_grad()
-    if changed:
-        i = changed[0]
-        now = "on" if runner.view.originals[i].requires_grad else "off"
-        raise ConfigError(
-            f"{op}: {runner.params.label(i)}: requires_grad was turned {now} during a sharded run; sharding cut "
-            f"the optimizer state of the slots trainable when the run started, so it cannot follow (nothing was "
-            f"saved with the change: the last checkpoint stays valid). Start a new sharded run with the slot "
-            f"{'trainable' if now == 'on' else 'frozen'} from the start (from these weights), or train unsharded")
 
 
 class Sharded(DataParallel):
     """``sharding="optimizer"``, ``"gradients"`` or ``"parameters"`` over the ranks running
     (one or more)."""
 
-    host_state = True  # a resume reads the state into host memory and moves this rank's ranges only
-
     def __init__(self, exact: bool = False, local: bool = False) -> None:
         super().__init__(exact, local)
-        self.ranks = distributed.active() is not None
+        self.ranks = self.probes = distributed.active() is not None  # one process: one rank's plan, no probe
         self.local = local and self.ranks
         self.name = "sharded" + (" (exact reduction)" if exact else "")
         self.plan: Optional[ShardPlan] = None  # cut when the loop starts
@@ -119,68 +96,6 @@ class Sharded(DataParallel):
             o.scaler.update(found)
         return state, norm
 
-    # ------------------------------------------------------------ a loop's run
-    def start(self, op: str, cfg, runner: Runner, opt, native: bool, whole=None):
-        plan, state = loop_start(op, cfg, runner, opt, native, whole)
-        if plan.mode == "parameters":
-            if self.local:
-                raise ConfigError(f"{op}: sharding='parameters' needs every rank to read the same batches (each "
-                                  f"rank's own items would give the ranks different numbers of forwards, and "
-                                  f"the gathers are collectives); give the loop the whole data, or shard "
-                                  f"'gradients'")
-            self.shards = ParameterShards(op, runner, plan, self.rank)  # the parameters' memory released from here
-            self.guard_next = True
-        self.plan = plan
-        return state
-
-    def guard(self, op: str):
-        """Until the run's first update is applied, a read of a released Parameter is
-        refused (``gathering.py``): the model's calls are the same from then on."""
-        if self.guard_next and self.shards is not None:
-            return self.shards.guarded(op)
-        return contextlib.nullcontext()
-
     def after(self, runner: Runner, advanced: bool) -> None:
         self.guard_next = False
         super().after(runner, advanced)
-
-    def user_code(self):
-        """The user's code between updates sees every Parameter whole."""
-        return contextlib.nullcontext() if self.shards is None else self.shards.whole()
-
-    def close(self, runner: Runner, failed: bool) -> None:
-        if self.shards is not None:
-            self.shards.close(failed)
-            self.shards = None
-
-    def ema(self, runner: Runner, decay: float, saved=None):
-        if saved is None:
-            return ShardedEMA(runner.params, decay, self.plan, self.rank)
-        return ShardedEMA.cut(runner.params, saved, self.plan, self.rank)  # cut from host memory
-
-    def check_shared(self, op: str, checkpoint_path) -> None:
-        # every rank writes its shard into the folder: one per node would save, and never load
-        distributed.check_shared_folder(op, checkpoint_path)
-
-    def check_step(self, op: str, runner: Runner, batch: list) -> None:
-        check_trainable_kept(op, runner)  # before the binding would follow a changed requires_grad
-        check_plan(op, self.plan, runner.slot_map())
-        super().check_step(op, runner, batch)
-
-    def save(self, path, runner: Runner, state, progress: dict, loader_state, ema) -> None:
-        check_trainable_kept("save_checkpoint", runner)  # never a checkpoint marking a slot with no state
-        # every rank writes its file, rank 0 the index (checkpoint.py)
-        if callable(loader_state):
-            loader_state = loader_state()
-        save_sharded(path, runner, self.plan, self.rank, state, progress=progress, loader_state=loader_state, ema=ema,
-                     values=None if self.shards is None else self.shards.values)
-
-    def finish(self, runner: Runner) -> None:
-        self.close(runner, failed=False)  # the module whole again (parameter sharding)
-        if isinstance(runner.ema, ShardedEMA):
-            runner.keep_ema(runner.ema.whole(runner.params))  # every rank: the whole average
-
-    def failed(self, op: str, e: RuntimeError, where: str, last: str):
-        if not self.ranks:
-            raise e
-        super().failed(op, e, where, last)

@@ -26,7 +26,7 @@ import torch
 
 from ...runner.backward import taken
 from ...runner.binding import rng_preserved
-from ...update.accumulate import draws
+from ...update.mean import draws
 from ...update.mean import Mean
 from ...runner.runner import Runner
 from ....samples import add_losses

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import torch
 
-from ..errors import CheckpointError
-from ..params.paramlist import params_of
-from .atomic import PathLike, atomic_write_bytes
-from .checkpoint import current_value
-from .bits import bits_document, read_bits_records, read_json
+from ...errors import CheckpointError
+from ...params.paramlist import params_of
+from ..atomic import PathLike, atomic_write_bytes
+from ..checkpoint import current_value
+from ..regular import read_json
+from .bits import bits_document, read_bits_records
 
 STATE_FORMATS = {
     "torchlean_state_bits_v1": (torch.float64, torch.int64, 64, 0x7FF8000000000000),

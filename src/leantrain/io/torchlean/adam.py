@@ -23,15 +23,15 @@ from typing import Optional
 
 import torch
 
-from ..params.dense import to_layout
-from ..errors import CheckpointError, ConfigError
-from ..optim import OptState, Optimizer
-from ..optim.hyper import Adam, AdamW
-from ..optim.optimizer import GENERIC, NATIVE
-from ..optim.rules import AdamState
-from ..params.paramlist import params_of
-from .atomic import PathLike, atomic_write_bytes
-from .bits import read_regular
+from ...params.dense import to_layout
+from ...errors import CheckpointError, ConfigError
+from ...optim import OptState, Optimizer
+from ...optim.hyper import Adam, AdamW
+from ...optim.optimizer import GENERIC, NATIVE
+from ...optim.rules import AdamState
+from ...params.paramlist import params_of
+from ..atomic import PathLike, atomic_write_bytes
+from ..regular import read_regular
 from .framing import U64, ByteReader, u64
 
 MAGIC = b"TLADAMF"

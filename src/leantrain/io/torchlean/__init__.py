@@ -9,7 +9,7 @@
 
 Both readers validate the whole file first (header, count, every shape and
 payload length, no trailing data) and only then write the parameters. The optimizer
-file ``TLADAMF`` lives in ``tladam.py``, the trainer-state JSON in ``tlstate.py``;
+file ``TLADAMF`` lives in ``io/torchlean/adam.py``, the trainer-state JSON in ``io/torchlean/state.py``;
 ``load`` reads any of them. ``leantrain.torchlean_io`` is this module.
 """
 
@@ -21,14 +21,15 @@ from typing import Optional
 
 import torch
 
-from ..errors import CheckpointError, shape_str
-from ..params.paramlist import params_of
-from .atomic import PathLike, atomic_write_bytes
+from ...errors import CheckpointError, shape_str
+from ...params.paramlist import params_of
+from ..atomic import PathLike, atomic_write_bytes
+from ..checkpoint import current_value
+from ..regular import read_json, read_regular
+from .adam import AdamFile, read_torchlean_adam, write_torchlean_adam
+from .bits import bits_document, read_bits_records
 from .framing import ByteReader, u64
-from .bits import bits_document, read_bits_records, read_json, read_regular
-from .checkpoint import current_value
-from .tladam import AdamFile, read_torchlean_adam, write_torchlean_adam
-from .tlstate import STATE_FORMATS, read_torchlean_state, write_torchlean_state
+from .state import STATE_FORMATS, read_torchlean_state, write_torchlean_state
 
 __all__ = [
     "load", "Loaded", "detect_format", "write_torchlean_f32", "read_torchlean_f32", "encode_f32",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import struct
 
-from ..errors import CheckpointError
+from ...errors import CheckpointError
 
 U64 = struct.Struct("<Q")
 

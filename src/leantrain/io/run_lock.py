@@ -1,0 +1,93 @@
+"""One run writes a checkpoint destination at a time: a lock file beside it.
+
+A run that saves checkpoints takes the lock of where they go when it starts, before it
+reads or writes anything there, and gives it back when it ends (well or not): a folder
+of kept checkpoints has ``.leantrain-run.json`` inside it, a single checkpoint file
+``path`` (or a sharded checkpoint folder) has ``.NAME.leantrain-run.json`` beside it.
+The lock names the run (its id, kept across resumes), the process and the machine.
+
+A second run that finds the lock refuses to start, naming both runs, while the holder
+may still be running: its process is alive on this machine, or it runs on another
+machine (no way to tell; remove the lock by hand once it is gone, as the message
+says). A lock left by a process that died on this machine is taken over, and so is one
+of the same run held on another machine (a restart of that run). Taking the lock is one
+exclusive create; a takeover replaces the file atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Optional
+
+from .atomic import atomic_write_bytes, process_alive
+
+NAME = ".leantrain-run.json"
+
+
+def lock_path(destination: Path, folder: bool) -> Path:
+    """The lock of a checkpoint destination: inside a folder of kept checkpoints
+    (``folder``), else beside the file (or sharded folder)."""
+    return destination / NAME if folder else destination.parent / f".{destination.name}{NAME}"
+
+
+class RunLock:
+    """The lock at ``path`` for run ``run_id`` (this process)."""
+
+    def __init__(self, path: Path, run_id: str) -> None:
+        self.path, self.run_id = Path(path), run_id
+        self.mine = {"run": run_id, "pid": os.getpid(), "host": socket.gethostname(),
+                     "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        self.held = False
+
+    def acquire(self, op: str, what: str) -> Optional[str]:
+        """Take the lock; or the reason it cannot be taken (another run writes ``what``),
+        with nothing changed."""
+        data = json.dumps(self.mine).encode()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            holder = self.holder()
+            if holder is not None and self._live(holder):
+                return (f"{op}: another run writes the checkpoints of {what}: run {holder.get('run')!s:.40} "
+                        f"(process {holder.get('pid')} on {holder.get('host')!s:.60}, started "
+                        f"{holder.get('started')!s:.20}); this run is {self.run_id}. Give this run its own "
+                        f"checkpoint_path, or wait for that run to end (if it is gone, remove {self.path})")
+            atomic_write_bytes(self.path, data, op)  # a dead holder's lock (or a restart of this run)
+            self.held = True
+            return None
+        except OSError as e:
+            return f"{op}: cannot take the lock {self.path} of {what}: {e.strerror or e}"
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        self.held = True
+        return None
+
+    def holder(self) -> Optional[dict]:
+        """What the lock file names (``None``: unreadable, e.g. torn)."""
+        try:
+            found = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+        return found if isinstance(found, dict) else None
+
+    def _live(self, holder: dict) -> bool:
+        """Whether the run ``holder`` names may still be writing."""
+        pid = holder.get("pid")
+        if holder.get("host") != self.mine["host"]:
+            return holder.get("run") != self.run_id  # another machine: alive unless it is this run restarting
+        if pid == os.getpid():
+            return True  # another run in this very process (a run started from a callback)
+        return isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and process_alive(pid)
+
+    def release(self) -> None:
+        """Give the lock back (if the file still names this process)."""
+        if self.held:
+            self.held = False
+            holder = self.holder()
+            if holder is not None and holder.get("run") == self.run_id and holder.get("pid") == os.getpid():
+                self.path.unlink(missing_ok=True)

@@ -1,0 +1,117 @@
+"""Sharding's run (ZeRO stages 1, 2 and 3): the ``ShardedStrategy`` a loop chooses.
+
+At the start it cuts the plan (``plan.py``) and the history to this rank's ranges
+(``state.py``) and installs them in its ``Sharded`` reduction (``reduction.py``);
+``"parameters"`` also releases the parameters' memory (``gathering.py``) until the run
+ends. Before each update it checks that the trainable slots are still those the plan was
+cut for; every rank writes its pieces of a checkpoint folder (``checkpoint.py``); the
+moving average is sharded as the state is (``ema.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from ....errors import ConfigError
+from ...runner.runner import Runner
+from .. import distributed
+from ..data_parallel import DataParallelStrategy
+from .checkpoint import save_sharded
+from .ema import ShardedEMA
+from .gathering import ParameterShards
+from .reduction import Sharded
+from .state import check_plan, loop_start
+
+
+def check_trainable_kept(op: str, runner: Runner) -> None:
+    """A sharded run trains the slots trainable at its start: a ``requires_grad`` turned on
+    or off since (a callback unfreezing a backbone) is refused before the next update or
+    save, so no checkpoint marks a slot trainable without its optimizer state."""
+    changed = runner.view.changed_requires_grad()
+    if changed:
+        i = changed[0]
+        now = "on" if runner.view.originals[i].requires_grad else "off"
+        raise ConfigError(
+            f"{op}: {runner.params.label(i)}: requires_grad was turned {now} during a sharded run; sharding cut "
+            f"the optimizer state of the slots trainable when the run started, so it cannot follow (nothing was "
+            f"saved with the change: the last checkpoint stays valid). Start a new sharded run with the slot "
+            f"{'trainable' if now == 'on' else 'frozen'} from the start (from these weights), or train unsharded")
+
+
+class ShardedStrategy(DataParallelStrategy):
+    """``sharding="optimizer"``, ``"gradients"`` or ``"parameters"`` over the ranks running
+    (one or more); ``reduction`` is its ``Sharded`` seam, holding the plan once cut."""
+
+    host_state = True  # a resume reads the state into host memory and moves this rank's ranges only
+
+    def __init__(self, exact: bool = False, local: bool = False) -> None:
+        reduction = Sharded(exact, local)
+        super().__init__(exact, reduction.local, reduction)
+        self.name = reduction.name
+
+    def start(self, op: str, cfg, runner: Runner, opt, native: bool, whole=None):
+        r = self.reduction
+        plan, state = loop_start(op, cfg, runner, opt, native, whole)
+        if plan.mode == "parameters":
+            if r.local:
+                raise ConfigError(f"{op}: sharding='parameters' needs every rank to read the same batches (each "
+                                  f"rank's own items would give the ranks different numbers of forwards, and "
+                                  f"the gathers are collectives); give the loop the whole data, or shard "
+                                  f"'gradients'")
+            r.shards = ParameterShards(op, runner, plan, r.rank)  # the parameters' memory released from here
+            r.guard_next = True
+        r.plan = plan
+        return state
+
+    def guard(self, op: str):
+        """Until the run's first update is applied, a read of a released Parameter is
+        refused (``gathering.py``): the model's calls are the same from then on."""
+        r = self.reduction
+        if r.guard_next and r.shards is not None:
+            return r.shards.guarded(op)
+        return contextlib.nullcontext()
+
+    def user_code(self):
+        """The user's code between updates sees every Parameter whole."""
+        shards = self.reduction.shards
+        return contextlib.nullcontext() if shards is None else shards.whole()
+
+    def close(self, runner: Runner, failed: bool) -> None:
+        r = self.reduction
+        if r.shards is not None:
+            r.shards.close(failed)
+            r.shards = None
+
+    def ema(self, runner: Runner, decay: float, saved=None):
+        r = self.reduction
+        if saved is None:
+            return ShardedEMA(runner.params, decay, r.plan, r.rank)
+        return ShardedEMA.cut(runner.params, saved, r.plan, r.rank)  # cut from host memory
+
+    def check_shared(self, op: str, checkpoint_path) -> None:
+        # every rank writes its shard into the folder: one per node would save, and never load
+        distributed.check_shared_folder(op, checkpoint_path)
+
+    def before_update(self, op: str, runner: Runner, batch: list) -> None:
+        check_trainable_kept(op, runner)  # before the binding would follow a changed requires_grad
+        check_plan(op, self.reduction.plan, runner.slot_map())
+        super().before_update(op, runner, batch)
+
+    def save(self, path, runner: Runner, state, progress: dict, loader_state, ema, identity=None) -> None:
+        check_trainable_kept("save_checkpoint", runner)  # never a checkpoint marking a slot with no state
+        # every rank writes its file, rank 0 the index (checkpoint.py)
+        if callable(loader_state):
+            loader_state = loader_state()
+        r = self.reduction
+        save_sharded(path, runner, r.plan, r.rank, state, progress=progress, loader_state=loader_state, ema=ema,
+                     values=None if r.shards is None else r.shards.values, identity=identity)
+
+    def finish(self, runner: Runner) -> None:
+        self.close(runner, failed=False)  # the module whole again (parameter sharding)
+        if isinstance(runner.ema, ShardedEMA):
+            runner.keep_ema(runner.ema.whole(runner.params))  # every rank: the whole average
+
+    def failed(self, op: str, e: RuntimeError, where: str, last: str):
+        if not self.reduction.ranks:
+            raise e
+        super().failed(op, e, where, last)
