@@ -167,8 +167,9 @@ class TrainConfig(LoopOptions):
     """In-memory training: ``steps`` optimizer updates of ``batch_size`` items each.
 
     ``batch_size`` items are averaged into one update (it does not multiply the
-    number of updates); the schedule advances per step; a log line is printed when
-    ``step % log_every == 0`` (0 disables logging and its host reads).
+    number of updates); the schedule advances per update; a log line is printed for the
+    first update and every ``log_every``-th after it (0 disables logging and its host
+    reads).
     """
 
     steps: int
@@ -251,8 +252,9 @@ class LoaderTrainConfig(LoopOptions):
 class TrainReport:
     """Mean training loss before and after, plus what the run did.
 
-    ``losses`` holds the logged ``(step, loss)`` pairs (pre-update losses). ``samples_seen``
-    counts the items trained on (loader items, or their pieces).
+    ``losses`` holds the logged ``(update, loss)`` pairs (the update's number, from 1, and
+    the loss measured before it); ``grad_norms`` and ``evals`` name updates alike.
+    ``samples_seen`` counts the items trained on (loader items, or their pieces).
     """
 
     before: Optional[float]  # None with measure_loss=False
