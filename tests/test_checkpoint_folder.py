@@ -167,3 +167,140 @@ def test_a_sigkill_inside_a_folder_save_leaves_a_folder_that_resumes_exactly(tmp
     assert report.losses == ref.losses and report.evals == ref.evals
     assert names(folder) == names(tmp_path / "ref")  # the same files kept; the dead writer's scratch cleaned
     assert os.path.basename(report.best_checkpoint) == os.path.basename(ref.best_checkpoint)
+
+
+# ------------------------------------------------------------------ another run's files
+def _bytes_of(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if not p.name.startswith(".")}
+
+
+def test_a_resume_into_another_runs_folder_deletes_none_of_its_files(tmp_path):
+    """Resuming a's checkpoint (kept record: a's files) into b/, where another run keeps
+    its own step files, used to delete b's files at the first save. Now the start is
+    refused, naming the other run's files, and nothing in either folder changes."""
+    data = batches(5, 1)
+    lt.train_loader(lt.Runner.from_module(net(), "cross_entropy"),
+                    config(tmp_path / "a", keep_last=2, checkpoint_every=1, eval_data=None, epochs=1), data)
+    lt.train_loader(lt.Runner.from_module(net(1), "cross_entropy"),
+                    config(tmp_path / "b", checkpoint_every=2, eval_data=None, epochs=1), data)
+    a, b = _bytes_of(tmp_path / "a" / "ck"), _bytes_of(tmp_path / "b" / "ck")
+    assert sorted(b) == ["step2.ckpt", "step4.ckpt", "step5.ckpt"]
+    cfg = config(tmp_path / "b", keep_last=1, checkpoint_every=1, eval_data=None,
+                 resume_from=tmp_path / "a" / "ck" / "step5.ckpt")
+    with pytest.raises(lt.CheckpointError, match=r"holds checkpoints of another run \(step2.ckpt \(run "):
+        lt.train_loader(lt.Runner.from_module(net(), "cross_entropy"), cfg, data)
+    assert _bytes_of(tmp_path / "a" / "ck") == a and _bytes_of(tmp_path / "b" / "ck") == b
+
+
+def test_a_record_of_another_folder_is_not_taken_back(tmp_path):
+    """A resume into another folder starts its own record: nothing a/ kept is deleted or
+    ranked there, not even copies of a's files kept in b/ (the same run's bytes)."""
+    import shutil
+
+    data = batches(5, 1)
+    lt.train_loader(lt.Runner.from_module(net(), "cross_entropy"),
+                    config(tmp_path / "a", keep_last=2, checkpoint_every=1, eval_data=None, epochs=1), data)
+    a = _bytes_of(tmp_path / "a" / "ck")
+    shutil.copytree(tmp_path / "a" / "ck", tmp_path / "b" / "ck")  # the user's copies
+    cfg = config(tmp_path / "b", keep_last=1, checkpoint_every=1, eval_data=None,
+                 resume_from=tmp_path / "a" / "ck" / "step5.ckpt")
+    lt.train_loader(lt.Runner.from_module(net(), "cross_entropy"), cfg, data)
+    assert _bytes_of(tmp_path / "a" / "ck") == a
+    assert names(tmp_path / "b" / "ck") == ["step10.ckpt", "step4.ckpt", "step5.ckpt"]  # the copies stay
+    entries = lt.read_checkpoint(tmp_path / "b" / "ck" / "step10.ckpt")[0]["progress"]["checkpoints"]
+    assert [e[0] for e in entries] == ["step9.ckpt", "step10.ckpt"]  # b's own (step9 pruned after this save)
+
+
+def test_a_file_replaced_under_a_kept_name_is_never_pruned(tmp_path):
+    """The record names step3.ckpt; another job writes its own file under that name: this
+    run's pruning leaves it (its manifest names another run)."""
+    other = tmp_path / "other.ckpt"
+    lt.save_checkpoint(other, lt.Runner.from_module(net(1), "cross_entropy"))
+
+    class Replace(lt.Callback):
+        def on_step(self, event):
+            if event.step == 4:
+                os.replace(other, tmp_path / "ck" / "step3.ckpt")
+
+    r = lt.Runner.from_module(net(), "cross_entropy")
+    lt.train_loader(r, config(tmp_path, keep_last=1, checkpoint_every=1, eval_data=None), batches(5, 1),
+                    callbacks=[Replace()])
+    assert names(tmp_path / "ck") == ["step10.ckpt", "step3.ckpt"]  # the other job's file stays
+
+
+@pytest.mark.parametrize("how", ["replaced", "deleted"])
+def test_a_best_that_is_no_longer_this_runs_is_an_error_not_a_silent_load(tmp_path, how):
+    """Another job in the folder writes (or prunes) the file named as this run's best: the
+    next save says so, before training goes on to its end, and the model never gets the
+    other job's parameters."""
+    other = lt.Runner.from_module(net(1), "cross_entropy")
+
+    class SecondJob(lt.Callback):
+        def on_step(self, event):
+            if event.step == 5:
+                for p in (tmp_path / "ck").glob("step*.ckpt"):
+                    if how == "replaced":
+                        lt.save_checkpoint(p, other)
+                    else:
+                        p.unlink()
+
+    r = lt.Runner.from_module(net(), "cross_entropy")
+    cfg = config(tmp_path, keep_best=1, load_best_at_end=True)
+    with pytest.raises(lt.CheckpointError, match="the best checkpoint kept: .*(is not the file this run wrote|is gone)"):
+        lt.train_loader(r, cfg, batches(5, 1), callbacks=[SecondJob()])
+    mine, theirs = list(r.module.parameters()), list(other.module.parameters())
+    assert not all(torch.equal(a, b) for a, b in zip(mine, theirs))
+
+
+def test_a_second_run_writing_the_same_folder_is_refused_at_its_start_naming_both(tmp_path):
+    """Two jobs in one folder, without threads: the second starts from the first one's
+    callback. It is refused before it reads or writes anything there; the first finishes,
+    and the folder is free again after it."""
+    data = batches(5, 1)
+    caught = []
+
+    class StartAnother(lt.Callback):
+        def on_step(self, event):
+            if event.step == 2:
+                second = lt.Runner.from_module(net(1), "cross_entropy")
+                before = _bytes_of(tmp_path / "ck")
+                with pytest.raises(lt.CheckpointError) as e:
+                    lt.train_loader(second, config(tmp_path, keep_last=2, checkpoint_every=1, eval_data=None), data)
+                caught.append(str(e.value))
+                assert _bytes_of(tmp_path / "ck") == before
+
+    first = config(tmp_path, keep_last=2, checkpoint_every=1, eval_data=None)
+    lt.train_loader(lt.Runner.from_module(net(), "cross_entropy"), first, data, callbacks=[StartAnother()])
+    assert len(caught) == 1
+    assert f"another run writes the checkpoints of {tmp_path / 'ck'}: run " in caught[0]
+    assert f"process {os.getpid()}" in caught[0] and "; this run is " in caught[0]
+    assert not (tmp_path / "ck" / ".leantrain-run.json").exists()  # given back at the end
+    again = config(tmp_path, keep_last=2, checkpoint_every=1, eval_data=None, resume_from="auto", epochs=3)
+    report, _ = lt.train_loader(lt.Runner.from_module(net(), "cross_entropy"), again, data)
+    assert report.resumed_from == str(tmp_path / "ck" / "step10.ckpt") and report.steps == 15
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / "ck").mkdir()
+    lock = tmp_path / "ck" / ".leantrain-run.json"
+    lock.write_text(json.dumps({"run": "x", "pid": int(dead.stdout), "host": __import__("socket").gethostname()}))
+    lt.train_loader(lt.Runner.from_module(net(), "cross_entropy"),
+                    config(tmp_path, keep_last=1, checkpoint_every=1, eval_data=None), batches(5, 1))
+    assert names(tmp_path / "ck") == ["step10.ckpt"] and not lock.exists()
+
+
+@pytest.mark.parametrize("spec", ["{step:+}", "{step:x}", "{step:4d}", "{step:.1e}", "{step:,}", "{step:s}",
+                                  "{step:b}", "{step:_}", "{step}{epoch}"])
+def test_a_step_format_the_folder_cannot_read_back_is_refused_when_the_config_is_built(tmp_path, spec):
+    with pytest.raises(lt.ConfigError, match="does not (read back|format)"):
+        config(tmp_path, keep_last=1, checkpoint_path=tmp_path / "ck" / f"s{spec}.ckpt")
+
+
+@pytest.mark.parametrize("spec", ["{step}", "{step:06d}", "{step:d}", "{step}-{epoch}", "{step:03d}-{metric:.3f}"])
+def test_step_formats_that_read_back_are_taken(tmp_path, spec):
+    config(tmp_path, keep_last=1, checkpoint_path=tmp_path / "ck" / f"s{spec}.ckpt")

@@ -133,7 +133,7 @@ sys.exit(main({argv!r}))
 def test_ctrl_c_saves_and_resume_continues_exactly(tmp_path):
     straight, broken = tmp_path / "straight", tmp_path / "broken"
     common = ["train", "--epochs", "3", "--checkpoint-every", "0"]
-    code = CTRL_C_AT.format(step=50, argv=[*common, "--out", str(broken)])
+    code = CTRL_C_AT.format(step=51, argv=[*common, "--out", str(broken)])  # before update 51 (from 1)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 130, proc.stderr
     out, err = proc.stdout, proc.stderr
@@ -229,6 +229,46 @@ def test_an_earlier_run_is_never_written_over_without_asking(tmp_path, capsys):
     assert main(["train", "--epochs", "2", "--out", str(out), "--overwrite"]) == 0
     assert json.loads((out / "config.json").read_text())["epochs"] == 2
     assert json.loads((out / "report.json").read_text())["steps"] == 90
+
+
+@pytest.mark.parametrize("keep", [[], ["--keep-last", "2"]])
+def test_overwrite_removes_the_replaced_runs_checkpoints_before_the_new_run_starts(tmp_path, capsys, monkeypatch,
+                                                                                    keep):
+    """A new run that fails before its first save must not leave the replaced run's
+    checkpoint behind: ``--resume`` then has nothing to continue, instead of the old
+    weights under the new settings."""
+    from leantrain.cli import train as cli_train
+
+    out = tmp_path / "run"
+    assert main(["train", "--epochs", "1", "--out", str(out), *keep]) == 0
+
+    def fails(plan, job):
+        raise KeyboardInterrupt  # the new run dies before its first checkpoint
+
+    monkeypatch.setattr(cli_train, "run_job", fails)
+    with pytest.raises(KeyboardInterrupt):
+        main(["train", "--epochs", "3", "--lr", "0.5", "--out", str(out), "--overwrite", *keep])
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"]  # the old run's files are gone
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out)]) == 2
+    assert "not a run folder" in capsys.readouterr().err
+
+
+def test_overwrite_through_a_linked_checkpoint_folder_is_refused_with_nothing_deleted(tmp_path, capsys):
+    out, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    assert main(["train", "--epochs", "1", "--out", str(out), "--keep-last", "1"]) == 0
+    (out / "checkpoints").rename(elsewhere)
+    (out / "checkpoints").symlink_to(elsewhere, target_is_directory=True)
+    before = {p.name: p.read_bytes() for p in elsewhere.iterdir()} | {p.name: p.read_bytes() for p in out.iterdir()
+                                                                      if p.is_file()}
+    capsys.readouterr()
+    assert main(["train", "--epochs", "1", "--out", str(out), "--overwrite", "--keep-last", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "is a link" in err and len(err.strip().splitlines()) == 1
+    after = {p.name: p.read_bytes() for p in elsewhere.iterdir()} | {p.name: p.read_bytes() for p in out.iterdir()
+                                                                     if p.is_file()}
+    assert after == before and (out / "checkpoints").is_symlink()
 
 
 def test_max_steps_and_a_warm_up_over_updates(tmp_path, capsys):
@@ -352,3 +392,64 @@ def test_export_of_a_hugging_face_run_is_a_folder_from_pretrained_loads(tmp_path
     (tmp_path / "file").write_text("x")
     assert main(["export", str(run), "--weights", "-o", str(tmp_path / "file")]) == 2
     assert "a Hugging Face run exports a folder" in capsys.readouterr().err
+
+
+def test_export_imports_and_calls_nothing_a_file_names(tmp_path, monkeypatch, capsys):
+    """A run folder's config.json naming ``pkg.mod:fn`` (with the current folder first on
+    sys.path) is data to export: the module is never imported. The Hugging Face config
+    comes from the checkpoint, or from --config."""
+    import sys
+
+    (tmp_path / "evilmod.py").write_text("import pathlib\npathlib.Path('IMPORTED').write_text('x')\n"
+                                         "def fn():\n    pathlib.Path('CALLED').write_text('x')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = tmp_path / "run"
+    run.mkdir()
+    lt.save_checkpoint(run / "checkpoint.ckpt", lt.Runner.from_module(torch.nn.Linear(2, 2)), rng=False)
+    (run / "config.json").write_text(json.dumps({"model": "evilmod:fn"}))
+    assert main(["export", str(run), "--weights", "-o", str(tmp_path / "w.safetensors")]) == 0
+    assert not (tmp_path / "IMPORTED").exists() and not (tmp_path / "CALLED").exists()
+    assert "evilmod" not in sys.modules
+    assert set(lt.weights.export_state_dict(lt.Runner.from_module(torch.nn.Linear(2, 2)))) == set(
+        __import__("safetensors.torch").torch.load_file(str(tmp_path / "w.safetensors")))
+    # an explicit config.json: a folder from_pretrained loads (data copied, nothing called)
+    (tmp_path / "hf.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 4}))
+    assert main(["export", str(run), "--weights", "--config", str(tmp_path / "hf.json"), "-o", str(tmp_path / "f")]) == 0
+    assert json.loads((tmp_path / "f" / "config.json").read_text()) == {"model_type": "gpt2", "n_embd": 4}
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    assert main(["export", str(run), "--weights", "--config", str(tmp_path / "bad.json"), "-o", str(tmp_path / "g")]) == 2
+    assert "not a JSON object" in capsys.readouterr().err and not (tmp_path / "g").exists()
+
+
+def test_export_of_a_kept_run_takes_its_best_or_the_update_asked_and_a_hugging_face_folder(tmp_path, capsys):
+    """A run keeping a folder of checkpoints exports its best (--keep-best), or --step N's;
+    each kept file keeps the model's config, so the export is a from_pretrained folder."""
+    transformers = pytest.importorskip("transformers")
+    from hf_export_model import tiny
+
+    run = tmp_path / "run"
+    g = torch.Generator().manual_seed(0)
+    samples = [{"input_ids": t[None], "labels": t[None]} for t in torch.randint(0, 50, (12, 8), generator=g)]
+    model = tiny()
+    cfg = lt.LoaderTrainConfig(epochs=1, optimizer=lt.optim.adamw(0.05), log_every=0, eval_data=samples[:4],
+                               eval_every=1, checkpoint_path=run / "checkpoints" / "step{step}.ckpt", keep_best=1,
+                               keep_last=1, mode="max")  # the highest loss: an early update, not the newest
+    report, _ = lt.train_loader(lt.Runner.from_module(model, "model"), cfg, lt.DataLoader(samples, batch_size=2))
+    (run / "config.json").write_text(json.dumps({"keep_best": "loss:max", "model": "hf_export_model:tiny"}))
+    best = report.best_checkpoint
+    assert best != str(run / "checkpoints" / "step6.ckpt"), "the test wants a best that is not the newest"
+    out = tmp_path / "best"
+    assert main(["export", str(run), "--weights", "-o", str(out)]) == 0
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(out)
+    want = lt.Runner.from_module(tiny(), "model")
+    lt.load_checkpoint(best, want)
+    assert all(torch.equal(t, loaded.state_dict()[k]) for k, t in want.module.state_dict().items())
+    assert main(["export", str(run), "--weights", "--step", "6", "-o", str(tmp_path / "last")]) == 0
+    lt.load_checkpoint(run / "checkpoints" / "step6.ckpt", want)
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "last")
+    assert all(torch.equal(t, loaded.state_dict()[k]) for k, t in want.module.state_dict().items())
+    capsys.readouterr()
+    gone = next(n for n in range(1, 7) if not (run / "checkpoints" / f"step{n}.ckpt").exists())
+    assert main(["export", str(run), "--weights", "--step", str(gone), "-o", str(tmp_path / "x")]) == 2
+    assert f"--step {gone}:" in capsys.readouterr().err and not (tmp_path / "x").exists()

@@ -125,6 +125,40 @@ def test_predict_reads_a_loader_lazily_and_leaves_its_shuffle_where_it_was():
     assert torch.equal(g.get_state(), state)
 
 
+def test_predict_never_rewinds_the_callers_draws():
+    """The caller's random draws inside (and after) the loop over ``predict`` are those of
+    the same loop without it: nothing is restored across the loop body, at the walk's end,
+    or when an abandoned iterator is collected. A model that draws in eval mode leaves the
+    caller's sequence alone too."""
+    import gc
+
+    class Noisy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.lin(x) + torch.rand(3)  # draws even in eval mode
+
+    r = lt.Runner.from_module(Noisy(), "cross_entropy")
+    data = class_data(3)
+    torch.manual_seed(5)
+    got = [torch.rand(1) for _ in lt.predict(r, data)] + [torch.rand(1)]
+    torch.manual_seed(5)
+    want = [torch.rand(1) for _ in data] + [torch.rand(1)]
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+    it = lt.predict(r, data)
+    next(it)
+    torch.manual_seed(7)
+    first = torch.rand(1)
+    del it
+    gc.collect()  # the abandoned iterator is finalized here: it must not touch the generator
+    second = torch.rand(1)
+    torch.manual_seed(7)
+    assert torch.equal(first, torch.rand(1)) and torch.equal(second, torch.rand(1))
+
+
 def test_predict_refuses_what_is_not_a_runner():
     with pytest.raises(lt.ConfigError, match="predict: expected a Runner"):
         lt.predict(torch.nn.Linear(2, 2), [])

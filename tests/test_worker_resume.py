@@ -43,3 +43,28 @@ def test_a_job_with_workers_and_augmentation_resumes_bit_for_bit(tmp_path, name,
     assert all(torch.equal(a, b) for a, b in zip(whole.module.state_dict().values(),
                                                  resumed.module.state_dict().values()))
     assert rest.losses == report.losses
+
+
+@pytest.mark.parametrize("stop", [3, 7])  # mid-epoch in the first and second epoch (6 updates each)
+def test_leantrains_worker_loader_resumes_a_model_that_draws_bit_for_bit(tmp_path, stop):
+    """Starting an epoch's worker processes draws nothing from the global generator, so a
+    resume (which starts one more set mid-epoch) leaves the model's dropout draws where the
+    uninterrupted run has them."""
+    def run(max_steps, resume=None):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.3), nn.Tanh(), nn.Linear(16, 1))
+        runner = lt.Runner.from_module(model, "mse")
+        loader = lt.DataLoader(Augmented(), batch_size=4, shuffle=True, seed=3, num_workers=2)
+        cfg = lt.LoaderTrainConfig(epochs=3, max_steps=max_steps, optimizer=lt.optim.adamw(0.01),
+                                   checkpoint_path=tmp_path / f"c{max_steps}.ckpt", checkpoint_every=1,
+                                   resume_from=resume, log_every=1)
+        report, _ = lt.train_loader(runner, cfg, loader, log=None)
+        return runner, report
+
+    whole, report = run(10)
+    run(stop)
+    (tmp_path / f"c{stop}.ckpt").rename(tmp_path / "c10.ckpt")
+    resumed, rest = run(10, resume=tmp_path / "c10.ckpt")
+    assert all(torch.equal(a, b) for a, b in zip(whole.module.state_dict().values(),
+                                                 resumed.module.state_dict().values()))
+    assert rest.losses == report.losses

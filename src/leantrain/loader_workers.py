@@ -2,7 +2,9 @@
 ``DataLoader`` machinery fetches the index lists leantrain's order gives (``batch_sampler``),
 each item read with the generators seeded from ``(loader seed, epoch, item index)``, so what
 a random augmentation draws does not depend on which worker reads it, nor on the batches a
-resume skips."""
+resume skips. Starting the workers draws nothing from the main process's global generator
+(torch's reader would draw its base seed there once per epoch, and a resume mid-epoch once
+more, moving the model's dropout draws): the reader gets a generator of its own."""
 
 from __future__ import annotations
 
@@ -58,7 +60,8 @@ def worker_batches(loader, batches: list, base: tuple) -> Iterator[list]:
     if not batches:
         return iter(())
     extra = {} if loader.prefetch_factor is None else {"prefetch_factor": loader.prefetch_factor}
+    own = torch.Generator().manual_seed(item_seed(base, -1))  # the workers' base seed: never the global draws
     reader = torch.utils.data.DataLoader(SeededItems(loader.dataset, base), batch_sampler=batches,
                                          collate_fn=Collate(loader), num_workers=loader.num_workers,
-                                         pin_memory=loader.pin_memory, **extra)
+                                         pin_memory=loader.pin_memory, generator=own, **extra)
     return iter(reader)

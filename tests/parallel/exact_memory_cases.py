@@ -133,11 +133,11 @@ def measure_finish(rank: int, world: int, init_file: str, out: str) -> None:
     torch.set_num_threads(1)
     try:
         import leantrain as lt
-        from leantrain.training.parallel.sharding.reduction import Sharded
+        from leantrain.training.parallel.sharding.strategy import ShardedStrategy
 
         runner, data, p_bytes = job(4)
         rise = []
-        end = Sharded.finish
+        end = ShardedStrategy.finish
 
         def finish(self, runner):
             gc.collect()
@@ -147,7 +147,7 @@ def measure_finish(rank: int, world: int, init_file: str, out: str) -> None:
             end(self, runner)
             rise.append(high_water() - before)
 
-        Sharded.finish = finish  # this spawned process's class only
+        ShardedStrategy.finish = finish  # this spawned process's class only
         cfg = lt.TrainConfig(steps=2, batch_size=4, optimizer=lt.optim.adamw(1e-3), log_every=0,
                              measure_loss=False, sharding="parameters", replica_check=False)
         lt.train_samples(runner, cfg, data, log=None)

@@ -55,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--consolidate", action="store_true",
                    help="one checkpoint file from a sharded checkpoint folder (what an unsharded run writes)")
     e.add_argument("--ema", action="store_true", help="the moving average of the weights (trained with --ema)")
+    e.add_argument("--step", type=positive, help="of a run keeping a folder of checkpoints: the one of update N "
+                   "(default: the best with --keep-best, else the newest)")
+    e.add_argument("--config", metavar="FILE", help="with --weights: a Hugging Face config.json to write beside the "
+                   "weights (default: the one the checkpoint keeps, for a model that has one)")
     e.add_argument("-o", "--output", required=True, help="the parameter file to write")
     f = sub.add_parser("find-lr", help="the learning-rate range test on the job train would run (a plot and a "
                        "suggested --lr)")

@@ -43,6 +43,51 @@ def resumable(out: Path) -> Optional[Path]:
     return newest_whole(out / FOLDER / TEMPLATE, "--resume")
 
 
+def run_checkpoint(src: Path, step: Optional[int] = None) -> Path:
+    """The checkpoint a command reads from ``src``: a checkpoint file or sharded folder as
+    given, or a run folder's: its ``checkpoint.ckpt``, or of a run keeping a folder of
+    checkpoints ``step{step}.ckpt``, the best (``--keep-best``: ranked by the newest
+    whole file's record, with the run's direction) or else the newest whole file. The
+    run's ``config.json`` is read as data only."""
+    import json
+
+    from ..io.sharded import INDEX
+    from ..io.checkpoint import read_checkpoint
+
+    run = src.is_dir() and not (src / INDEX).exists() and ((src / "checkpoint.ckpt").exists() or (src / FOLDER).is_dir())
+    if not run:
+        if step is not None:
+            raise UserError(f"export: --step picks a kept checkpoint of a run folder; {src} is not one")
+        return src
+    if (src / "checkpoint.ckpt").exists():
+        if step is not None:
+            raise UserError(f"export: --step picks a kept checkpoint; the run in {src} keeps one checkpoint "
+                            f"(checkpoint.ckpt): drop --step")
+        return src / "checkpoint.ckpt"
+    if step is not None:
+        chosen = src / FOLDER / TEMPLATE.format(step=step)
+        if not chosen.is_file():
+            kept = sorted(p.name for p in (src / FOLDER).glob("step*.ckpt"))
+            raise UserError(f"export: --step {step}: {chosen} is not kept (the run keeps {', '.join(kept) or 'none'})")
+        return chosen
+    newest = newest_whole(src / FOLDER / TEMPLATE, "export")
+    if newest is None:
+        raise UserError(f"export: {src / FOLDER} holds no whole checkpoint")
+    try:
+        settings = json.loads((src / "config.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        settings = {}
+    best = settings.get("keep_best") if isinstance(settings, dict) else None
+    if not isinstance(best, str) or check_keep_best(best) is not None:
+        return newest
+    _, mode = keep_best(best)
+    sign = 1.0 if mode == "min" else -1.0
+    entries = read_checkpoint(newest, "export")[0]["progress"].get("checkpoints", [])
+    scored = [e for e in entries if e[2] is not None and e[2] == e[2] and abs(e[2]) != float("inf")
+              and (src / FOLDER / e[0]).is_file()]
+    return src / FOLDER / min(scored, key=lambda e: (sign * e[2], e[1]))[0] if scored else newest
+
+
 def keep_best(value: Optional[str]) -> tuple[Optional[str], str]:
     """``--keep-best METRIC[:min|max]``: the evaluation result watched (``test_`` as the
     metrics file names it, or not) and the direction (by default lower is better for

@@ -15,6 +15,7 @@ from ..io.torchlean.framing import U64, ByteReader
 from ..io.checkpoint import load_checkpoint, read_checkpoint
 from ..io.exporting import consolidate, optimizer_of, params_from_checkpoint
 from ..io.weights import save_weights
+from .managed import run_checkpoint
 from .usage import UserError
 
 
@@ -29,16 +30,21 @@ def _inside(path: Path, folder: Path) -> bool:
 
 
 def cmd_export(args) -> int:
-    """``--consolidate``: a sharded checkpoint folder as one checkpoint file. ``--weights``: a safetensors weights file at ``-o FILE``. ``--torchlean``: the
-    parameters as the ``TLPF32B`` stream at ``-o FILE``; Adam/AdamW state, when the
-    checkpoint has some, as ``TLADAMF`` at ``FILE.adam``. ``--ema``: the checkpoint's
-    moving average of the weights instead of the trained values."""
-    src, out = Path(args.checkpoint), Path(args.output)
-    if src.is_dir() and (src / "checkpoint.ckpt").exists():
-        src = src / "checkpoint.ckpt"  # a run folder: its checkpoint
+    """``--consolidate``: a sharded checkpoint folder as one checkpoint file. ``--weights``:
+    a safetensors weights file at ``-o FILE``, or, for a Hugging Face model (its config
+    kept in the checkpoint, or given with ``--config``), a folder ``from_pretrained``
+    loads. ``--torchlean``: the parameters as the ``TLPF32B`` stream at ``-o FILE``;
+    Adam/AdamW state, when the checkpoint has some, as ``TLADAMF`` at ``FILE.adam``.
+    ``--ema``: the checkpoint's moving average of the weights instead of the trained
+    values. A run folder exports its checkpoint: its single file, or of a run keeping a
+    folder of checkpoints the best (``--keep-best``), else the newest, or ``--step N``.
+    Export is a data operation: it imports and calls nothing a file names."""
     if args.weights + args.torchlean + args.consolidate != 1:
         raise UserError("export: choose the format: --weights (safetensors), --torchlean or --consolidate")
-    hf = _hf_config(src) if args.weights else None
+    src, out = run_checkpoint(Path(args.checkpoint), args.step), Path(args.output)
+    if args.config is not None and not args.weights:
+        raise UserError("export: --config gives a Hugging Face config.json for --weights; drop it")
+    hf = _model_config(src, args.config) if args.weights else None
     if hf is not None:
         if out.exists() and not out.is_dir():
             raise UserError(f"export: -o {out}: is a file; a Hugging Face run exports a folder from_pretrained loads")
@@ -63,8 +69,7 @@ def cmd_export(args) -> int:
     params = params_from_checkpoint(src, "export", ema=args.ema)
     if args.weights and hf is not None:
         out.mkdir(parents=True, exist_ok=True)
-        save_weights(out / "model.safetensors", params)
-        hf.save_pretrained(str(out))
+        save_weights(out, params, pretrained=True, config=hf)
         print(f"wrote {out}/model.safetensors and {out}/config.json (the {what}; from_pretrained loads the folder)")
         return 0
     if args.weights:
@@ -91,22 +96,16 @@ def cmd_export(args) -> int:
     return 0
 
 
-def _hf_config(src: Path):
-    """The Hugging Face config of a run's model (``--model`` in the run folder's
-    ``config.json`` building a module with a ``config.save_pretrained``), or ``None``."""
-    import json
-
-    from .usermodel import build_model
-    saved = src.parent / "config.json" if src.is_file() else src / "config.json"
-    try:
-        settings = json.loads(saved.read_text())
-    except (OSError, ValueError):
-        return None  # not a run folder: a bare checkpoint exports a weights file
-    ref = settings.get("model") if isinstance(settings, dict) else None
-    if not isinstance(ref, str):
-        return None
-    config = getattr(build_model(ref), "config", None)
-    return config if callable(getattr(config, "save_pretrained", None)) else None
+def _model_config(src: Path, given: Optional[str]) -> Optional[str]:
+    """The Hugging Face config.json text an export writes beside the weights: the file
+    ``--config`` names (a JSON object, read as data), else the one the checkpoint keeps
+    (a run of a model with a ``config``), else ``None`` (a plain weights file)."""
+    if given is not None:
+        found = read_json("export --config", given)
+        if not isinstance(found, dict):
+            raise UserError(f"export: --config {given}: not a JSON object (a model's config.json)")
+        return read_regular("export --config", given).decode()
+    return read_checkpoint(src, "export")[0].get("model_config")
 
 
 def _shape(r: ByteReader, op: str, i: int) -> tuple[tuple[int, ...], int]:

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from ..data import DataLoader, Dataset
 from ..io.sharded import INDEX, SHARD
 from ..io.atomic import atomic_write_bytes
+from ..io.run_lock import NAME as LOCK
 from ..metrics import accuracy
 from ..training.parallel import distributed
 from ..training.loops.callbacks import Callback, ProgressBar
@@ -34,7 +35,7 @@ from ..training.loops.config import LoaderTrainConfig, TrainReport
 from ..training.loops.events import StepEvent
 from ..training.loops.loader_loop import train_loader
 from ..training.runner.runner import Runner
-from .managed import FOLDER, checkpoint_path, keep_best, managed, profile_range, resumable, trackers
+from .managed import checkpoint_path, keep_best, managed, profile_range, resumable, trackers
 from .report import report_run
 from .runconfig import PRECISIONS, RunConfig, flag_values
 from .usage import UserError
@@ -242,46 +243,53 @@ def build_job(plan: Plan) -> Job:
 
 def prepare_folder(plan: Plan, overwrite: bool) -> None:
     """Rank 0: refuse an earlier run (unless ``--overwrite``), make the folder, save the
-    settings of a fresh run. The first writes of the command."""
+    settings of a fresh run. The first writes of the command. ``--overwrite`` removes the
+    earlier run's checkpoints and results first, so nothing of it can be resumed or read
+    as the new run's (every removal is checked before the first one)."""
     if not plan.main:
         return
     if not plan.resuming:
         _refuse_an_earlier_run(plan.out, overwrite)  # before anything is written
-        ck = plan.out / "checkpoint.ckpt"
-        if ck.exists() and (managed(plan.cfg) or ck.is_dir() != (plan.cfg.sharding is not None)):
-            remove_checkpoint(ck)  # --overwrite: the earlier run's checkpoint is of another kind
-        if (plan.out / FOLDER).is_dir():
-            remove_checkpoints(plan.out / FOLDER)  # --overwrite: the earlier run's folder of checkpoints
+        if overwrite:
+            for remove in [_removal(plan.out / name) for name in RUN_FILES if name != "config.json"]:
+                remove()
     make_folder(plan.out)
     if not plan.resuming:
         atomic_write_bytes(plan.out / "config.json", (json.dumps(plan.cfg.to_dict(), indent=2) + "\n").encode(),
                            "--out")
 
 
-def remove_checkpoint(path: Path) -> None:
-    """Delete a checkpoint file, or a sharded checkpoint folder holding only its index and
-    shards (anything else in it is the user's: refused)."""
+def _removal(path: Path):
+    """How ``--overwrite`` removes an earlier run's ``path`` (a function, called once every
+    removal is known to be possible): a file, a sharded checkpoint folder of an index and
+    shards, a folder of kept ``stepN.ckpt`` files; a link or a folder holding anything
+    else is the user's: refused, nothing removed."""
+    if path.is_symlink():
+        raise UserError(f"--overwrite: {path} is a link; the earlier run's files are not removed through it "
+                        f"(remove or move the link first)")
+    if not path.exists():
+        return lambda: None
     if path.is_file():
-        path.unlink()
-        return
-    _remove_folder(path, lambda p: p.name == INDEX or bool(SHARD.fullmatch(p.name)), "a checkpoint's")
+        return path.unlink
+    if path.name == "checkpoints":
+        return _folder_removal(path, lambda p: bool(re.fullmatch(r"step\d+\.ckpt", p.name) or p.name == LOCK),  # a killed run's lock
+                               "checkpoints")
+    return _folder_removal(path, lambda p: p.name == INDEX or bool(SHARD.fullmatch(p.name)), "a checkpoint's")
 
 
-def remove_checkpoints(folder: Path) -> None:
-    """Delete an earlier run's folder of checkpoints (its ``stepN.ckpt`` files only; a
-    folder holding anything else is the user's: refused)."""
-    _remove_folder(folder, lambda p: bool(re.fullmatch(r"step\d+\.ckpt", p.name)), "checkpoints")
-
-
-def _remove_folder(folder: Path, ours, what: str) -> None:
-    """Delete ``folder`` when every entry is a regular file ``ours`` accepts; else refuse."""
+def _folder_removal(folder: Path, ours, what: str):
+    """The removal of ``folder`` when every entry is a regular file ``ours`` accepts; else refused."""
     others = [p.name for p in folder.iterdir() if not (p.is_file() and not p.is_symlink() and ours(p))]
     if others:
         raise UserError(f"--overwrite: {folder} holds files that are not {what} ({', '.join(others[:3])}); "
                         f"move them away first")
-    for p in folder.iterdir():
-        p.unlink()
-    folder.rmdir()
+
+    def remove() -> None:
+        for p in folder.iterdir():
+            p.unlink()
+        folder.rmdir()
+
+    return remove
 
 
 def make_folder(out: Path) -> None:

@@ -48,6 +48,22 @@ def read_checkpoint(path: PathLike, op: str = "read_checkpoint") -> tuple[dict, 
     return manifest, tensors
 
 
+def model_config_text(op: str, target) -> Optional[str]:
+    """The Hugging Face config of a Runner's module as ``save_pretrained`` writes it
+    (``config.to_json_string()``), or ``None`` when the module has none: what a checkpoint
+    keeps so that an export can write ``config.json`` from data, never importing code."""
+    config = getattr(getattr(target, "module", None), "config", None)
+    if config is None or not callable(getattr(config, "to_json_string", None)):
+        return None
+    try:
+        text = config.to_json_string()
+        json.loads(text)
+    except Exception as e:  # the config's own code: any failure, before a byte is written
+        raise CheckpointError(f"{op}: the model's config cannot be written as JSON ({type(e).__name__}: {e}); "
+                              f"nothing was written") from None
+    return text
+
+
 def current_value(storage) -> torch.Tensor:
     """The newest value of a storage on the CPU, without changing who is current."""
     # Intentional device-to-host read: a checkpoint is a request for current values.
@@ -91,7 +107,8 @@ def save_checkpoint(
     op = "save_checkpoint"
     params = params_of(op, target)
     path = check_destination(op, path)
-    manifest, tensors = contents(op, params, state, progress, loader_state, rng, ema, identity=identity)
+    manifest, tensors = contents(op, params, state, progress, loader_state, rng, ema, identity=identity,
+                                 model_config=model_config_text(op, target))
     names = sorted(tensors)
     with ThreadPoolExecutor(max_workers=2) as pool:  # the checksum releases the GIL
         sums = list(pool.map(lambda n: checksum(tensors[n]), names))
@@ -106,7 +123,8 @@ def save_checkpoint(
 
 def contents(op: str, params: ParamList, state: Optional[OptState], progress: Optional[dict],
              loader_state: Optional[dict], rng: bool, ema, records: Optional[dict] = None,
-             pieced: frozenset = frozenset(), identity: Optional[dict] = None) -> tuple[dict, dict[str, torch.Tensor]]:
+             pieced: frozenset = frozenset(), identity: Optional[dict] = None,
+             model_config: Optional[str] = None) -> tuple[dict, dict[str, torch.Tensor]]:
     """A checkpoint's manifest (without checksums) and tensors. ``records``: the
     optimizer's record entries given whole (a sharded save: the state tensors are
     written by their owners, not put in ``tensors``); ``pieced``: the storages whose
@@ -136,6 +154,8 @@ def contents(op: str, params: ParamList, state: Optional[OptState], progress: Op
     }
     if identity is not None:
         manifest["identity"] = dict(identity)
+    if model_config is not None:  # a Hugging Face model's config.json text (an export writes it)
+        manifest["model_config"] = model_config
     if state is not None:
         if not isinstance(state, OptState) or len(state.slots) != len(params):
             raise CheckpointError(

@@ -118,6 +118,8 @@ def check_manifest(m: dict) -> Checked:
     if identity is not None and not (isinstance(identity, dict) and set(identity) == {"run", "file"}
                                      and all(isinstance(v, str) and len(v) <= 64 for v in identity.values())):
         out.append(f"identity: expected {{run: id, file: id}}, got {_short(identity)}")
+    if m.get("model_config") is not None and not _json_object_text(m["model_config"]):
+        out.append(f"model_config: expected a model config's JSON text, got {_short(m['model_config'])}")
     rng = m.get("rng")
     if not (isinstance(rng, dict) and isinstance(rng.get("torch"), bool)
             and _count(rng.get("cuda")) and rng["cuda"] <= MAX_CUDA_DEVICES):
@@ -238,6 +240,16 @@ def check_json(op: str, what: str, value: Any) -> Optional[str]:
     except (TypeError, ValueError, RecursionError) as e:
         return f"{op}: {what} must be JSON data (dicts, lists, strings, numbers), {e}"
     return None
+
+
+def _json_object_text(x: object) -> bool:
+    """Whether ``x`` is the text of one JSON object (a config.json)."""
+    if not isinstance(x, str) or len(x) > 2**22:
+        return False
+    try:
+        return isinstance(json.loads(x), dict)
+    except (ValueError, RecursionError):
+        return False
 
 
 def _one_of(x: object, choices) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Optional
 
 import torch
 from safetensors.torch import save_file
@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from .atomic import PathLike, atomic_write, atomic_write_bytes, checked_path
 from .tensorfile import TensorFile
 from ..params.paramlist import params_of
-from .checkpoint import current_value, dtype_name
+from .checkpoint import current_value, dtype_name, model_config_text
 from ..errors import CheckpointError, shape_str, slot_label
 
 __all__ = ["export_state_dict", "import_state_dict", "save_weights", "load_weights"]
@@ -54,28 +54,36 @@ def export_state_dict(target, *, ema: bool = False) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_weights(path: PathLike, target, *, ema: bool = False, pretrained: bool = False) -> Path:
+def save_weights(path: PathLike, target, *, ema: bool = False, pretrained: bool = False,
+                 config: Optional[str] = None) -> Path:
     """Write a safetensors weights file: each storage once, aliases in the metadata
     (``ema=True``: the Runner's moving average of the weights). ``pretrained=True``:
-    ``path`` is a folder; it gets ``model.safetensors`` and, when the Runner's module has
-    a Hugging Face ``config`` (``save_pretrained``), its ``config.json``: a folder
-    ``from_pretrained`` loads, ties kept. Returns the weights file written."""
+    ``path`` is a folder; it gets ``model.safetensors`` and ``config.json`` (``config``,
+    the JSON text of a Hugging Face config, or by default the Runner's module's
+    ``config`` as ``save_pretrained`` writes it): a folder ``from_pretrained`` loads,
+    ties kept. Whole or nothing: when either file cannot be written, the folder keeps
+    what it held. Returns the weights file written."""
     if pretrained:
-        folder = checked_path("save_weights", path)
+        op = "save_weights"
+        folder = checked_path(op, path)
         if folder.exists() and not folder.is_dir():
-            raise CheckpointError(f"save_weights: {folder}: is a file; pretrained=True writes a folder")
-        params_of("save_weights", target)  # checked before the folder is made
-        config = getattr(getattr(target, "module", None), "config", None)
-        text = None
-        if config is not None and callable(getattr(config, "to_json_string", None)):
-            try:
-                text = config.to_json_string()  # what save_pretrained writes, made before anything is written
-            except Exception as e:  # the config's own code: any failure, before a byte is written
-                raise CheckpointError(f"save_weights: {folder}: the model's config cannot be written as JSON "
-                                      f"({type(e).__name__}: {e}); nothing was written") from None
-        written = save_weights(folder / "model.safetensors", target, ema=ema)
+            raise CheckpointError(f"{op}: {folder}: is a file; pretrained=True writes a folder")
+        params_of(op, target)  # checked before the folder is made
+        text = model_config_text(op, target) if config is None else config  # made before anything is written
+        if text is not None and (folder / "config.json").is_dir():
+            raise CheckpointError(f"{op}: {folder / 'config.json'}: is a folder; nothing was written")
+        old = (folder / "config.json").read_bytes() if (folder / "config.json").is_file() else None
         if text is not None:
-            atomic_write_bytes(folder / "config.json", text.encode(), "save_weights")
+            atomic_write_bytes(folder / "config.json", text.encode(), op)
+        try:
+            written = save_weights(folder / "model.safetensors", target, ema=ema)
+        except BaseException:
+            if text is not None:  # the folder as it was: the earlier config (or none) beside the earlier weights
+                if old is None:
+                    (folder / "config.json").unlink(missing_ok=True)
+                else:
+                    atomic_write_bytes(folder / "config.json", old, op)
+            raise
         _remove_replaced_shards(folder)
         return written
     params = params_of("save_weights", target)

@@ -233,18 +233,27 @@ class Checkpointer:
         if self.path and not self.saved:
             self.save(runner)
 
-    def best(self) -> Optional[Path]:
-        """The best checkpoint kept (``keep_best``), ``None`` without one."""
-        return self.folder.best() if self.folder is not None and self.cfg.keep_best is not None else None
-
     def load_best(self, runner: Runner) -> Optional[Path]:
-        """With ``load_best_at_end``: the best checkpoint's parameters put in the model,
-        once its file is proven this run's (else ``CheckpointError``). Returns the best."""
-        best = self.best()
-        if best is not None and self.cfg.load_best_at_end:
-            if self.strategy.main:
-                self.folder.check_best()
+        """The best checkpoint kept (``keep_best``; ``None`` without one), proven to be the
+        file this run wrote; with ``load_best_at_end`` its parameters put in the model (a
+        best that is no longer this run's file is a ``CheckpointError``, not a silent load)."""
+        cfg, folder = self.cfg, self.folder
+        if folder is None or cfg.keep_best is None:
+            return None
+        entry = folder.best_entry()
+        if entry is None:
+            if cfg.load_best_at_end:
+                warnings.warn(f"{self.op}: load_best_at_end: no evaluation gave a finite {cfg.monitor!r}, so no "
+                              f"checkpoint ranks as the best; the model keeps its final weights", stacklevel=4)
+            return None
+        best = folder.folder / entry[0]
+        if cfg.load_best_at_end:
+            folder.check_best()
             load_checkpoint(best, runner, restore_rng=False)  # the best parameters, nothing else
+        elif len(entry) >= 5 and folder.identity_problem(entry) is not None:
+            warnings.warn(f"{self.op}: the best checkpoint kept: {folder.identity_problem(entry)}; the report "
+                          f"names no best", stacklevel=4)
+            return None
         return best
 
     def close(self) -> None:

@@ -149,8 +149,14 @@ def predict(runner: Runner, data: EvalData, *, collect: bool = False, to: Option
     Streamed: returns an iterator that computes one item's output when asked, so memory
     does not grow with the data; ``collect=True`` returns the list of every output
     instead. ``to``: a device to move each output to (``"cpu"`` frees the accelerator's
-    memory as outputs are kept); outputs are detached. A loader's random generators are
-    put back as found when the walk ends (or the iterator is closed).
+    memory as outputs are kept); outputs are detached.
+
+    Random numbers: each model call leaves torch's generators as it found them (a model
+    that draws in eval mode does not move the caller's sequence), and a torch loader's own
+    generators are put back once its iterator has drawn its order (when the first item is
+    read); nothing is restored later, ever (not at the walk's end, not when an abandoned
+    iterator is collected): the caller's own draws between items stay theirs. A loader
+    without a generator of its own draws its order from the global one, as in a plain loop.
 
     Raises:
         ConfigError: ``runner`` is not a Runner, ``data`` is not data.
@@ -160,19 +166,22 @@ def predict(runner: Runner, data: EvalData, *, collect: bool = False, to: Option
     if not isinstance(runner, Runner):
         raise ConfigError(f"{op}: expected a Runner, got {type(runner).__name__}")
     items = eval_items(op, data)
-    outputs = _outputs(runner, data, items, to)
+    outputs = _outputs(runner, items, loader_generators(data), to)
     return list(outputs) if collect else outputs
 
 
-def _outputs(runner: Runner, data: EvalData, items: Iterator[Sample], to) -> Iterator[Any]:
-    with rng_preserved(runner.device, loader_generators(data)):
-        for sample in items:
-            with runner.in_mode("eval"), torch.no_grad(), runner.binding("predict") as bound, \
-                    bound.scratch_buffers():
-                s = runner.inputs(sample)
-                with runner.autocast():
-                    out = call_model(runner.module, s)
-            yield _moved(out, to)
+def _outputs(runner: Runner, items: Iterator[Sample], generators: list, to) -> Iterator[Any]:
+    own = [(g, g.get_state()) for g in generators]
+    for k, sample in enumerate(items):
+        if k == 0:  # the loader's iterator has drawn its order: its own generators as found
+            for g, state in own:
+                g.set_state(state)
+        with rng_preserved(runner.device), runner.in_mode("eval"), torch.no_grad(), \
+                runner.binding("predict") as bound, bound.scratch_buffers():
+            s = runner.inputs(sample)
+            with runner.autocast():
+                out = call_model(runner.module, s)
+        yield _moved(out, to)
 
 
 def _moved(out: Any, to) -> Any:

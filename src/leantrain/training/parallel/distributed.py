@@ -24,7 +24,7 @@ from typing import Iterator, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ...errors import ConfigError, LeantrainError
+from ...errors import CheckpointError, ConfigError, LeantrainError
 
 
 class ReplicaError(LeantrainError, RuntimeError):
@@ -144,10 +144,15 @@ def agree(op: str, what: dict) -> None:
     gathered from each; otherwise one rank would fail and another train alone."""
     group = active()
     if group is None:
+        if what.get("refused"):
+            raise CheckpointError(what["refused"])
         return
     pairs: list = [None] * group[1]
     dist.all_gather_object(pairs, (what, socket.gethostname()), group=_group)
-    everyone = [w for w, _ in pairs]
+    refused = next((w["refused"] for w, _ in pairs if w.get("refused")), None)
+    if refused:  # rank 0 cannot write where the checkpoints go (another run does): every rank says so
+        raise CheckpointError(refused)
+    everyone = [{k: v for k, v in w.items() if k != "refused"} for w, _ in pairs]
     if any(other != everyone[0] for other in everyone):
         differ = sorted({k for other in everyone for k in set(other) | set(everyone[0])
                          if other.get(k) != everyone[0].get(k)})

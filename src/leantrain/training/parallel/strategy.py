@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterable, NoReturn, Optional
 
+from ...errors import CheckpointError
 from ...io.checkpoint import save_checkpoint
 from ...optim import OptState, Optimizer
 from ..runner.ema import EMA, restored_ema
@@ -49,8 +50,11 @@ class Strategy:
 
     # ------------------------------------------------------------------ start
     def agree_on_start(self, op: str, what: dict) -> None:
-        """Every rank starts the same run (one process: nothing to compare)."""
-        return None
+        """Every rank starts the same run, or every rank raises: ``what["refused"]`` (why
+        the run cannot start, on the rank that found it) as a ``CheckpointError``, or ranks
+        that run different loops (one process: only the refusal)."""
+        if what.get("refused"):
+            raise CheckpointError(what["refused"])
 
     def check_shared(self, op: str, checkpoint_path) -> None:
         """Every rank sees where the checkpoints go (one process: nothing to compare)."""

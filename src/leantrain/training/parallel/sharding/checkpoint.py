@@ -18,7 +18,7 @@ import torch.distributed as dist
 from .. import distributed
 from .plan import ShardPlan
 from ....io.checkfile import checksum
-from ....io.checkpoint import contents
+from ....io.checkpoint import contents, model_config_text
 from ....io.sharded import check_folder, generation_marked, write_index, write_shard
 from ....optim import OptState
 from ....optim.records import record_scalars
@@ -70,7 +70,8 @@ def _save(folder, runner, plan: ShardPlan, rank: int, state: OptState, progress:
     whole, manifest = {}, None
     if rank == 0:
         manifest, whole = contents(op, runner.params, state, progress, loader_state, True, None, records=records,
-                                   pieced=pieced, identity=identity)
+                                   pieced=pieced, identity=identity,
+                                   model_config=model_config_text(op, runner))
         if ema is not None:
             manifest["ema"] = {"decay": ema.decay, "count": ema.count, "storages": ema.trainable if ema.count else []}
         manifest["checksums"] = {n: checksum(t) for n, t in whole.items()}
