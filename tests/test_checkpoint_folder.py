@@ -304,3 +304,37 @@ def test_a_step_format_the_folder_cannot_read_back_is_refused_when_the_config_is
 @pytest.mark.parametrize("spec", ["{step}", "{step:06d}", "{step:d}", "{step}-{epoch}", "{step:03d}-{metric:.3f}"])
 def test_step_formats_that_read_back_are_taken(tmp_path, spec):
     config(tmp_path, keep_last=1, checkpoint_path=tmp_path / "ck" / f"s{spec}.ckpt")
+
+
+def test_a_killed_saves_scratch_folder_is_removed_when_the_next_run_starts(tmp_path):
+    """A save killed after its rename leaves its scratch folder; the kept files each have
+    their own name, so no later save of that file cleans it: the next run's start does
+    (only folders named as leantrain's scratch whose writer is gone)."""
+    import subprocess
+    import sys
+
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+    r = lt.Runner.from_module(net(), "cross_entropy")
+    lt.train_loader(r, config(tmp_path, keep_last=1, checkpoint_every=1, eval_data=None, epochs=1), batches(5, 1))
+    leaked = tmp_path / "ck" / f".leantrain-tmp-{'0' * 16}-{dead}-123"
+    live = tmp_path / "ck" / f".leantrain-tmp-{'0' * 16}-{os.getpid()}-456"
+    mine = tmp_path / "ck" / ".leantrain-tmp-notes"
+    for p in (leaked, live, mine):
+        p.mkdir()
+    again = config(tmp_path, keep_last=1, checkpoint_every=1, eval_data=None, resume_from="auto")
+    lt.train_loader(lt.Runner.from_module(net(), "cross_entropy"), again, batches(5, 1))
+    assert not leaked.exists() and live.exists() and mine.exists()
+
+
+def test_load_best_at_end_with_a_monitor_never_finite_says_the_model_keeps_its_final_weights(tmp_path):
+    import warnings
+
+    never = {"nanm": lambda out, target: torch.full((1,), float("nan"))}
+    cfg = config(tmp_path, keep_best=1, load_best_at_end=True, monitor="nanm", eval_metrics=never)
+    r = lt.Runner.from_module(net(), "cross_entropy")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        report, _ = lt.train_loader(r, cfg, batches(5, 1))
+    assert report.best_checkpoint is None
+    assert any("no evaluation gave a finite 'nanm'" in str(w.message) for w in said)

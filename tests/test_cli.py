@@ -242,7 +242,7 @@ def test_overwrite_removes_the_replaced_runs_checkpoints_before_the_new_run_star
     out = tmp_path / "run"
     assert main(["train", "--epochs", "1", "--out", str(out), *keep]) == 0
 
-    def fails(plan, job):
+    def fails(plan, job, loggers):
         raise KeyboardInterrupt  # the new run dies before its first checkpoint
 
     monkeypatch.setattr(cli_train, "run_job", fails)
@@ -360,7 +360,8 @@ def test_the_command_takes_every_optimizer_option_and_schedule(tmp_path, capsys)
         assert main(base + ["--scheduler", name, "--schedule-per", "step", "--out", str(tmp_path / name)] + extra) == 0
     toml = tmp_path / "run.toml"
     toml.write_text('optimizer = "radam"\noptimizer_args = {betas = [0.9, 0.95], decoupled_weight_decay = true}\n'
-                    'scheduler = "multi_step"\nscheduler_args = {milestones = [2, 4], gamma = 0.5}\n')
+                    'scheduler = "multi_step"\nscheduler_args = {milestones = [2, 4], gamma = 0.5}\n'
+                    'schedule_per = "step"\n')  # over one epoch a schedule by epoch would never move (refused)
     assert main(["train", str(toml), "--epochs", "1", "--max-steps", "5", "--out", str(tmp_path / "t")]) == 0
     capsys.readouterr()
     assert main(base + ["--optimizer", "adam", "--optimizer-args", "momentum = 0.9", "--out", str(tmp_path / "x")]) == 2
@@ -453,3 +454,61 @@ def test_export_of_a_kept_run_takes_its_best_or_the_update_asked_and_a_hugging_f
     gone = next(n for n in range(1, 7) if not (run / "checkpoints" / f"step{n}.ckpt").exists())
     assert main(["export", str(run), "--weights", "--step", str(gone), "-o", str(tmp_path / "x")]) == 2
     assert f"--step {gone}:" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+TOKEN_MODEL = '''
+import torch
+
+class Tiny(torch.nn.Module):
+    def __init__(self, mean=True):
+        super().__init__()
+        self.emb, self.mean = torch.nn.Embedding(20, 8), mean
+        self.head = torch.nn.Linear(8, 20)
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        logits = self.head(self.emb(input_ids))
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 20), labels.reshape(-1), ignore_index=-100,
+                                                 reduction="mean" if self.mean else "sum")
+        if not self.mean:
+            import leantrain
+            loss = leantrain.LossSum(loss, (labels != -100).sum())
+        return {"logits": logits, "loss": loss}
+
+def mean():
+    return Tiny(True)
+
+def summed():
+    return Tiny(False)
+
+def data():
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(0, 20, (int(n),), generator=g) for n in torch.randint(3, 9, (24,), generator=g)]
+    samples = [{"input_ids": r, "labels": r} for r in rows]
+    return samples[:16], samples[16:]
+'''
+
+
+@pytest.mark.parametrize("model, loss, refused", [("mean", None, True), ("mean", "model", True),
+                                                  ("mean", "model_mean", False), ("summed", None, False)])
+def test_a_token_mean_loss_that_would_train_another_objective_under_torchrun_is_refused(tmp_path, monkeypatch,
+                                                                                          model, loss, refused):
+    """Under torchrun each rank pads its own piece: a model loss that is its piece's token
+    mean trains the mean of the pieces' means; the command refuses it (naming LossSum)
+    unless the model's loss is a LossSum or --loss model_mean asks for that objective.
+    Decided in build_job, before anything is written (world given as torchrun would)."""
+    from leantrain.cli.runconfig import RunConfig
+    from leantrain.cli.train import Plan, build_job
+    from leantrain.cli.usage import UserError
+
+    (tmp_path / "tokmodel.py").write_text(TOKEN_MODEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = RunConfig.build(None, {"model": f"tokmodel:{model}", "data": "tokmodel:data", "loss": loss,
+                                 "out": str(tmp_path / "run"), "batch_size": 8})
+    plan = Plan(cfg, False, 2, True, 0)
+    if refused:
+        with pytest.raises(UserError, match="LossSum.*--loss model_mean"):
+            build_job(plan)
+    else:
+        build_job(plan)
+    assert not (tmp_path / "run").exists()
+    build_job(Plan(cfg, False, 1, True, 0))  # one process trains what it asks for

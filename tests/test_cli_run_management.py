@@ -75,3 +75,41 @@ def test_find_lr_writes_the_curve_and_suggests_a_rate(tmp_path, capsys):
     record = json.loads((out / "lr_find.json").read_text())
     assert 3 <= len(record["lrs"]) <= 40 and len(record["losses"]) == len(record["lrs"])
     assert not (out / "checkpoint.ckpt").exists() and not (out / "metrics.jsonl").exists()
+
+
+def test_log_to_a_tracker_that_cannot_run_writes_nothing(tmp_path, capsys, monkeypatch):
+    """The trackers are made before the run folder is touched: a missing package (or a
+    store MLflow refuses) is one line, exit 2, and no config.json."""
+    import builtins
+
+    real = builtins.__import__
+
+    def without_tensorboard(name, *a, **k):
+        if name.startswith("torch.utils.tensorboard") or name == "tensorboard":
+            raise ImportError(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", without_tensorboard)
+    out = tmp_path / "run"
+    assert main(["train", "--epochs", "1", "--out", str(out), "--log-to", "tensorboard"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'leantrain[tensorboard]'" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_log_to_mlflow_works_on_mlflow_s_default_store(tmp_path, capsys, monkeypatch):
+    mlflow = pytest.importorskip("mlflow")
+    pytest.importorskip("sqlalchemy")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    assert main(["train", "--epochs", "1", "--max-steps", "4", "--out", "run", "--log-to", "mlflow"]) == 0
+    client = mlflow.tracking.MlflowClient()
+    runs = client.search_runs([client.get_experiment_by_name("leantrain").experiment_id])
+    assert [r.info.run_name for r in runs] == ["run"] and runs[0].info.status == "FINISHED"
+    if mlflow.__version__.split(".")[0] >= "3":
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())  # a file store, refused by MLflow 3
+        capsys.readouterr()
+        assert main(["train", "--epochs", "1", "--out", "run2", "--log-to", "mlflow"]) == 2
+        err = capsys.readouterr().err
+        assert "cannot be used" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "run2").exists()

@@ -64,6 +64,28 @@ def test_a_config_that_cannot_be_written_leaves_no_half_written_folder(tmp_path)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
+@pytest.mark.parametrize("blocked", ["config.json", "model.safetensors"])
+def test_a_pretrained_folder_is_written_whole_or_not_at_all(tmp_path, blocked):
+    """The config or the weights cannot be written (a folder holds the name): the folder
+    keeps what it held, no new weights beside the old config or the reverse."""
+    class Config:
+        def to_json_string(self):
+            return json.dumps({"model_type": "tiny"})
+
+    model = tiny_classifier()
+    model.config = Config()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_text('{"model_type": "old"}') if blocked != "config.json" else None
+    (out / blocked).mkdir(exist_ok=True)
+    if blocked == "config.json":
+        (out / "model.safetensors").write_bytes(b"old weights")
+    before = {p.name: (p.read_bytes() if p.is_file() else None) for p in out.iterdir()}
+    with pytest.raises(lt.CheckpointError):
+        lt.weights.save_weights(out, lt.Runner.from_module(model), pretrained=True)
+    assert {p.name: (p.read_bytes() if p.is_file() else None) for p in out.iterdir()} == before
+
+
 def test_a_symlinked_shard_in_a_weights_index_is_refused(tmp_path):
     model = tiny_classifier(1)
     elsewhere = tmp_path / "elsewhere.safetensors"

@@ -17,6 +17,8 @@ COMMAND = [
     ("cli unknown preset", lambda c: cli("train", "--preset", "resnet"), CliError, "--preset: expected one of"),
     ("cli unknown flag", lambda c: cli("inspect", str(c.ckpt), "--all"), CliError, "unrecognized arguments: --all"),
     ("cli corrupt file", lambda c: cli("inspect", str(truncated(c))), CliError, "not a readable checkpoint"),
+    ("cli optimizer args nested deep", lambda c: cli("train", "--optimizer-args", "momentum = " + "[" * 3000 + "1" + "]" * 3000,
+                                                     "--out", str(c.folder / "deep")), CliError, "nested too deep to read"),
 ]
 
 
@@ -58,6 +60,8 @@ def run(tmp_path_factory):
     ('seed = -1\n', "--seed: expected an integer >= 0"),
     ('[train]\nepochs = 1\nnope = 2\n', "unknown key(s) nope"),
     ('epochs = \n', "not a valid TOML file"),
+    ("x = " + "[" * 3000 + "1" + "]" * 3000 + "\n", "nested too deep"),
+    ("a = {b = " + "[" * 3000 + "1" + "]" * 3000 + "}\n", "nested too deep"),
     ('compile = "yes"\n', "--compile: expected true or false"),
 ])
 def test_toml_of_the_wrong_shape(tmp_path, capsys, toml, needle):
@@ -120,8 +124,10 @@ def test_resume_over_a_damaged_middle_line_is_refused(tmp_path, capsys, run):
 
 
 @pytest.mark.parametrize("content, needle", [
-    ('{"kind": "step"}\n', "no step, evaluation or epoch records"),
-    ('{"kind": "meta", "format": 2, "step": 0}\n{"kind": "epoch"}\n', "no step, evaluation or epoch records"),
+    ('{"kind": "step"}\n', "line 1: a 'step' record without 'step', 'loss'"),
+    ('{"kind": "meta", "format": 2, "step": 0}\n{"kind": "epoch"}\n', "line 2: a 'epoch' record without 'epoch'"),
+    ('{"kind": "step", "step": 1, "loss": 2.0}\n{"kind": "epoch", "step": 1}\n', "line 2: a 'epoch' record without"),
+    ('{"kind": "step", "step": 1}\n', "line 1: a 'step' record without 'loss'"),
     ('{"kind": "eval", "step": "x", "loss": 1}\n', "expected numbers"),
     ('{"kind": "step", "step": "a", "loss": "b"}\n', "expected numbers"),
     ('{"kind": "step", "step": 1, "loss": null}\n', "expected numbers"),

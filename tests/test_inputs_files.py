@@ -135,6 +135,7 @@ PROGRESS_EDITS = {
     "progress losses not pairs": lambda p: p.__setitem__("losses", [1, 2]),
     "progress evals a dict": lambda p: p.__setitem__("evals", {"a": 1}),
     "progress before a string": lambda p: p.__setitem__("before", "low"),
+    "progress past the run's epochs": lambda p: p.__setitem__("epoch", 5),  # the run resuming it has epochs=2
 }
 
 
@@ -375,3 +376,38 @@ def test_a_fitting_resume_still_installs(tmp_path):
     r = lt.Runner.from_module(TiedNet(bn=True), "mse")
     report = lt.train_samples(r, lt.TrainConfig(steps=5, batch_size=2, log_every=0, resume_from=path), data)
     assert report.steps == 5
+
+
+@pytest.mark.parametrize("tensor", ["loader.generator.0", "loader.global", "rng.torch"])
+def test_a_generator_state_torch_refuses_is_a_checkpoint_error_before_anything_is_installed(tmp_path, tensor):
+    """An all-zero Mersenne Twister state (a sound file, its checksums recomputed) used to
+    raise torch's raw "Invalid mt19937 state" after the parameters were installed."""
+    import json as _json
+
+    from safetensors.torch import save_file
+    from leantrain.io.checkfile import checksum, seal
+
+    x, y = torch.randn(16, 3), torch.randn(16, 2)
+
+    def job(resume=None):
+        torch.manual_seed(0)
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4, shuffle=True,
+                                             generator=torch.Generator().manual_seed(1))
+        runner = lt.Runner.from_module(torch.nn.Linear(3, 2), "mse")
+        cfg = lt.LoaderTrainConfig(epochs=2, log_every=0, max_steps=None if resume else 3, resume_from=resume,
+                                   checkpoint_path=tmp_path / "c.ckpt", checkpoint_every=1)
+        return runner, loader, cfg
+
+    runner, loader, cfg = job()
+    lt.train_loader(runner, cfg, loader)
+    manifest, tensors = lt.read_checkpoint(tmp_path / "c.ckpt")
+    tensors[tensor] = torch.zeros_like(tensors[tensor])
+    manifest["checksums"][tensor] = checksum(tensors[tensor])
+    save_file(tensors, str(tmp_path / "c.ckpt"), metadata={"leantrain": seal(_json.dumps(manifest, sort_keys=True))})
+    runner, loader, cfg = job(resume=tmp_path / "c.ckpt")
+    before = [p.detach().clone() for p in runner.module.parameters()]
+    rng = torch.get_rng_state()
+    with pytest.raises(lt.CheckpointError, match="cannot be restored|is not a generator state torch takes"):
+        lt.train_loader(runner, cfg, loader)
+    assert all(torch.equal(a, b) for a, b in zip(before, runner.module.parameters()))
+    assert torch.equal(rng, torch.get_rng_state())

@@ -2,11 +2,14 @@
 ``train_samples``, ``train_loader``, ``step_batch``, ``DataLoader``, ``Runner``): one table,
 then losses autograd did not build, samples read once and one-shot loaders."""
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
 
 import leantrain as lt
+from leantrain import optim
 from inputs_table import check_row, ids, sample
 from models import TiedNet, regression_batches
 
@@ -18,7 +21,7 @@ LOOPS = [
     ("nonfinite mode", lambda c: lt.TrainConfig(steps=1, nonfinite="ignore"), lt.ConfigError, "nonfinite must be one of"),
     ("epochs float", lambda c: lt.LoaderTrainConfig(epochs=2.0), lt.ConfigError, "epochs must be an integer >= 0"),
     ("empty samples", lambda c: lt.train_samples(c.runner, lt.TrainConfig(steps=2), []), lt.DataError, "empty sample list"),
-    ("sample not a pair", lambda c: lt.train_samples(c.runner, lt.TrainConfig(steps=2), [sample(), (torch.zeros(3),)]), lt.ConfigError, r"item 1: expected an \(x, y\) pair"),
+    ("sample not a pair", lambda c: lt.train_samples(c.runner, lt.TrainConfig(steps=2), [sample(), (torch.zeros(3),)]), lt.DataError, r"item 1: expected an \(x, y\) pair"),
     ("sample wrong shape", lambda c: lt.step_batch(c.runner, c.opt, c.rstate, False, [sample(), sample(d=5)]), lt.DataError, r"rejected the sample \(x \(5, 5\)"),
     ("sample wrong dtype", lambda c: lt.step_batch(c.runner, c.opt, c.rstate, False, [sample(), sample(dtype=torch.float64)]), lt.DataError, "rejected the sample"),
     ("empty batch", lambda c: lt.step_batch(c.runner, c.opt, c.rstate, False, []), lt.DataError, "step_batch: empty batch"),
@@ -31,6 +34,9 @@ LOOPS = [
     ("loader batch not shared", lambda c: lt.DataLoader([sample()], batch_size=3, rank=0, world_size=2), lt.ConfigError, "must be a multiple of world_size, got batch_size=3"),
     ("loader for a world not running", lambda c: lt.train_loader(c.runner, lt.LoaderTrainConfig(epochs=1), lt.DataLoader([sample(), sample()], batch_size=2, rank=0, world_size=2)), lt.ConfigError, r"made for rank 0 of 2, but this process is rank 0 of 1"),
     ("unknown loss", lambda c: lt.Runner.from_module(nn.Linear(1, 1), "hinge"), lt.ConfigError, "unknown loss 'hinge'"),
+    # one epoch, a schedule by epoch: its index would stay 0 (the warm-up's first rate for the whole run)
+    ("epoch schedule over one epoch", lambda c: lt.LoaderTrainConfig(epochs=1, scheduler=optim.warmup_cosine(0.1, 0.0, 10, 100)),
+     lt.ConfigError, r"schedule_per='epoch' with epochs=1: .* stays 0 .* set schedule_per='step'"),
 ]
 
 
@@ -118,3 +124,27 @@ def test_a_one_shot_loader_trains_once_and_is_refused_for_more_epochs(make, unch
     assert next(it) is batches[0]  # not consumed
     report, _ = lt.train_loader(r, lt.LoaderTrainConfig(epochs=1, log_every=0), make(batches))
     assert report.steps == 2 and report.before is None and report.after is None
+
+
+def test_an_epoch_schedule_over_a_loader_without_length_says_it_may_never_advance():
+    """An endless stream (no length), epochs=None and a schedule by epoch: the loop warns
+    that the schedule advances only when a pass ends; constant and per-update schedules do
+    not warn."""
+    r = lt.Runner.from_module(nn.Linear(3, 2), "mse")
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            while True:
+                yield torch.randn(3), torch.randn(2)
+
+    def go(**kw):
+        loader = torch.utils.data.DataLoader(Stream(), batch_size=2)
+        cfg = lt.LoaderTrainConfig(epochs=None, max_steps=2, log_every=0, measure_loss=False, **kw)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            lt.train_loader(r, cfg, loader)
+        return [str(w.message) for w in said if "schedule_per" in str(w.message)]
+
+    assert len(go(scheduler=optim.warmup_cosine(0.1, 0.0, 10, 100))) == 1
+    assert go(scheduler=optim.constant(0.1)) == [] and go(scheduler=optim.warmup_cosine(0.1, 0.0, 10, 100),
+                                                         schedule_per="step") == []

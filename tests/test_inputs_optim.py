@@ -26,6 +26,11 @@ OPTIMIZERS = [
     ("schedule min > peak", lambda c: optim.warmup_cosine(0.1, 0.2, 1, 10), lt.ConfigError, "min must be <= peak"),
     ("schedule gamma > 1", lambda c: optim.exponential(0.1, 1.5), lt.ConfigError, r"gamma must be in \[0, 1\]"),
     ("with_lr < 0", lambda c: c.state.with_lr(-0.5), lt.ConfigError, "lr must be finite and >= 0"),
+    # a plateau schedule inside a composition would never be fed evaluations (torch refuses it too)
+    ("plateau in sequential", lambda c: optim.sequential([optim.plateau(0.1), optim.constant(0.1)], [2]),
+     lt.ConfigError, r"schedules\[0\] is a plateau schedule"),
+    ("plateau in chained", lambda c: optim.chained(0.1, [optim.step(1.0, 2), optim.plateau(0.1)]),
+     lt.ConfigError, r"schedules\[1\] is a plateau schedule"),
 ]
 
 
@@ -44,3 +49,19 @@ def test_meta_and_sparse_gradients_are_refused_by_a_step(unchanged):
         opt.step_native(state, params, [torch.ones(3), torch.ones(2).to_sparse()])
     with unchanged(params, state), pytest.raises(lt.PackError, match="meta tensor"):
         opt.step_native(state, params, [torch.empty(3, device="meta"), torch.ones(2)])
+
+
+@pytest.mark.parametrize("opt", [optim.adagrad(0.1, weight_decay=0.1),
+                                 optim.adagrad(0.1).per_slot(lambda p: {"weight_decay": 0.1} if p.name == "0.weight"
+                                                             else {})])
+def test_adagrad_with_weight_decay_refuses_a_sparse_gradient_before_any_slot_moves(opt):
+    """torch.optim.Adagrad refuses weight decay with sparse gradients; leantrain says so
+    naming the slot, before the dense slots are updated (they used to be, then torch raised)."""
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True), torch.nn.Flatten(0), torch.nn.Linear(8, 2))
+    r = lt.Runner.from_module(model, "mse")
+    before = [p.detach().clone() for p in model.parameters()]
+    cfg = lt.TrainConfig(steps=1, optimizer=opt, log_every=0, measure_loss=False)
+    with pytest.raises(lt.PackError, match=r"slot 0 \('0.weight'\): got a sparse gradient, which adagrad does not "
+                                           r"take with weight_decay"):
+        lt.train_samples(r, cfg, [(torch.tensor([1, 2]), torch.zeros(2))])
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -109,6 +109,10 @@ def test_the_suggestion_is_the_steepest_fall_before_the_minimum():
     (dict(smoothing=0), "smoothing must be in"),
     (dict(diverge=1.0), "diverge must be a number > 1"),
     (dict(checkpoint_path="x.ckpt"), "checkpoint_path is the range test's own"),
+    (dict(nonfinite="raise"), "nonfinite is the range test's own"),
+    (dict(measure_loss=True), "measure_loss is the range test's own"),
+    (dict(schedule_per="epoch"), "schedule_per is the range test's own"),
+    (dict(lr_decay=0.1), "unknown option 'lr_decay'"),
 ])
 def test_bad_settings_are_refused_before_anything_runs(kw, message):
     model = classifier()
@@ -116,3 +120,17 @@ def test_bad_settings_are_refused_before_anything_runs(kw, message):
     with pytest.raises(lt.ConfigError, match=message):
         lt.find_lr(lt.Runner.from_module(model, "cross_entropy"), [data(16)], optim.sgd(0.1), **kw)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_a_model_that_cannot_be_copied_and_a_one_shot_iterator_are_refused_by_name():
+    class Uncopyable(torch.nn.Linear):
+        def __deepcopy__(self, memo):
+            raise TypeError("cannot pickle '_thread.lock' object")
+
+    model = Uncopyable(4, 3)
+    before = snapshot(model)
+    with pytest.raises(lt.ConfigError, match=r"find_lr: the model cannot be copied \(copy.deepcopy raised TypeError"):
+        lt.find_lr(lt.Runner.from_module(model, "cross_entropy"), [data(16)], optim.sgd(0.1))
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    with pytest.raises(lt.ConfigError, match="find_lr: data is a one-shot iterator"):
+        lt.find_lr(lt.Runner.from_module(classifier(), "cross_entropy"), (b for b in [data(16)] * 5), optim.sgd(0.1))

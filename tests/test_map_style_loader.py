@@ -139,3 +139,37 @@ def test_a_hugging_face_datasets_dataset_is_read_row_by_row_in_the_seeded_order(
     report, _ = lt.train_loader(runner, lt.LoaderTrainConfig(epochs=1, optimizer=lt.optim.sgd(1e-3), log_every=0),
                                 loader, log=None)
     assert report.steps == 3
+
+
+class _Sized(torch.utils.data.Dataset):
+    def __init__(self, n, grow_after=None):
+        self.n, self.grow_after, self.calls = n, grow_after, 0
+
+    def __len__(self):
+        self.calls += 1
+        return 12 if self.grow_after is not None and self.calls > self.grow_after else self.n
+
+    def __getitem__(self, i):
+        return torch.full((3,), float(i)), torch.zeros(2)
+
+
+@pytest.mark.parametrize("make", ["torch", "leantrain"])
+@pytest.mark.parametrize("n", [2.5, -1, 10**20])
+def test_a_dataset_length_that_is_not_a_count_is_a_data_error_before_anything_trains(make, n):
+    r = lt.Runner.from_module(torch.nn.Linear(3, 2), "mse")
+    before = [t.clone() for t in r.module.parameters()]
+    with pytest.raises(lt.DataError, match=r"__len__\(\) returned .*: expected an integer >= 0"):
+        loader = (torch.utils.data.DataLoader(_Sized(n), batch_size=4) if make == "torch"
+                  else lt.DataLoader(_Sized(n), batch_size=4))
+        lt.train_loader(r, lt.LoaderTrainConfig(epochs=2, log_every=0), loader)
+    assert all(torch.equal(a, b) for a, b in zip(before, r.module.parameters()))
+
+
+@pytest.mark.parametrize("make", ["torch", "leantrain"])
+def test_a_dataset_whose_length_changes_between_epochs_is_a_data_error(make):
+    ds = _Sized(8, grow_after=6)
+    loader = (torch.utils.data.DataLoader(ds, batch_size=4) if make == "torch"
+              else lt.DataLoader(ds, batch_size=4, shuffle=True))
+    r = lt.Runner.from_module(torch.nn.Linear(3, 2), "mse")
+    with pytest.raises(lt.DataError, match="the dataset's length changed from 8 to 12"):
+        lt.train_loader(r, lt.LoaderTrainConfig(epochs=6, log_every=0, measure_loss=False), loader)

@@ -182,7 +182,7 @@ def test_step_loss_is_measured_before_the_update():
     "batch, error, pattern",
     [
         ([], lt.DataError, "step_batch: empty batch"),
-        ([(torch.zeros(4),)], lt.ConfigError, r"step_batch: item 0: expected an \(x, y\) pair"),
+        ([(torch.zeros(4),)], lt.DataError, r"step_batch: item 0: expected an \(x, y\) pair"),
         ("xy", lt.DataError, "a batch is a list of"),
     ],
 )

@@ -71,6 +71,88 @@ def test_mlflow_on_a_file_store_holds_the_jsonl_numbers_and_a_resume_continues_i
     assert run.info.status == "FINISHED"
 
 
+def test_mlflow_on_its_default_store_works_and_a_store_it_refuses_is_one_clear_error(tmp_path, monkeypatch):
+    """MLflow 3's default store (sqlite in the current folder, opened by the extra's
+    SQLAlchemy) logs a run; a file store without MLflow's switch is refused when the logger
+    is made, with MLflow's reason, before a run starts."""
+    pytest.importorskip("mlflow")
+    pytest.importorskip("sqlalchemy")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    logger = lt.MLflowLogger(experiment="t")
+    lt.train_loader(lt.Runner.from_module(net(), "cross_entropy"), config(), batches(5, 1), log=None,
+                    callbacks=[logger])
+    assert [m.step for m in logger.client.get_metric_history(logger.run_id, "eval/loss")] == [3, 6, 9]
+    import mlflow
+
+    if mlflow.__version__.split(".")[0] >= "3":
+        with pytest.raises(lt.ConfigError, match="MLflowLogger: the tracking store file:.* cannot be used: .*"
+                                                 "MLFLOW_ALLOW_FILE_STORE"):
+            lt.MLflowLogger((tmp_path / "mlruns").as_uri())
+
+
+@pytest.mark.parametrize("name", ["a,b", "a\nb", "..", "a/../b", "x" * 260])
+def test_a_metric_name_mlflow_refuses_is_refused_before_the_run_starts(tmp_path, monkeypatch, name):
+    pytest.importorskip("mlflow")
+    pytest.importorskip("sqlalchemy")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    r = lt.Runner.from_module(net(), "cross_entropy")
+    before = [t.clone() for t in r.module.parameters()]
+    cfg = config(eval_metrics={name: lt.metrics.accuracy})
+    with pytest.raises(lt.ConfigError, match="MLflowLogger: the metric .* breaks MLflow's naming rule"):
+        lt.train_loader(r, cfg, batches(5, 1), log=None, callbacks=[lt.MLflowLogger(experiment="t")])
+    assert all(torch.equal(a, b) for a, b in zip(before, r.module.parameters()))
+
+
+# ------------------------------------------------------------------- files
+def test_a_csv_metric_name_with_a_newline_and_a_quote_survives_a_resume(tmp_path):
+    """The CSV's records are trimmed on resume as CSV records, so a quoted name holding a
+    newline or a quote neither tears nor duplicates a row."""
+    import csv
+
+    odd = 'acc "top"\nline'
+    metrics = {odd: lt.metrics.accuracy}
+
+    class Stop(lt.Callback):
+        def on_step(self, event):
+            return event.step == 7
+
+    cfg = config(eval_metrics=metrics, checkpoint_path=tmp_path / "c.ckpt", checkpoint_every=2, resume_from="auto")
+    lt.train_loader(lt.Runner.from_module(net(), "cross_entropy"), cfg, batches(5, 1), log=None,
+                    callbacks=[lt.CSVLogger(tmp_path / "m.csv"), Stop()])
+    lt.train_loader(lt.Runner.from_module(net(), "cross_entropy"), cfg, batches(5, 1), log=None,
+                    callbacks=[lt.CSVLogger(tmp_path / "m.csv")])
+    straight = config(eval_metrics=metrics)
+    lt.train_loader(lt.Runner.from_module(net(), "cross_entropy"), straight, batches(5, 1), log=None,
+                    callbacks=[lt.CSVLogger(tmp_path / "s.csv")])
+    rows = list(csv.reader((tmp_path / "m.csv").open(newline="")))
+    keys = [(r[0], r[1], r[3]) for r in rows]
+    assert keys == [(r[0], r[1], r[3]) for r in csv.reader((tmp_path / "s.csv").open(newline=""))]
+    assert ("eval", "9", odd) in keys and len(keys) == len(set(keys))
+
+
+@pytest.mark.parametrize("name", ["kind", "step", "epoch", "items"])
+def test_a_metric_named_as_a_records_own_field_is_refused(name):
+    with pytest.raises(lt.ConfigError, match=f"eval_metrics: '{name}' is not a metric name a loop can log"):
+        config(eval_metrics={name: lt.metrics.accuracy})
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "csv"])
+def test_a_log_file_that_cannot_be_written_is_refused_before_the_first_update(tmp_path, kind):
+    (tmp_path / "blocker").write_text("a file where the folder would go")
+    r = lt.Runner.from_module(net(), "cross_entropy")
+    before = [t.clone() for t in r.module.parameters()]
+    logger = (lt.JSONLLogger if kind == "jsonl" else lt.CSVLogger)(tmp_path / "blocker" / "m.log")
+    with pytest.raises(lt.ConfigError, match="m.log: its folder cannot be made"):
+        lt.train_loader(r, config(), batches(5, 1), log=None, callbacks=[logger])
+    assert all(torch.equal(a, b) for a, b in zip(before, r.module.parameters()))
+    (tmp_path / "dir.log").mkdir()
+    with pytest.raises(lt.ConfigError, match="dir.log: is a folder"):
+        lt.train_loader(r, config(), batches(5, 1), log=None, callbacks=[lt.JSONLLogger(tmp_path / "dir.log")])
+
+
 # -------------------------------------------------------------------- W&B
 def wandb_history(folder):
     """The history rows of every offline run file under ``folder`` (W&B's record log:

@@ -223,7 +223,7 @@ def test_empty_data_raises_and_changes_nothing(unchanged):
         lt.train_samples(r, lt.TrainConfig(steps=3), [])
     with unchanged(r.params), pytest.raises(lt.DataError, match="train_loader: empty dataset"):
         lt.train_loader(r, lt.LoaderTrainConfig(epochs=1), lt.DataLoader(lt.Dataset([]), batch_size=2))
-    with unchanged(r.params), pytest.raises(lt.ConfigError, match=r"train_samples: item 1: expected an \(x, y\) pair"):
+    with unchanged(r.params), pytest.raises(lt.DataError, match=r"train_samples: item 1: expected an \(x, y\) pair"):
         lt.train_samples(r, lt.TrainConfig(steps=3), [regression_batches(1, 2)[0], (torch.zeros(2),)])
 
 

@@ -68,3 +68,48 @@ def test_leantrains_worker_loader_resumes_a_model_that_draws_bit_for_bit(tmp_pat
     assert all(torch.equal(a, b) for a, b in zip(whole.module.state_dict().values(),
                                                  resumed.module.state_dict().values()))
     assert rest.losses == report.losses
+
+
+@pytest.mark.parametrize("make", ["torch", "leantrain"])
+def test_a_resume_that_changes_whether_workers_read_says_the_draws_change(tmp_path, make):
+    def run(workers, max_steps, resume=None):
+        torch.manual_seed(0)
+        runner = lt.Runner.from_module(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)), "mse")
+        loader = (torch.utils.data.DataLoader(Augmented(), batch_size=4, shuffle=True, num_workers=workers)
+                  if make == "torch" else lt.DataLoader(Augmented(), batch_size=4, shuffle=True, seed=3,
+                                                        num_workers=workers))
+        cfg = lt.LoaderTrainConfig(epochs=2, max_steps=max_steps, optimizer=lt.optim.adamw(0.01), log_every=0,
+                                   checkpoint_path=tmp_path / "c.ckpt", checkpoint_every=1, resume_from=resume)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            lt.train_loader(runner, cfg, loader, log=None)
+        return [str(w.message) for w in said if "worker processes" in str(w.message)]
+
+    assert run(0, 3) == []
+    said = run(2, 8, resume=tmp_path / "c.ckpt")
+    assert len(said) == 1 and "read without worker processes, this one reads with" in said[0]
+
+
+class _DiesInAWorker(torch.utils.data.Dataset):
+    """Item 9 kills the worker process that reads it (as the OOM killer would)."""
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        if i == 9 and torch.utils.data.get_worker_info() is not None:
+            import os
+            import signal
+            os.kill(os.getpid(), signal.SIGKILL)
+        return torch.randn(4), torch.randn(1)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_killed_loader_worker_is_a_data_error_naming_the_last_checkpoint(tmp_path):
+    runner = lt.Runner.from_module(nn.Linear(4, 1), "mse")
+    loader = torch.utils.data.DataLoader(_DiesInAWorker(), batch_size=4, num_workers=2)
+    cfg = lt.LoaderTrainConfig(epochs=1, log_every=0, measure_loss=False, checkpoint_path=tmp_path / "c.ckpt",
+                               checkpoint_every=1)
+    with pytest.raises(lt.DataError, match=r"a loader worker process died \(DataLoader worker .*\); last good "
+                                           r"checkpoint: "):  # which update it surfaces at is torch's polling
+        lt.train_loader(runner, cfg, loader)

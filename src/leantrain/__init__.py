@@ -23,7 +23,8 @@ from .errors import (
 )
 from .io import torchlean as torchlean_io
 from .io import weights
-from .io.checkpoint import Checkpoint, load_checkpoint, read_checkpoint, save_checkpoint
+from .io.checkpoint import read_checkpoint, save_checkpoint
+from .io.loading import Checkpoint, load_checkpoint
 from .params import (
     Param,
     ParameterSchema,

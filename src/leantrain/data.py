@@ -47,6 +47,16 @@ def _items(collated) -> list:
     return list(collated)
 
 
+def dataset_length(op: str, dataset, what: str = "the dataset") -> int:
+    """``len(dataset)``, checked: an integer >= 0 (below 2**62), or a ``DataError`` naming
+    what the dataset's ``__len__`` returned (Python's own errors say less: a float is "cannot
+    be interpreted as an integer", -1 "should return >= 0", 10**20 "cannot fit")."""
+    got = type(dataset).__len__(dataset)
+    if not (isinstance(got, int) and not isinstance(got, bool) and 0 <= got < 2**62):
+        raise DataError(f"{op}: {what}'s __len__() returned {got!r:.40}: expected an integer >= 0 (below 2**62)")
+    return got
+
+
 def map_style(data: object) -> bool:
     """A dataset read by index: ``len()`` and ``[i]`` (a list, a torch map-style Dataset, a
     ``datasets.Dataset``), not an iterable-only one."""
@@ -181,6 +191,8 @@ class DataLoader(Generic[T]):
                 )
             if isinstance(self.dataset, (list, tuple)) and self.num_workers == 0:
                 object.__setattr__(self, "dataset", Dataset(self.dataset))
+            else:
+                dataset_length(op, self.dataset)  # a length the loader can use, checked once here
         check_count(op, "batch_size", self.batch_size, 1)
         check_count(op, "seed", self.seed, 0)
         for name in ("shuffle", "drop_last"):
@@ -235,9 +247,13 @@ class DataLoader(Generic[T]):
     def _lazy_epoch(self, tag: str, skip: int) -> tuple["DataLoader[T]", Iterator[list]]:
         """One pass over a map-style dataset: the same seeded order as an in-memory one, as
         index lists, each read (by ``num_workers`` processes, or here) when reached."""
-        n = len(self.dataset)
+        n = dataset_length(tag, self.dataset)
         if n == 0:
             raise DataError(f"{tag}: empty dataset")
+        if self.order is not None and len(self.order) != n:
+            raise DataError(f"{tag}: the dataset's length changed from {len(self.order)} to {n} since the run began "
+                            f"(a dataset read by index must keep its items; an epoch's order and a resume's "
+                            f"position depend on them)")
         order = self.current_order()
         nxt = replace(self, passes=self.passes + 1)
         if self.shuffle:

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Optional, Union
+from typing import Iterator, Optional, Union
 
 import numpy
 
@@ -34,6 +34,12 @@ from .training.runner.binding import rng_preserved
 from .training.loops.batches import loader_generators
 from .training.runner.runner import Runner
 from .validate import check_count, is_number
+
+
+# What the range test sets itself, and the loop options it takes from the caller.
+OWN = ("checkpoint_path", "resume_from", "eval_data", "epochs", "max_steps", "scheduler", "log_every",
+       "schedule_per", "measure_loss", "nonfinite", "optimizer", "accumulate", "checkpoints", "evaluation")
+LOOP_OPTIONS = {f.name for f in fields(LoaderTrainConfig)} | {"parallel"}
 
 
 @dataclass(frozen=True)
@@ -169,13 +175,27 @@ def find_lr(runner: Runner, data, optimizer: Optimizer, *, start_lr: float = 1e-
         raise ConfigError(f"{op}: smoothing must be in (0, 1], got {smoothing!r}")
     if not (is_number(diverge) and diverge > 1):
         raise ConfigError(f"{op}: diverge must be a number > 1, got {diverge!r}")
-    for key in ("checkpoint_path", "resume_from", "eval_data", "epochs", "max_steps", "scheduler", "log_every"):
-        if key in options:
-            raise ConfigError(f"{op}: {key} is the range test's own to set; it saves and evaluates nothing")
+    for key in options:
+        if key in OWN:
+            raise ConfigError(f"{op}: {key} is the range test's own to set (it sweeps the rate by update, skips "
+                              f"non-finite updates, saves and evaluates nothing)")
+        if key not in LOOP_OPTIONS:
+            raise ConfigError(f"{op}: unknown option {key!r} (it takes LoaderTrainConfig's options other than "
+                              f"{', '.join(OWN)})")
+    if isinstance(data, Iterator):
+        raise ConfigError(f"{op}: data is a one-shot iterator ({type(data).__name__}); the sweep reads the data "
+                          f"again from its start when it outlasts it: pass a re-iterable loader (a list of batches, "
+                          f"a leantrain.DataLoader, a torch DataLoader)")
     cfg = LoaderTrainConfig(epochs=None, max_steps=steps, optimizer=optimizer, accumulate=accumulate,
                             scheduler=SweepSchedule(start_lr, end_lr, steps), schedule_per="step", log_every=1,
                             measure_loss=False, nonfinite="skip", **options)
-    trial = Runner.from_module(copy.deepcopy(runner.module), runner.loss_fn)
+    try:
+        module = copy.deepcopy(runner.module)
+    except Exception as e:  # the user's module: anything it raises when copied
+        raise ConfigError(f"{op}: the model cannot be copied (copy.deepcopy raised {type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}); the range test trains a copy so that the "
+                          f"model stays as it is") from None
+    trial = Runner.from_module(module, runner.loss_fn)
     for mine, theirs in zip(trial.params.storages(), runner.params.storages()):
         mine.write_host(theirs.newest().detach().to("cpu"))  # the runner's current values, device mirrors included
     if runner.params.has_mirrors():

@@ -198,17 +198,17 @@ def check_sample(op: str, sample: object, index: int = 0) -> Sample:
         sample = dict(sample)
     if isinstance(sample, dict):
         if not sample or not all(isinstance(k, str) for k in sample):
-            raise ConfigError(f"{op}: item {index}: a dict sample needs string keys (the model's keyword "
+            raise DataError(f"{op}: item {index}: a dict sample needs string keys (the model's keyword "
                               f"arguments), got {sorted(map(repr, sample))[:5]}")
         if not _has_tensor(sample):
-            raise ConfigError(f"{op}: item {index}: the dict sample holds no tensor (keys {sorted(sample)})")
+            raise DataError(f"{op}: item {index}: the dict sample holds no tensor (keys {sorted(sample)})")
         return sample
     if isinstance(sample, (tuple, list)) and len(sample) == 2 and _has_tensor(sample[0]):
         return sample[0], sample[1]
     got = type(sample).__name__
     if isinstance(sample, (tuple, list)):
         got += f" of {len(sample)}: " + ", ".join(type(t).__name__ for t in sample)
-    raise ConfigError(f"{op}: item {index}: expected an (x, y) pair (x holding a tensor) or a dict of the "
+    raise DataError(f"{op}: item {index}: expected an (x, y) pair (x holding a tensor) or a dict of the "
                       f"model's inputs, got {got}")
 
 

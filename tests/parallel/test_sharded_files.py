@@ -120,7 +120,7 @@ def test_a_hostile_folder_is_refused_with_nothing_installed(tmp_path, case):
     runner = _fresh()
     before = _bytes(runner)
     with pytest.raises(lt.CheckpointError, match=message):
-        lt.io.checkpoint.load_checkpoint(folder, runner, optimizer=TABLE["adamw"].make())
+        lt.io.loading.load_checkpoint(folder, runner, optimizer=TABLE["adamw"].make())
     assert all(torch.equal(a, b) for a, b in zip(before, _bytes(runner)))
 
 

@@ -9,7 +9,8 @@ import json
 from ..io.atomic import atomic_write_bytes
 from ..lr_finder import find_lr
 from .runconfig import RunConfig, flag_values
-from .train import Plan, build_job, make_folder
+from .run_folder import make_folder
+from .train import Plan, build_job
 
 
 def cmd_find_lr(args) -> int:

@@ -13,6 +13,8 @@ from ..validate import is_number
 
 
 FORMATS = (".png", ".svg", ".pdf")
+# The fields a record of a kind must have to be drawn (``JSONLLogger`` writes them all).
+FIELDS = {"step": ("step", "loss"), "eval": ("step",), "epoch": ("epoch",)}
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -40,6 +42,9 @@ def read_metrics(path: str | Path) -> list[dict]:
             raise ConfigError(f"{path}: line {n} is not JSON") from None
         if not isinstance(rec, dict):
             raise ConfigError(f"{path}: line {n} is not a JSON object")
+        missing = [k for k in FIELDS.get(rec.get("kind"), ()) if k not in rec]
+        if missing:
+            raise ConfigError(f"{path}: line {n}: a {rec['kind']!r} record without {', '.join(map(repr, missing))}")
         records.append(rec)
     return records
 

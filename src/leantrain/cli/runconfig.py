@@ -90,6 +90,8 @@ def key_values(text: str) -> dict:
         return tomllib.loads(f"x = {{{text}}}")["x"]
     except tomllib.TOMLDecodeError as e:
         raise argparse.ArgumentTypeError(f"expected key = value pairs separated by commas ({e})") from None
+    except RecursionError:  # arrays or tables nested thousands deep: the parser's own recursion runs out
+        raise argparse.ArgumentTypeError("nested too deep to read (arrays or tables within each other)") from None
 
 
 def _optimizer_keys() -> str:
@@ -344,6 +346,8 @@ def read_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: no such config file") from None
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not a valid TOML file ({e})") from None
+    except RecursionError:  # arrays or tables nested thousands deep: the parser's own recursion runs out
+        raise ConfigError(f"{path}: not a readable TOML file (arrays or tables nested too deep)") from None
     if "train" in data and len(data) > 1:  # both places: one of them would be dropped silently
         others = sorted(k for k in data if k != "train")
         raise ConfigError(f"{path}: settings both at the top level ({', '.join(others[:5])}) and in a [train] "

@@ -12,7 +12,8 @@ from ..optim.hyper import Adam, AdamW
 from ..io import torchlean
 from ..io.regular import read_json, read_regular
 from ..io.torchlean.framing import U64, ByteReader
-from ..io.checkpoint import load_checkpoint, read_checkpoint
+from ..io.checkpoint import read_checkpoint
+from ..io.loading import load_checkpoint
 from ..io.exporting import consolidate, optimizer_of, params_from_checkpoint
 from ..io.weights import save_weights
 from .managed import run_checkpoint

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,34 +23,35 @@ import torch
 import torch.distributed as dist
 
 from ..data import DataLoader, Dataset
-from ..io.sharded import INDEX, SHARD
-from ..io.atomic import atomic_write_bytes
-from ..io.run_lock import NAME as LOCK
 from ..metrics import accuracy
 from ..training.parallel import distributed
 from ..training.loops.callbacks import Callback, ProgressBar
 from ..training.loops.loggers import JSONLLogger
 from ..training.loops.config import LoaderTrainConfig, TrainReport
 from ..training.loops.events import StepEvent
+from ..training.loops.evaluation import predict
 from ..training.loops.loader_loop import train_loader
+from ..samples import LossSum, TokenWeighted, loss_target
 from ..training.runner.runner import Runner
 from .managed import checkpoint_path, keep_best, managed, profile_range, resumable, trackers
 from .report import report_run
+from .run_folder import check_folder, check_metrics, partial_start_of
 from .runconfig import PRECISIONS, RunConfig, flag_values
 from .usage import UserError
 from .text import tokens_of
 from .usermodel import build_task, collate_for
 
 EXACT_PIECES = 8  # with --exact-reduction: items per minibatch whatever the world size (1 to 8 ranks alike)
-RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.ckpt", "checkpoints", "report.json", "loss.png")
 
 
 def cmd_train(args) -> int:
     try:
         plan = plan_run(args)
         job = build_job(plan)
-        prepare_folder(plan, args.overwrite)
-        return report_run(plan, job, run_job(plan, job))
+        prepare = check_folder(plan, args.overwrite)  # nothing written yet
+        loggers = trackers(plan.out, plan.cfg.log_to, plan.main)  # a tracker that cannot run: refused here
+        prepare()
+        return report_run(plan, job, run_job(plan, job, loggers))
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
@@ -98,7 +98,7 @@ def plan_run(args) -> Plan:
                     .get("step", 0))
     plan = Plan(cfg, resuming, world, distributed.is_main(), start)
     if resuming and plan.main:
-        _check_metrics(plan.metrics)
+        check_metrics(plan.metrics)
     return plan
 
 
@@ -107,7 +107,7 @@ def _config(args) -> tuple[RunConfig, bool]:
     if args.resume == "auto":  # a restarted job: continue the --out folder's run if it has one
         cfg = RunConfig.build(args.config, overrides)
         if resumable(Path(cfg.out)) is None:
-            if _partial_start_of(Path(cfg.out), cfg):
+            if partial_start_of(Path(cfg.out), cfg):
                 args.overwrite = True  # this same run, killed before its first checkpoint: start it again
             return cfg, False  # anything else there is refused unless --overwrite
         args.resume = cfg.out
@@ -134,50 +134,6 @@ def _config(args) -> tuple[RunConfig, bool]:
     base.update({k: v for k, v in overrides.items() if v is not None})
     base["out"] = str(folder)
     return RunConfig(**base), True
-
-
-def _partial_start_of(out: Path, cfg: RunConfig) -> bool:
-    """Whether ``out`` holds only the start of this very run (its settings, some metrics,
-    no checkpoint and no report): what a job killed before its first checkpoint leaves."""
-    try:
-        saved = json.loads((out / "config.json").read_text())
-    except (OSError, ValueError, RecursionError):
-        return False
-    return saved == cfg.to_dict() and not (out / "report.json").exists()
-
-
-def _refuse_an_earlier_run(out: Path, overwrite: bool) -> None:
-    """A folder that holds an earlier run is continued (``--resume``) or replaced on
-    request (``--overwrite``), never silently written over."""
-    found = [name for name in RUN_FILES if (out / name).exists()]
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: is a file, not a folder")
-    if found and not overwrite:
-        raise UserError(
-            f"--out {out}: holds an earlier run ({', '.join(found)}); continue it with "
-            f"--resume {out}, or replace it with --overwrite"
-        )
-
-
-def _check_metrics(path: Path) -> None:
-    """A resumed run's metrics file: a line torn by a crash mid-write may end it (the
-    logger drops it, and the records after the checkpoint, which are replayed); a damaged
-    line before the last is refused, before anything is written."""
-    if not path.exists():
-        return
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"--resume: {path}: cannot be read as text ({e})") from None
-    for n, line in enumerate(lines[:-1], 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except (ValueError, RecursionError):
-            rec = None
-        if not isinstance(rec, dict):
-            raise UserError(f"--resume: {path}: line {n} is not a JSON record (the file is damaged)")
 
 
 # ----------------------------------------------------------------------- build
@@ -238,65 +194,30 @@ def build_job(plan: Plan) -> Job:
         profile_dir=plan.out / "profile" if cfg.profile else None,
     )
     tokens = tokens_of(train) / len(train) if isinstance(train[0], dict) and "input_ids" in train[0] else None
-    return Job(runner, loader, tcfg, classify, test_batches, len(train), len(test), steps_per_epoch, loss, tokens)
+    job = Job(runner, loader, tcfg, classify, test_batches, len(train), len(test), steps_per_epoch, loss, tokens)
+    if plan.world > 1 and isinstance(train[0], dict) and loss == "model":
+        check_pieces_agree(job, plan.world)
+    return job
 
 
-def prepare_folder(plan: Plan, overwrite: bool) -> None:
-    """Rank 0: refuse an earlier run (unless ``--overwrite``), make the folder, save the
-    settings of a fresh run. The first writes of the command. ``--overwrite`` removes the
-    earlier run's checkpoints and results first, so nothing of it can be resumed or read
-    as the new run's (every removal is checked before the first one)."""
-    if not plan.main:
+def check_pieces_agree(job: Job, world: int) -> None:
+    """Under torchrun each rank pads and differentiates its own piece of a minibatch: a
+    model loss that is the mean over its piece's tokens would train the mean of the pieces'
+    means, another objective than one process's. Token-weighted losses (a ``LossSum``, as
+    Hugging Face models' token losses are read) agree; a plain mean is refused here, before
+    anything is written (one forward of one test piece, in eval mode, tells)."""
+    runner = job.runner
+    if isinstance(runner.loss_fn, TokenWeighted):
         return
-    if not plan.resuming:
-        _refuse_an_earlier_run(plan.out, overwrite)  # before anything is written
-        if overwrite:
-            for remove in [_removal(plan.out / name) for name in RUN_FILES if name != "config.json"]:
-                remove()
-    make_folder(plan.out)
-    if not plan.resuming:
-        atomic_write_bytes(plan.out / "config.json", (json.dumps(plan.cfg.to_dict(), indent=2) + "\n").encode(),
-                           "--out")
-
-
-def _removal(path: Path):
-    """How ``--overwrite`` removes an earlier run's ``path`` (a function, called once every
-    removal is known to be possible): a file, a sharded checkpoint folder of an index and
-    shards, a folder of kept ``stepN.ckpt`` files; a link or a folder holding anything
-    else is the user's: refused, nothing removed."""
-    if path.is_symlink():
-        raise UserError(f"--overwrite: {path} is a link; the earlier run's files are not removed through it "
-                        f"(remove or move the link first)")
-    if not path.exists():
-        return lambda: None
-    if path.is_file():
-        return path.unlink
-    if path.name == "checkpoints":
-        return _folder_removal(path, lambda p: bool(re.fullmatch(r"step\d+\.ckpt", p.name) or p.name == LOCK),  # a killed run's lock
-                               "checkpoints")
-    return _folder_removal(path, lambda p: p.name == INDEX or bool(SHARD.fullmatch(p.name)), "a checkpoint's")
-
-
-def _folder_removal(folder: Path, ours, what: str):
-    """The removal of ``folder`` when every entry is a regular file ``ours`` accepts; else refused."""
-    others = [p.name for p in folder.iterdir() if not (p.is_file() and not p.is_symlink() and ours(p))]
-    if others:
-        raise UserError(f"--overwrite: {folder} holds files that are not {what} ({', '.join(others[:3])}); "
-                        f"move them away first")
-
-    def remove() -> None:
-        for p in folder.iterdir():
-            p.unlink()
-        folder.rmdir()
-
-    return remove
-
-
-def make_folder(out: Path) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"--out {out}: cannot create the folder ({e.strerror or e})") from None
+    sample = job.test_batches[0]
+    out = predict(runner, [sample], collect=True)[0]
+    if isinstance(runner.loss_fn(out, loss_target(sample)), LossSum):
+        return
+    raise UserError(f"--loss model: the model's loss is a mean over each minibatch's tokens; under torchrun each of "
+                    f"the {world} processes averages its own piece, so the run would train the mean of the pieces' "
+                    f"means, not what one process trains. Return leantrain.LossSum(total, count) as the model's "
+                    f"loss (the tokens' summed loss and their count), give --loss a function that does, or pass "
+                    f"--loss model_mean to train the mean of the pieces' means")
 
 
 # ------------------------------------------------------------------------- run
@@ -336,9 +257,9 @@ class Interrupt(Callback):
         return self.requested
 
 
-def run_job(plan: Plan, job: Job) -> TrainReport:
+def run_job(plan: Plan, job: Job, loggers: list) -> TrainReport:
     """``train_loader`` with the library's callbacks: the bar and a line per epoch, the
-    metrics file, Ctrl-C."""
+    metrics file, Ctrl-C, and ``--log-to``'s ``loggers``."""
     cfg = plan.cfg
 
     def epoch_line(step: int, results: dict) -> str:
@@ -351,7 +272,7 @@ def run_job(plan: Plan, job: Job) -> TrainReport:
         describe(plan, job)
     interrupt = Interrupt(job.runner.device, len(job.loader), plan.world)
     callbacks = [interrupt, ProgressBar(file=None, eval_line=epoch_line, disable=None),
-                 JSONLLogger(plan.metrics, epoch_results="test_"), *trackers(plan.out, cfg.log_to, plan.main)]
+                 JSONLLogger(plan.metrics, epoch_results="test_"), *loggers]
     with interrupt.installed():
         report, _ = train_loader(job.runner, job.tcfg, job.loader, log=None, callbacks=callbacks)
     return report

@@ -26,7 +26,8 @@ from safetensors.torch import save_file
 from .atomic import PathLike, atomic_write, atomic_write_bytes, checked_path
 from .tensorfile import TensorFile
 from ..params.paramlist import params_of
-from .checkpoint import current_value, dtype_name, model_config_text
+from .checkfile import dtype_name
+from .checkpoint import current_value, model_config_text
 from ..errors import CheckpointError, shape_str, slot_label
 
 __all__ = ["export_state_dict", "import_state_dict", "save_weights", "load_weights"]

@@ -191,6 +191,12 @@ def check_sparse(op: str, hyper, rule, params: ParamList, i: int) -> None:
             f"(sgd and adagrad do, as torch.optim); use a dense gradient (e.g. "
             f"nn.Embedding(sparse=False)) or one of those optimizers"
         )
+    refusal = getattr(rule, "sparse_refusal", None)
+    why = refusal(hyper) if refusal is not None else None
+    if why:
+        raise PackError(f"{op}: {params.label(i)}: got a sparse gradient, which {hyper.kind} does not take with "
+                        f"{why}; use a dense gradient (e.g. nn.Embedding(sparse=False)) or no weight decay on "
+                        f"this slot (per_slot)")
 
 
 def check_record(op: str, params: ParamList, i: int, rec, p: torch.Tensor, strides: tuple) -> bool:

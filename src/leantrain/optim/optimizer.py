@@ -226,11 +226,12 @@ class Optimizer:
     def check_sparse(self, op: str, params: ParamList, gradients: Sequence) -> None:
         """Raise (naming the slot) if some gradient is sparse and its rule does not take
         sparse gradients: a loop asks before anything of the step is kept."""
-        rule = None
+        rule = per_slot = None
         for i, g in enumerate(gradients):
             if g is not None and g.layout != torch.strided:
-                rule = rule or rule_for(self.hyper)
-                check_sparse(op, self.hyper, rule, params, i)
+                if rule is None:
+                    rule, per_slot = rule_for(self.hyper), self.settings(op, params)[0]
+                check_sparse(op, self.hyper if per_slot is None else per_slot[i][0], rule, params, i)
 
     def apply(
         self, state: OptState, params: ParamList, gradients: Sequence, path: str,

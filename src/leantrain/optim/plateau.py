@@ -21,6 +21,8 @@ from .schedules import Schedule
 class Plateau(Schedule):
     """``lr_at`` is the current rate, whatever the index."""
 
+    fed_by_evaluations = True  # the loop feeds it (loop_checks.loop_callbacks): only as the run's scheduler
+
     def __init__(self, base: float, monitor: str = "loss", mode: str = "min", factor: float = 0.1, patience: int = 10,
                  threshold: float = 1e-4, threshold_mode: str = "rel", cooldown: int = 0, min_lr: float = 0.0,
                  eps: float = 1e-8) -> None:

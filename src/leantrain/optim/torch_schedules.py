@@ -132,6 +132,16 @@ class MultiStep(Schedule):
         return self.base
 
 
+def refuse_plateau(op: str, schedules) -> None:
+    """A plateau schedule is fed evaluations by the loop, as the run's schedule; inside a
+    composition it would never be fed (torch's SequentialLR and ChainedScheduler refuse it)."""
+    for k, s in enumerate(schedules):
+        if getattr(s, "fed_by_evaluations", False):
+            raise ConfigError(f"{op}: schedules[{k}] is a plateau schedule, which the loop feeds with evaluations "
+                              f"only as the run's own scheduler (torch's SequentialLR and ChainedScheduler refuse "
+                              f"ReduceLROnPlateau too); give it as the scheduler itself")
+
+
 @dataclass(frozen=True)
 class Sequential(Schedule):
     """torch's ``SequentialLR``: ``schedules[k]`` from ``milestones[k-1]`` on, each
@@ -145,6 +155,7 @@ class Sequential(Schedule):
         if not (isinstance(self.schedules, (list, tuple)) and self.schedules
                 and all(isinstance(s, Schedule) for s in self.schedules)):
             raise ConfigError(f"{op}: schedules must be a non-empty list of leantrain schedules")
+        refuse_plateau(op, self.schedules)
         ms = self.milestones
         if not (isinstance(ms, (list, tuple)) and len(ms) == len(self.schedules) - 1
                 and all(is_int(m) and m >= 0 for m in ms) and list(ms) == sorted(ms)):
@@ -178,6 +189,7 @@ class Chained(Schedule):
         if not (isinstance(self.schedules, (list, tuple)) and self.schedules
                 and all(isinstance(s, Schedule) for s in self.schedules)):
             raise ConfigError(f"{op}: schedules must be a non-empty list of leantrain schedules")
+        refuse_plateau(op, self.schedules)
         for k, s in enumerate(self.schedules):
             if not s.lr_at(0) > 0:
                 raise ConfigError(f"{op}: schedules[{k}] starts at rate {s.lr_at(0)!r}; a factor needs a start > 0")

@@ -4,6 +4,8 @@ A callback subclasses ``Callback`` and overrides the hooks it needs; a hook that
 returns ``True`` asks the loop to stop after the current step (a checkpoint is saved
 when one is configured). The loop calls, in order:
 
+* ``check_names(op, results)``: the names the evaluations will give, once, before
+  anything runs (refuse one it cannot record);
 * ``on_config(config)``: the loop's settings as plain data, once;
 * ``on_begin(total, start)``: the number of updates the run will have made when it
   ends (``None`` when a loader's length is unknown) and the update it starts from;
@@ -41,6 +43,13 @@ class Callback:
 
     def on_config(self, config: dict) -> None:
         """Before ``on_begin``, once: the loop's settings as plain data (``run_config``)."""
+        return None
+
+    def check_names(self, op: str, results: set) -> None:
+        """When the loop starts, before anything runs: the names its evaluations will give
+        (``results``, empty without ``eval_data``). Raise ``ConfigError`` to refuse a name
+        this callback could not record (a tracker's rules), rather than fail at the first
+        evaluation."""
         return None
 
     def on_begin(self, total: Optional[int], start: int) -> None:

@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from ...errors import CheckpointError, ConfigError, LeantrainError
+from ...io.atomic import remove_dead_scratch
 from ...io.checkfile import read_manifest
-from ...io.checkpoint import Checkpoint, check_destination, load_checkpoint
+from ...io.checkpoint import check_destination
+from ...io.loading import Checkpoint, load_checkpoint
 from ...io.run_lock import RunLock, lock_path
 from ...io.sharded import check_folder
 from ...optim import OptState, Optimizer
@@ -107,6 +109,8 @@ class Checkpointer:
             refused = self._foreign_files()
             if refused is not None:
                 self.close()
+            else:  # each kept file has its own scratch name: a killed save's is cleaned by no later save of it
+                remove_dead_scratch(self.folder.folder)
         return refused
 
     def _run_id_of(self, path: Optional[Path]) -> Optional[str]:

@@ -235,6 +235,11 @@ class LoaderTrainConfig(LoopOptions):
                 check_count(op, name, getattr(self, name), 1)
         check_choice(op, "schedule_per", self.schedule_per, SCHEDULE_PER)
         _common(op, self, {"checkpoints": checkpoints, "evaluation": evaluation, "parallel": parallel})
+        if self.epochs == 1 and self.schedule_per == "epoch" and epoch_schedule_varies(self.scheduler):
+            raise ConfigError(
+                f"{op}: schedule_per='epoch' with epochs=1: the schedule's index is the epoch, which stays 0 for "
+                f"the whole run (every update at the rate {self.scheduler.lr_at(0)!r}); set schedule_per='step' to "
+                f"schedule over updates, or drop the scheduler")
 
     def eval_due(self, step: int) -> bool:
         """Whether an evaluation follows update ``step`` (on the ``eval_every`` cadence)."""
@@ -246,6 +251,15 @@ class LoaderTrainConfig(LoopOptions):
         if self.eval_data is None or (self.eval_every is not None and self.eval_every_epochs is None):
             return False
         return (epoch + 1) % (self.eval_every_epochs or 1) == 0
+
+
+def epoch_schedule_varies(scheduler) -> bool:
+    """Whether a schedule indexed by epoch gives another rate after index 0 (a plateau
+    schedule, fed by evaluations, is not indexed)."""
+    if scheduler is None or getattr(scheduler, "fed_by_evaluations", False):
+        return False
+    first = scheduler.lr_at(0)
+    return any(scheduler.lr_at(t) != first for t in (1, 2, 3, 10, 100, 1000))
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from typing import Iterator, Optional
 import torch
 
 from ..runner.binding import rng_preserved
-from ...data import DataLoader
+from ...data import DataLoader, dataset_length
 from ...errors import DataError
 from ...io.nested import decode, encode
 from .batches import fast_batches
@@ -88,7 +88,7 @@ class LeantrainStream(Stream):
         return batches
 
     def state(self) -> Optional[dict]:
-        return self.at_start.state()
+        return dict(self.at_start.state(), workers=self.loader.num_workers > 0)
 
     def problems(self, saved: Optional[dict]) -> list[str]:
         if not isinstance(saved, dict) or "order" not in saved or "kind" in saved:
@@ -101,6 +101,9 @@ class LeantrainStream(Stream):
 
     def restore(self, saved: Optional[dict], epoch: int, skip: int) -> None:
         self.loader = self.at_start = self.loader.restored(saved, self.op)
+        self._warn_workers(saved, self.loader.num_workers > 0, "each item's generators are seeded from the "
+                           "loader's seed and the item with workers, but draw from the main process's global "
+                           "generator without")
 
     def measurable(self) -> bool:
         return True
@@ -117,8 +120,17 @@ class SampledStream(TorchStream):
 
     kind = "sampled"
 
+    def __init__(self, op: str, loader: object) -> None:
+        super().__init__(op, loader)
+        self.length = dataset_length(op, loader.dataset)  # checked once: a length torch's sampler can use
+
     def start(self, pending: Optional[dict], skip: int) -> tuple[Iterator, int]:
         loader = self.loader
+        n = dataset_length(self.op, loader.dataset)
+        if n != self.length:
+            raise DataError(f"{self.op}: the dataset's length changed from {self.length} to {n} between epochs (a "
+                            f"dataset read by index must keep its items: the sampler's order and a resume's "
+                            f"position depend on them)")
         it = iter(loader)
         if not skip:
             return fast_batches(loader, it) or it, 0
@@ -130,6 +142,15 @@ class SampledStream(TorchStream):
         except StopIteration:
             return iter(()), 0
         return fast_batches(loader, it) or it, 0
+
+    def state(self) -> Optional[dict]:
+        out = super().state()
+        return None if out is None else dict(out, workers=self.loader.num_workers > 0)
+
+    def restore(self, saved: Optional[dict], epoch: int, skip: int) -> None:
+        super().restore(saved, epoch, skip)
+        self._warn_workers(saved, self.loader.num_workers > 0, "the dataset draws in worker processes seeded "
+                           "per epoch with workers, from the main process's global generator without")
 
     def inexact(self, skip: int) -> Optional[str]:
         if self.loader.num_workers > 0 and self.loader.persistent_workers:

@@ -20,7 +20,7 @@ from ...errors import ConfigError, DataError
 from ...optim import OptState, Optimizer
 from .batches import Loader, as_list_batch, examples_in, loader_generators
 from ..runner.binding import rng_preserved
-from .config import LoaderTrainConfig, TrainReport, lr_for
+from .config import LoaderTrainConfig, TrainReport, epoch_schedule_varies, lr_for
 from ..runner.runner import Runner, Sample
 from ...samples import split_rows
 from .callbacks import Callback
@@ -31,7 +31,7 @@ from ..parallel.rank_data import rank_local
 from .session import Log, ScheduleState, Session
 from .loader_kinds import stream_of
 from .streams import Stream
-from ...io.checkpoint import loader_record
+from ...io.loading import loader_record
 
 def run_loader_epochs(
     runner: Runner,
@@ -124,7 +124,7 @@ def _groups(op: str, stream: Stream, at: Progress, cfg: LoaderTrainConfig, sessi
     run's were."""
     group: list[Sample] = []
     read = at.batch
-    for raw in stream.epoch(at.epoch, at.batch):
+    for raw in _batches(op, stream.epoch(at.epoch, at.batch), session):
         read += 1
         items = as_list_batch(op, raw)
         session.meter.saw(examples_in(raw, items))  # for the throughput: host shapes only
@@ -134,6 +134,22 @@ def _groups(op: str, stream: Stream, at: Progress, cfg: LoaderTrainConfig, sessi
             group = []
     if group:
         yield group, read
+
+
+def _batches(op: str, batches: Iterator, session: Session) -> Iterator:
+    """The loader's batches as they come; a worker process that died is named as such (a
+    ``DataError`` with the last good checkpoint), not torch's bare ``RuntimeError``."""
+    while True:
+        try:
+            raw = next(batches)
+        except StopIteration:
+            return
+        except RuntimeError as e:
+            if not str(e).startswith("DataLoader worker"):
+                raise
+            raise DataError(f"{op}: a loader worker process died ({str(e).splitlines()[0]}); last good "
+                            f"checkpoint: {session.checkpoints.last()}") from e
+        yield raw
 
 
 def cut(items: list[Sample], pieces: Optional[int]) -> list[Sample]:
@@ -200,6 +216,12 @@ def train_loader(
         )
     local = rank_local(op, loader, cfg.accumulate, cfg.pieces)  # each rank reads its own items (rank_data.py)
     stream = stream_of(op, loader)
+    if cfg.schedule_per == "epoch" and cfg.epochs is None and epoch_schedule_varies(cfg.scheduler) \
+            and stream.size() is None:
+        warnings.warn(f"{op}: schedule_per='epoch' with a loader that has no length and epochs=None: the schedule "
+                      f"advances only when a pass of the loader ends, so a stream that never ends trains at the "
+                      f"rate {cfg.scheduler.lr_at(0)!r} throughout; set schedule_per='step' to schedule over "
+                      f"updates", stacklevel=2)
     with distributed.collectives(cfg.collective_timeout):  # fail, not hang, on a lost peer
         session = Session(op, runner, cfg, "loader", log=log, callback=callback, callbacks=callbacks, local=local)
         with session.computing():  # autocast and the loss scale, for this loop only
@@ -208,7 +230,8 @@ def train_loader(
                       **({"world": distributed.rank_world()[1]} if partition else {})}
             state, ck = session.start(lambda: _measure(session, stream, cfg), expect,
                                       lambda manifest, tensors: stream.problems(loader_record(manifest, tensors))
-                                      + stream.position_problems(manifest["progress"]))
+                                      + stream.position_problems(manifest["progress"])
+                                      + _epoch_problems(manifest["progress"], cfg))
             start = Progress(0, 0, 0, 0)
             if ck is not None:
                 p = ck.progress
@@ -224,6 +247,15 @@ def train_loader(
                               f"{cfg.max_steps}; max_steps counts updates over the whole run, so raise epochs to "
                               f"reach it", stacklevel=2)
             return session.finish(lambda: _measure(session, stream, cfg), steps, seen), loader
+
+
+def _epoch_problems(progress: dict, cfg: LoaderTrainConfig) -> list[str]:
+    """A checkpoint in an epoch past this run's ``epochs`` would end the run at once."""
+    e = progress.get("epoch")
+    if cfg.epochs is not None and isinstance(e, int) and not isinstance(e, bool) and e >= cfg.epochs:
+        return [f"progress.epoch: the checkpoint is in epoch {e + 1} (from 1), past this run's epochs={cfg.epochs}; "
+                f"resume it with epochs >= {e + 1}"]
+    return []
 
 
 def _measure(session: Session, stream: Stream, cfg: LoaderTrainConfig) -> Optional[float]:

@@ -85,6 +85,9 @@ def loop_callbacks(op: str, cfg, callbacks: Sequence[Callback], main: bool) -> l
         out.insert(0, PlateauFeed(cfg.scheduler))
     if main and cfg.log_every and sys.stderr.isatty() and not any(isinstance(c, ProgressBar) for c in out):
         out.append(ProgressBar())
+    results = result_names(cfg) if cfg.eval_data is not None else set()
+    for cb in out:
+        cb.check_names(op, results)  # a tracker's rules, before the first update rather than at the first evaluation
     return out
 
 

@@ -76,6 +76,10 @@ class CheckpointOptions:
         check_template(op, self.path, managed)
 
 
+# What an evaluation names itself, and what the metrics files' records name: no metric's name.
+RESERVED = ("loss", "items", "kind", "step", "epoch")
+
+
 @dataclass(frozen=True, kw_only=True)
 class EvalOptions:
     """What a loop evaluates and when: ``data`` (a set, or a dict of named sets whose
@@ -105,6 +109,11 @@ class EvalOptions:
             not isinstance(self.metrics, Mapping) or not all(callable(f) for f in self.metrics.values())
         ):
             raise ConfigError(f"{op}: eval_metrics must map names to callables (output, target) -> tensor")
+        for name in self.metrics or {}:
+            if not isinstance(name, str) or name in RESERVED:
+                raise ConfigError(f"{op}: eval_metrics: {name!r} is not a metric name a loop can log: an evaluation "
+                                  f"gives 'loss' and 'items' itself, and the metrics files' records name their "
+                                  f"'kind', 'step' and 'epoch' (choose another name)")
         if self.metrics and self.data is None:
             raise ConfigError(f"{op}: eval_metrics needs eval_data")
 

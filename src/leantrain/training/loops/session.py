@@ -22,7 +22,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ...errors import NonFiniteError
-from ...io.checkpoint import Checkpoint
+from ...io.loading import Checkpoint
 from ...metrics import BUILTIN as BUILTIN_METRICS
 from ...optim import OptState, Optimizer
 from ...optim.optimizer import NATIVE

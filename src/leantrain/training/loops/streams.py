@@ -85,6 +85,15 @@ class Stream:
                     f"loader has {length}"]
         return []
 
+    def _warn_workers(self, saved: Optional[dict], workers: bool, why: str) -> None:
+        """Say so when the checkpoint was written with(out) worker processes and this loader
+        reads without (with) them: what a random augmentation draws changes from here on."""
+        was = saved.get("workers") if isinstance(saved, dict) else None
+        if isinstance(was, bool) and was != workers:
+            warnings.warn(f"{self.op}: the checkpoint's loader read {'with' if was else 'without'} worker processes, "
+                          f"this one reads {'with' if workers else 'without'}: {why}, so what the dataset draws "
+                          f"(random augmentation) differs from the interrupted run from here on", stacklevel=5)
+
     def _warn(self, epoch: int, skip: int, reason: Optional[str]) -> None:
         if reason and not self.warned:
             self.warned = True
@@ -153,7 +162,8 @@ class TorchStream(Stream):
         if saved.get("generators") != len(self.generators):
             return [f"loader: the checkpoint's loader drew from {saved.get('generators')!r} generator(s), "
                     f"this one draws from {len(self.generators)}"]
-        return []
+        return generator_problems(saved.get("tensors", {}), ["global"] + [f"generator.{k}" for k in
+                                                                           range(len(self.generators))], "loader")
 
     def restore(self, saved: Optional[dict], epoch: int, skip: int) -> None:
         self.pending = saved
@@ -165,6 +175,21 @@ class TorchStream(Stream):
     def inexact(self, skip: int) -> Optional[str]:
         """Why a resume may not give the interrupted run's batches (``None``: it does)."""
         return None
+
+
+def generator_problems(tensors: dict, names: list, where: str) -> list[str]:
+    """Why the CPU generator states ``tensors[name]`` cannot be put back (torch refuses an
+    all-zero or truncated Mersenne Twister state): tried on a scratch generator, before a
+    resume installs anything."""
+    out = []
+    for name in names:
+        state = tensors.get(name)
+        try:
+            torch.Generator().set_state(state)
+        except (RuntimeError, TypeError) as e:
+            out.append(f"{where}: the saved generator state {name!r} cannot be restored "
+                       f"({str(e).splitlines()[0] if str(e) else type(e).__name__})")
+    return out
 
 
 _END = object()
