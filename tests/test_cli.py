@@ -273,10 +273,10 @@ def test_overwrite_through_a_linked_checkpoint_folder_is_refused_with_nothing_de
 
 def test_max_steps_and_a_warm_up_over_updates(tmp_path, capsys):
     """``--max-steps`` stops mid-epoch (45 updates an epoch); ``--schedule-per step``
-    indexes the cosine schedule by update, so ``--warmup 4`` warms up over 4 updates."""
+    indexes upstream's warm-up cosine by update, so ``--warmup 4`` warms up over 4 updates."""
     out = tmp_path / "run"
     args = ["train", "--preset", "digits-mlp", "--epochs", "2", "--out", str(out), "--log-every", "1",
-            "--max-steps", "10", "--scheduler", "cosine", "--schedule-per", "step", "--warmup", "4"]
+            "--max-steps", "10", "--scheduler", "warmup_cosine", "--schedule-per", "step", "--warmup", "4"]
     assert main(args) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["steps"] == 10
@@ -356,7 +356,9 @@ def test_the_command_takes_every_optimizer_option_and_schedule(tmp_path, capsys)
                         "--out", str(out)]) == 0
     assert json.loads((out / "config.json").read_text())["optimizer_args"] == {"momentum": 0.9, "nesterov": True}
     for name in SCHEDULERS:
-        extra = ["--scheduler-args", "patience = 0"] if name == "plateau" else []
+        extra = {"plateau": ["--scheduler-args", "patience = 0"],
+                 "cosine_with_min_lr": ["--scheduler-args", "min_lr = 1e-5"],
+                 "cosine_warmup_with_min_lr": ["--scheduler-args", "min_lr_rate = 0.1"]}.get(name, [])
         assert main(base + ["--scheduler", name, "--schedule-per", "step", "--out", str(tmp_path / name)] + extra) == 0
     toml = tmp_path / "run.toml"
     toml.write_text('optimizer = "radam"\noptimizer_args = {betas = [0.9, 0.95], decoupled_weight_decay = true}\n'

@@ -29,8 +29,8 @@ OPTIMIZERS = [
     # a plateau schedule inside a composition would never be fed evaluations (torch refuses it too)
     ("plateau in sequential", lambda c: optim.sequential([optim.plateau(0.1), optim.constant(0.1)], [2]),
      lt.ConfigError, r"schedules\[0\] is a plateau schedule"),
-    ("plateau in chained", lambda c: optim.chained(0.1, [optim.step(1.0, 2), optim.plateau(0.1)]),
-     lt.ConfigError, r"schedules\[1\] is a plateau schedule"),
+    ("plateau in chained", lambda c: optim.chained([optim.lr_scheduler.StepLR(0.1, 2), optim.plateau(0.1)]),
+     lt.ConfigError, r"schedulers\[1\] is a plateau scheduler"),
 ]
 
 

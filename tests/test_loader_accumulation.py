@@ -137,3 +137,28 @@ def test_max_steps_beyond_the_epochs_is_said_once_and_reaching_it_says_nothing()
         if expect:
             assert mine[0] == ("train_loader: epochs=1 ended after 10 updates, before max_steps=25; max_steps "
                                "counts updates over the whole run, so raise epochs to reach it")
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_accumulation_against_the_hand_loop_is_what_exactness_md_says(tied, n):
+    """docs/concepts/exactness.md: against ``(loss_i / n).backward()`` per micro-batch, one
+    update: a tied model differs when n = 3 (ties added per backward there, once here),
+    an untied one and powers of two agree; every difference is rounding-sized."""
+    torch.manual_seed(0)
+    model = TiedNet(bn=False)
+    if not tied:
+        model.out.weight = torch.nn.Parameter(model.mid.weight.detach().clone())
+    ref = copy.deepcopy(model)
+    data = items(n)
+    lt.train_loader(lt.Runner.from_module(model, "mse"),
+                    lt.LoaderTrainConfig(epochs=1, optimizer=optim.sgd(0.1), log_every=0, accumulate=n,
+                                         measure_loss=False), [[d] for d in data], log=None)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, fused=True)
+    for x, y in data:
+        (torch.nn.functional.mse_loss(ref(x), y) / n).backward()
+    opt.step()
+    same = all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+    assert same == (not (tied and n == 3))
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=2e-7, atol=0)

@@ -99,6 +99,65 @@ def test_with_param_groups_gives_a_loop_the_groups_settings():
     assert not torch.equal(model[2].weight.detach(), _model()[2].weight.detach())
 
 
+@pytest.mark.parametrize("name, groups, kwargs", [
+    # every option torch's param groups take, flags and a state record of another layout included
+    ("AdamW", [{"weight_decay": 0.1, "lr": 3e-3}, {"weight_decay": 0.0, "amsgrad": True, "lr": 1e-4}],
+     dict(lr=1e-3, betas=(0.9, 0.95), fused=True)),
+    ("Adam", [{"maximize": True}, {"decoupled_weight_decay": True, "weight_decay": 0.1, "lr": 0.01}],
+     dict(lr=1e-3, fused=True)),
+    ("SGD", [{"momentum": 0.9, "nesterov": True, "lr": 0.1}, {"momentum": 0.0, "lr": 0.01}],
+     dict(lr=0.03, fused=True)),
+    ("RMSprop", [{"centered": True}, {"momentum": 0.5, "lr": 0.003}], dict(lr=1e-3, foreach=True)),
+])
+def test_param_groups_with_every_torch_option_give_torchs_bits(name, groups, kwargs):
+    """Each group keeps its own rate exactly (0.01, not 0.03 * (0.01 / 0.03)) and takes
+    flags (amsgrad, maximize, nesterov, decoupled_weight_decay, centered), also ones that
+    change a slot's state record, as torch's groups do."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    ref = copy.deepcopy(model)
+    mine = [dict(g, params=list(m.parameters())) for g, m in zip(groups, (model[0], model[2]))]
+    theirs = getattr(torch.optim, name)([dict(g, params=list(m.parameters())) for g, m in zip(groups, (ref[0], ref[2]))],
+                                        **kwargs)
+    opt, state = optim.from_torch(getattr(torch.optim, name)(mine, **kwargs))
+    x = torch.randn(6, 4)
+    for _ in range(4):
+        state = opt.step(state, list(model.parameters()), _grads(model, x))
+        _grads(ref, x)
+        theirs.step()
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), ref.parameters()))
+    again = getattr(optim, opt.kind)(**{k: v for k, v in kwargs.items()}).with_param_groups(
+        [dict(g, params=list(m.parameters())) for g, m in zip(theirs.param_groups, (model[0], model[2]))])
+    assert again.group_lrs == tuple(g["lr"] for g in theirs.param_groups)  # torch's filled groups port unchanged
+
+
+def test_nanogpt_configure_optimizers_groups_port_unchanged():
+    """nanoGPT's ``configure_optimizers``: decay for matrices, none for vectors, AdamW
+    fused; its groups (as torch fills them: every default, flags included) through
+    ``with_param_groups`` train with torch's bits."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 16))
+    ref = copy.deepcopy(model)
+
+    def configure(m):
+        params = {n: p for n, p in m.named_parameters() if p.requires_grad}
+        decay = [p for p in params.values() if p.dim() >= 2]
+        nodecay = [p for p in params.values() if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": 0.1}, {"params": nodecay, "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), fused=True)
+
+    theirs = configure(ref)
+    opt = optim.adamw(6e-4).with_param_groups(configure(model).param_groups)
+    runner = lt.Runner.from_module(model, "cross_entropy")
+    data = [(torch.randint(0, 16, (4,)), torch.randint(0, 16, (4,))) for _ in range(3)]
+    lt.train_samples(runner, lt.TrainConfig(steps=3, optimizer=opt, log_every=0, measure_loss=False), data, log=None)
+    for x, y in data:
+        theirs.zero_grad()
+        torch.nn.functional.cross_entropy(ref(x), y).backward()
+        theirs.step()
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), ref.parameters()))
+
+
 @pytest.mark.parametrize("bad, message", [
     (lambda m: torch.zeros(2), "single Tensor"),
     (lambda m: [{"params": [m[0].weight]}, {"params": [m[0].weight]}], "more than once"),
@@ -106,7 +165,9 @@ def test_with_param_groups_gives_a_loop_the_groups_settings():
     (lambda m: [("w", m[0].weight), m[0].bias], "mixes named"),
     (lambda m: [], "empty"),
     (lambda m: [{"lr": 0.1}], "no 'params'"),
-    (lambda m: [{"params": [m[0].weight], "amsgrad": True}, {"params": [m[0].bias]}], "amsgrad"),
+    (lambda m: [{"params": [m[0].weight], "lr": -0.1}, {"params": [m[0].bias]}], r"param group 0: lr must be"),
+    (lambda m: [{"params": [m[0].weight]}, {"params": []}], "param group 1 has no parameters"),
+    (lambda m: [{"params": [m[0].weight], "amsgrad": 1}, {"params": [m[0].bias]}], "amsgrad must be True or False"),
 ])
 def test_bad_params_are_config_errors_that_change_nothing(bad, message):
     model = _model()

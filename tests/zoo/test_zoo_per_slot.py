@@ -42,12 +42,26 @@ def torch_groups(model, lr, **base):
     return out
 
 
+def split_groups(model, matrices: dict, vectors: dict):
+    """Two torch groups: the trainable matrices with ``matrices``' options, the rest with ``vectors``'."""
+    ps = [p for p in model.parameters() if p.requires_grad]
+    return [g for g in ({"params": [p for p in ps if not no_decay(p)], **matrices},
+                        {"params": [p for p in ps if no_decay(p)], **vectors}) if g["params"]]
+
+
 CASES = {
     "adamw": (optim.adamw(0.01, 0.1).per_slot(fn), lambda m: torch.optim.AdamW(torch_groups(m, 0.01, weight_decay=0.1),
                                                                                 lr=0.01, weight_decay=0.1), False),
     "sgd-momentum": (optim.sgd(0.05, 0.9).per_slot(
         lambda p: dict({"momentum": 0.5} if no_decay(p) else {}, **({"lr_scale": 0.5} if p.name and p.name.endswith("bias") else {}))),
         lambda m: torch.optim.SGD(torch_groups(m, 0.05, momentum=0.9), lr=0.05, momentum=0.9, fused=True), True),
+    # a per-slot setting that gives some slots another state record, as torch's groups may
+    "sgd-momentum-for-matrices": (optim.sgd(0.05).per_slot(lambda p: {} if no_decay(p) else {"momentum": 0.9}),
+                                  lambda m: torch.optim.SGD(split_groups(m, {"momentum": 0.9}, {}), lr=0.05, fused=True),
+                                  True),
+    "adam-amsgrad-for-vectors": (optim.adam(0.01).per_slot(lambda p: {"amsgrad": True} if no_decay(p) else {}),
+                                 lambda m: torch.optim.Adam(split_groups(m, {}, {"amsgrad": True}), lr=0.01, fused=True),
+                                 True),
 }
 
 
@@ -56,7 +70,7 @@ CASES = {
 @pytest.mark.parametrize("entry", ZOO, ids=lambda e: e.name)
 def test_per_slot_equals_torch_parameter_groups(entry, case, mirror):
     opt, make_torch, exact = CASES[case]
-    if mirror and not opt.native:
+    if mirror and (not opt.native or "momentum" in case):
         pytest.skip("momentum SGD has no native path")
 
     def groups_loop(ref, batches):
@@ -67,7 +81,12 @@ def test_per_slot_equals_torch_parameter_groups(entry, case, mirror):
 
     both = run_both(entry, opt, lt.TrainConfig(steps=4, batch_size=2, log_every=0), mirror=mirror,
                     reference=groups_loop)
-    assert_same_state(both.model, both.ref, exact=exact and not entry.tied, rtol=2e-5)
+    # A module called twice (shared_twice) sums its two uses per item, then the items; the
+    # reference's one backward of the items' mean sums the four contributions in autograd's
+    # order: a last-bit difference these two cases' momentum carries to the weights (seen
+    # on the base commit as well); every other model is compared bit for bit.
+    order = entry.name == "shared_twice" and case in ("sgd-momentum-for-matrices", "adam-amsgrad-for-vectors")
+    assert_same_state(both.model, both.ref, exact=exact and not entry.tied and not order, rtol=2e-5)
 
 
 def gpt():
@@ -92,7 +111,7 @@ def test_a_tie_must_agree_with_itself(unchanged):
     (optim.adam(0.01).per_slot(lambda p: {"lr_scale": -1.0}), "lr_scale must be >= 0"),
     (optim.adam(0.01).per_slot(lambda p: {"lr_scale": float("nan")}), "lr_scale must be a finite number"),
     (optim.adam(0.01).per_slot(lambda p: ["lr_scale"]), "returned list, expected a dict"),
-    (optim.sgd(0.01).per_slot(lambda p: {"momentum": 0.9}), "changes the optimizer state's layout"),
+    (optim.sgd(0.01).per_slot(lambda p: {"nesterov": 1}), "nesterov must be True or False"),
     (optim.adam(0.01).per_slot(lambda p: {"lr_scale": 1e300}), r"slot 0 \('pos_emb'\): lr_scale=1e\+300 makes "
      r"the rate .* not finite in float32"),
     (optim.adam(0.01).per_slot(lambda p: {"lr_scale": 1 / len(p.name.split(".")[5:])}),

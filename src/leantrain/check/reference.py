@@ -33,12 +33,13 @@ def torch_optimizer(opt, module: nn.Module, params) -> Optional[torch.optim.Opti
     if settings is None:
         return cls([by_name[params[i].name] for i, c in enumerate(reps) if c == i], **base)
     groups: dict[tuple, tuple] = {}
+    rates = opt.groups_rates()
     for i, c in enumerate(reps):
         if c == i:
-            h, scale = settings[i]
-            groups.setdefault((id(h), scale), (h, scale, []))[2].append(by_name[params[i].name])
-    return cls([{"params": ps, **torch_settings(h)[1], "lr": h.lr * scale} for h, scale, ps in groups.values()],
-               **base)
+            h, scale, g = settings[i]
+            groups.setdefault((id(h), scale, g), (h, rates[g] * scale if opt.group_lrs else h.lr * scale, []))[2] \
+                .append(by_name[params[i].name])
+    return cls([{"params": ps, **torch_settings(h)[1], "lr": lr} for h, lr, ps in groups.values()], **base)
 
 
 def _set_buffer(model: nn.Module, name: str, value: torch.Tensor) -> None:

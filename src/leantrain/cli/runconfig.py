@@ -32,8 +32,13 @@ from .digits import PRESETS
 from .managed import TRACKERS, check_keep_best, check_log_to, check_profile
 from .usage import natural, positive, seed as seed_arg
 
-SCHEDULERS = ("none", "step", "exponential", "cosine", "linear", "wsd", "polynomial", "inverse_sqrt", "one_cycle",
-              "cosine_restarts", "multi_step", "plateau")
+# Trainer's twelve lr_scheduler_type names, with Trainer's meaning (transformers' get_scheduler),
+# then leantrain's own: upstream's warm-up cosine and torch's curves.
+TRAINER_SCHEDULERS = tuple(optim.SCHEDULER_TYPES)
+ALIASES = {"wsd": "warmup_stable_decay", "plateau": "reduce_lr_on_plateau"}  # the names of earlier releases
+SCHEDULERS = ("none", *TRAINER_SCHEDULERS, "warmup_cosine", "step", "exponential", "one_cycle", "cosine_restarts",
+              "multi_step", *ALIASES)
+NO_ARGUMENTS = ("none", "constant", "constant_with_warmup", "warmup_cosine", "step", "exponential")
 DEVICES = ("cpu", "cuda")
 PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}  # -> the loops' autocast
 # The optimizers whose hyperparameters include a weight decay (read from their records).
@@ -153,11 +158,15 @@ FIELDS = (
     Field("optimizer_args", None, "the optimizer's other keyword arguments, torch's names, as key = value pairs "
           "(e.g. \"betas = [0.9, 0.95], amsgrad = true\"); in the TOML file an inline table. Keys: "
           + _optimizer_keys(), _arguments, key_values, BOTH, metavar="KEYS", needs=_optimizer_works),
-    Field("scheduler", "none", ", ".join(SCHEDULERS) + " (per epoch; per update with --schedule-per step; plateau "
-          "reads the test split's loss each epoch)", _choice(SCHEDULERS)),
-    Field("scheduler_args", None, "the schedule's other keyword arguments (e.g. \"gamma = 0.5, milestones = [10, 20]"
-          "\" for multi_step, \"patience = 2\" for plateau)", _arguments, key_values, metavar="KEYS",
-          needs=lambda c: _schedule_works(c)),
+    Field("scheduler", "none", ", ".join(SCHEDULERS) + ". Trainer's lr_scheduler_type names mean what they mean "
+          "there (linear, cosine... as transformers' get_scheduler); warmup_cosine is upstream's warm-up cosine "
+          "down to lr/20; wsd and plateau name warmup_stable_decay and reduce_lr_on_plateau. Per epoch; per update "
+          "with --schedule-per step; reduce_lr_on_plateau and greedy read the test split's loss each epoch",
+          _choice(SCHEDULERS)),
+    Field("scheduler_args", None, "the schedule's other keyword arguments, Trainer's lr_scheduler_kwargs (e.g. "
+          "\"num_cycles = 2\" for cosine, \"min_lr = 1e-5\" for cosine_with_min_lr, \"gamma = 0.5, milestones = "
+          "[10, 20]\" for multi_step, \"patience = 2\" for reduce_lr_on_plateau)", _arguments, key_values,
+          metavar="KEYS", needs=lambda c: _schedule_works(c)),
     Field("seed", 0, "model initialisation and shuffling seed", _seed, seed_arg, BOTH),
     Field("device", "cpu", "cpu or cuda", _choice(DEVICES)),
     Field("out", "runs/latest", "output folder", _folder),
@@ -176,8 +185,12 @@ FIELDS = (
           _finite("expected a finite number >= 0", lambda v: v >= 0, optional=True), float, BOTH,
           needs=lambda c: None if c.weight_decay is None or c.optimizer in DECAYING
           else f"only {', '.join(DECAYING)} take a weight decay"),
-    Field("warmup", 1, "warm-up of the cosine schedule (epochs; updates with --schedule-per step)", _integer(0),
-          natural),
+    Field("warmup", 0, "warm-up length of the schedule (epochs; updates with --schedule-per step): Trainer's "
+          "warmup_steps", _integer(0), natural),
+    Field("warmup_ratio", None, "warm-up as a share of the run, in [0, 1): ceil(ratio * indices), as Trainer",
+          _finite("expected a number in [0, 1)", lambda v: 0 <= v < 1, optional=True), float,
+          needs=lambda c: None if c.warmup_ratio is None or not c.warmup else "give --warmup or --warmup-ratio, "
+          "not both"),
     Field("schedule_per", "epoch", "index the schedule by epoch (default) or by update (a warm-up over updates)",
           _choice(SCHEDULE_PER)),
     Field("max_steps", None, "stop after N updates (mid-epoch if need be)", _integer(1, optional=True), positive,
@@ -288,32 +301,28 @@ class _Methods:
         total = self.epochs * steps_per_epoch if per_step else self.epochs
         if per_step and self.max_steps is not None:
             total = min(total, self.max_steps)
-        if self.scheduler == "step":
-            return optim.step(self.lr, max(1, total // 3), 0.3)
-        if self.scheduler == "exponential":
-            return optim.exponential(self.lr, 0.9 ** (1.0 / steps_per_epoch) if per_step else 0.9)
-        if self.scheduler == "cosine":
-            return optim.warmup_cosine(self.lr, self.lr / 20, self.warmup, max(total, self.warmup + 1))
-        if self.scheduler == "none":
-            return None
+        warm = optim.warmup_steps_for("--warmup-ratio", total, self.warmup, self.warmup_ratio)
+        name = ALIASES.get(self.scheduler, self.scheduler)
         args = dict(self.scheduler_args or {})
-        total = max(total, self.warmup + 1)
-        if self.scheduler == "linear":
-            return optim.linear(self.lr, self.warmup, total, **args)
-        if self.scheduler == "wsd":
-            decay = args.pop("decay_steps", max(1, (total - self.warmup) // 10))
-            return optim.warmup_stable_decay(self.lr, self.warmup, max(0, total - self.warmup - decay), decay, **args)
-        if self.scheduler == "polynomial":
-            return optim.polynomial(self.lr, self.warmup, total, **args)
-        if self.scheduler == "inverse_sqrt":
-            return optim.inverse_sqrt(self.lr, self.warmup, **args)
-        if self.scheduler == "one_cycle":
+        if name == "none":
+            return None
+        if name in TRAINER_SCHEDULERS:  # as Trainer's create_scheduler
+            if name == "warmup_stable_decay":  # Trainer needs num_decay_steps; the command's default: a tenth
+                args.setdefault("num_decay_steps", max(1, (total - warm) // 10))
+            return optim.get_scheduler(name, self.lr, num_warmup_steps=warm, num_training_steps=total,
+                                       scheduler_specific_kwargs=args)
+        if name == "step":
+            return optim.step(self.lr, max(1, total // 3), 0.3)
+        if name == "exponential":
+            return optim.exponential(self.lr, 0.9 ** (1.0 / steps_per_epoch) if per_step else 0.9)
+        total = max(total, warm + 1)
+        if name == "warmup_cosine":
+            return optim.warmup_cosine(self.lr, self.lr / 20, warm, total)
+        if name == "one_cycle":
             return optim.one_cycle(self.lr, total, **args)
-        if self.scheduler == "cosine_restarts":
+        if name == "cosine_restarts":
             return optim.cosine_restarts(self.lr, args.pop("t_0", max(1, total // 4)), **args)
-        if self.scheduler == "multi_step":
-            return optim.multi_step(self.lr, args.pop("milestones", [total // 2, 3 * total // 4]), **args)
-        return optim.plateau(self.lr, **args)
+        return optim.multi_step(self.lr, args.pop("milestones", [total // 2, 3 * total // 4]), **args)
 
 
 # The run's settings: a frozen dataclass with one field per row, checked when built.
@@ -324,7 +333,7 @@ RunConfig = dataclasses.make_dataclass(
 
 
 def _schedule_works(c) -> Optional[str]:
-    if c.scheduler_args and c.scheduler in ("none", "step", "exponential", "cosine"):
+    if c.scheduler_args and c.scheduler in NO_ARGUMENTS:
         return f"--scheduler {c.scheduler} takes no arguments"
     try:
         c.make_schedule(1)

@@ -231,5 +231,8 @@ def _state_manifest(state: OptState, tensors: dict, params: ParamList, given: Op
     }
     if state.overrides:  # only then: default checkpoints keep their exact bytes
         entry["per_slot"] = [[i, dict(kv)] for i, kv in state.overrides]
+    for name in ("lrs", "momenta", "bases"):  # param groups' rates, a cycled momentum: only when set
+        if getattr(state, name):
+            entry[name] = list(getattr(state, name))
     return entry
 

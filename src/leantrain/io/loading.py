@@ -5,7 +5,7 @@ installed (parameters, optimizer state, generators). A rejected load changes not
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -77,8 +77,14 @@ def _fit_problems(manifest: dict, tensors: dict, checked, params: ParamList, opt
     records = entry["records"]
     for i in sorted(want - {int(k) for k in records}):
         problems.append(f"optimizer: {params.label(i)} has no saved state (missing entry)")
+    slot_overrides = {i: {k: v for k, v in kv.items() if k != "lr_scale"} for i, kv in entry.get("per_slot", [])}
     for i in sorted(want & {int(k) for k in records}):
-        kind = R.record_type(saved.hyper, tuple(params[i].shape))  # Muon: by the slot's shape
+        try:  # the slot's own settings: a per-slot flag may give it another record (SGD momentum, AMSGrad)
+            h = replace(saved.hyper, **slot_overrides[i]) if slot_overrides.get(i) else saved.hyper
+        except Exception as e:  # the record's own check of a saved per-slot value
+            problems.append(f"optimizer: {params.label(i)}: per-slot hyperparameters: {e}")
+            continue
+        kind = R.record_type(h, tuple(params[i].shape))  # Muon: by the slot's shape
         names = R.tensor_fields(kind)
         rec = records[str(i)]
         if rec["type"] != kind.__name__ or sorted(rec["tensors"]) != names:
@@ -180,7 +186,8 @@ def _rebuild_state(entry: dict, tensors: dict, params: ParamList, opt, host: boo
         elif c is not None and not native:
             slots[i] = slots[c]
     return OptState(opt.hyper, float(entry["lr"]), entry["path"], tuple(slots), int(entry["steps"]),
-                    saved_overrides(entry))
+                    lrs=tuple(entry.get("lrs", ())), momenta=tuple(entry.get("momenta", ())),
+                    bases=tuple(entry.get("bases", ())), overrides=saved_overrides(entry))
 
 
 def saved_overrides(entry: dict) -> tuple:

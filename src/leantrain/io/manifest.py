@@ -157,9 +157,14 @@ def _optimizer_problems(entry: object, schema: ParameterSchema) -> tuple[list[st
     per_slot = entry.get("per_slot", [])
     if not (isinstance(per_slot, list) and all(
             isinstance(x, list) and len(x) == 2 and _count(x[0]) and schema.is_representative(x[0])
-            and isinstance(x[1], dict) and x[1] and all(isinstance(k, str) and _finite(v) for k, v in x[1].items())
+            and isinstance(x[1], dict) and x[1] and all(isinstance(k, str) and (_finite(v) or isinstance(v, bool))
+                                                        for k, v in x[1].items())
             for x in per_slot) and [x[0] for x in per_slot] == sorted({x[0] for x in per_slot})):
         out.append(f"optimizer.per_slot: expected increasing [slot, {{name: number}}] pairs, got {_short(per_slot)}")
+    for name, high in (("lrs", math.inf), ("bases", math.inf), ("momenta", 1.0)):
+        values = entry.get(name, [])
+        if not (isinstance(values, list) and len(values) <= 2**16 and all(_finite(v, 0.0, high) for v in values)):
+            out.append(f"optimizer.{name}: expected a list of finite numbers >= 0, got {_short(values)}")
     records = entry.get("records")
     if not isinstance(records, dict):
         return out + [f"optimizer.records: expected an object, got {_short(records)}"], built

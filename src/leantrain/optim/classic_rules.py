@@ -97,7 +97,22 @@ class SGDRule:
         # with dampening (``b = (1-d)*g`` later on): those records count their steps and
         # their first step is the kernel's ``is_first_step``.
         dampened = h.momentum != 0.0 and h.dampening != 0.0
-        if fusable(ps[:1] if uniform else ps) and not (h.momentum != 0.0 and _cpu_half(ps)):
+        half = _cpu_half(ps[:1] if uniform else ps)
+        if half and uniform:
+            half = list(range(len(ps)))
+        if half:  # torch's per-tensor form there: its fused kernel leaves elements unwritten
+            if len(half) == len(ps):
+                return _torch_sgd(h, lr, ss, list(ps), list(gs), foreach=False)
+            out = list(ss)
+            for k, new in zip(half, _torch_sgd(h, lr, [ss[k] for k in half], [ps[k] for k in half],
+                                               [gs[k] for k in half], foreach=False)):
+                out[k] = new
+            rest = sorted(set(range(len(ps))) - set(half))
+            for k, new in zip(rest, SGDRule.update_many(h, lr, [ss[k] for k in rest], [ps[k] for k in rest],
+                                                        [gs[k] for k in rest])):
+                out[k] = new
+            return out
+        if fusable(ps[:1] if uniform else ps):
             # torch.optim.SGD(fused=True)'s kernel, in one pass (its rounding may differ from
             # the foreach passes below in the last bit; the fallback for other devices).
             bufs = [] if h.momentum == 0.0 else [s.buf for s in ss]
@@ -145,15 +160,13 @@ def _fused_sgd(h: SGD, lr: float, ps, gs, bufs, uniform: bool, first: bool) -> N
                           nesterov=h.nesterov, maximize=h.maximize, is_first_step=first)
 
 
-def _cpu_half(ps) -> bool:
-    """torch 2.13's fused SGD kernel with momentum on CPU bfloat16 and float16 tensors
-    reads memory it never wrote (the momentum buffer differs from run to run, now and then
-    by 1e14, or is infinite): those tensors take the foreach form,
-    ``torch.optim.SGD(foreach=True)``'s bits."""
-    for p in ps:
-        if p.dtype in (torch.bfloat16, torch.float16) and p.is_cpu:
-            return True
-    return False
+def _cpu_half(ps) -> list:
+    """The indices of CPU bfloat16 and float16 tensors. torch 2.13's fused SGD kernel there
+    writes only each tensor's scalar tail (a 64-element tensor moves 0 elements, a
+    67-element one 3) and, with momentum, reads memory it never wrote: those tensors take
+    torch's per-tensor form, ``torch.optim.SGD(foreach=False)`` (torch's own default on
+    CPU), with its bits whenever each parameter's first gradient comes."""
+    return [k for k, p in enumerate(ps) if p.is_cpu and p.dtype in (torch.bfloat16, torch.float16)]
 
 
 def _torch_sgd(h: SGD, lr: float, ss: list, ps: list, gs: list, foreach: bool) -> list:

@@ -242,7 +242,8 @@ def muon(lr=1e-3, weight_decay: float = 0.1, momentum: float = 0.95, nesterov: b
     return _make(Muon, op, lr, dict(weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, ns_a=a,
                                     ns_b=b, ns_c=c, eps=eps, ns_steps=ns_steps,
                                     adjust_lr_fn="original" if adjust_lr_fn is None else adjust_lr_fn,
-                                    adamw_beta1=b1, adamw_beta2=b2, adamw_eps=adamw_eps, numerics=numerics),
+                                    adamw_beta1=b1, adamw_beta2=b2, adamw_eps=adamw_eps, numerics=numerics,
+                                    tensor_lr=isinstance(lr, torch.Tensor)),
                  torch_args)
 
 

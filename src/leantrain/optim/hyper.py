@@ -96,6 +96,12 @@ class Hyper:
         computes in: the parameter's with ``numerics="torchlean"`` (upstream's formulas);
         with torch's kernels float64 for float64 and float32 otherwise (their ``opmath``:
         bfloat16 and float16 tensors are computed in float32)."""
+        if dtype.is_complex:  # docs/guides/optimizers.md, "Complex parameters"
+            raise ConfigError(
+                f"optim.{self.kind}: a {str(dtype).removeprefix('torch.')} parameter: leantrain's records, "
+                f"checkpoints and sharding are real-valued, so complex parameters are refused; torch.optim updates "
+                f"a complex tensor as its real view (SGD to rounding), which is yours to register: keep the parameter as "
+                f"torch.view_as_real(z) (shape [..., 2]) and use torch.view_as_complex(p) in forward")
         if not dtype.is_floating_point:
             raise ConfigError(f"optim.{self.kind}: parameters must be floating point, got {dtype}")
         op = f"optim.{self.kind}"

@@ -158,13 +158,14 @@ class Muon(Hyper):
     adamw_beta1: float = 0.9
     adamw_beta2: float = 0.999
     adamw_eps: float = 1e-8
+    tensor_lr: bool = False  # lr was given as a tensor: torch then scales it as a float32 tensor (shape ratio, decay)
     kind = "muon"  # its constructor: optim.muon
     torch_name = 'Muon'  # its torch.optim class
     _fused = True  # eps clamps a bfloat16 norm (float32's range), adamw_eps goes to the fused AdamW kernel
     _rates = ("lr", "weight_decay", "momentum")
     _units = ("adamw_beta1", "adamw_beta2")
     _eps = ("eps", "adamw_eps")
-    _flags = ("nesterov",)
+    _flags = ("nesterov", "tensor_lr")
 
     def check_more(self, op: str) -> None:
         for name in ("ns_a", "ns_b", "ns_c"):

@@ -37,6 +37,7 @@ class Group:
 
     hyper: object
     scale: float
+    group: int  # the param group whose rate (and cycled momentum) it takes
     slots: list
     targets: list
     storages: list
@@ -121,11 +122,11 @@ def build_layout(op: str, hyper, records: list, params: ParamList, slots_map: li
                 records[i] = in_layout(records[i], p)  # e.g. state made elsewhere, contiguous
                 split = True
             owned.add(id(records[i]))
-        h, scale = (hyper, 1.0) if settings is None else settings[i]
-        key = (p.get_device(), p.dtype, id(h), scale)  # id: no dataclass hash per slot
+        h, scale, pg = (hyper, 1.0, 0) if settings is None else settings[i]
+        key = (p.get_device(), p.dtype, id(h), scale, pg)  # id: no dataclass hash per slot
         group = groups.get(key)
         if group is None:
-            group = groups[key] = Group(h, scale, [], [], [], False, [], False)
+            group = groups[key] = Group(h, scale, pg, [], [], [], False, [], False)
         group.slots.append(i), group.targets.append(p), group.storages.append(storage)
         group.strides.append(strides)
         group.move |= move

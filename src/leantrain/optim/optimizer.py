@@ -29,46 +29,13 @@ import torch
 from ..errors import ConfigError, OptimizerStateError
 from ..params.packs import canonical_gradients
 from ..params.paramlist import ParamList
-from .hyper import Hyper, check_rate
+from .hyper import Hyper
+from .opt_state import MOMENTUM_FIELD, OptState
 from .per_slot import Settings, plain, resolve
 from ..params.dense import same_layout, to_layout
 from .layout import MEMO, Remembered, layout_key, GENERIC, NATIVE, Layout, build_layout, check_sparse, no_mirror
 from .rules import rule_for
-from .torch_style import as_param_list, group_function
-
-
-@dataclass(frozen=True)
-class OptState:
-    """Per-slot optimizer records plus the bound configuration and path.
-
-    ``slots[i]`` is a typed record (``AdamState``...) at a representative, the
-    representative's record at an alias on the generic path, and ``None`` at frozen
-    slots (and at aliases on the native path). ``lr`` is the rate of the next step
-    (schedules rewrite it); ``steps`` counts completed updates.
-    """
-
-    hyper: Hyper
-    lr: float
-    path: str
-    slots: tuple
-    steps: int = 0
-    overrides: tuple = ()  # the per-slot hyperparameters asked for: ((slot, ((key, value), ...)), ...)
-
-    def with_lr(self, lr: float) -> "OptState":
-        """The same state with the learning rate of every slot set to ``lr``."""
-        if lr == self.lr:
-            return self
-        return OptState(self.hyper, check_rate("OptState.with_lr", "lr", lr), self.path, self.slots, self.steps,
-                        self.overrides)
-
-    def records(self) -> dict[int, object]:
-        """Slot index -> record for the slots that own their history."""
-        out, seen = {}, set()
-        for i, r in enumerate(self.slots):
-            if r is not None and id(r) not in seen:
-                seen.add(id(r))
-                out[i] = r
-        return out
+from .torch_style import as_param_list, group_function, group_rates
 
 
 @dataclass(frozen=True)
@@ -78,6 +45,10 @@ class Optimizer:
     hyper: Hyper
     slot_fn: Optional[Callable] = field(default=None, compare=False, repr=False)
     _resolved: dict = field(default_factory=dict, compare=False, repr=False)
+    # torch-style param groups: each group's own rate (empty: one group), each slot's group
+    group_lrs: tuple = ()
+    group_of: Optional[Callable] = field(default=None, compare=False, repr=False)
+    group_options: tuple = field(default=(), compare=False, repr=False)  # each group's overrides
 
     def __post_init__(self) -> None:
         if self.hyper.numerics == "torchlean" and rule_for(self.hyper).reference is None:
@@ -93,14 +64,15 @@ class Optimizer:
         return Optimizer(self.hyper, fn)
 
     def settings(self, op: str, params: ParamList) -> tuple[Optional[Settings], tuple]:
-        """Per slot (hyper, lr_scale), and the overrides record; ``(None, ())`` without
-        ``per_slot`` (every slot on the base record)."""
+        """Per slot its ``SlotSetting`` (hyperparameters, ``lr_scale``, param group), and
+        the overrides record; ``(None, ())`` without ``per_slot`` or groups (every slot on
+        the base record)."""
         if self.slot_fn is None:
             return None, ()  # every slot on the base record
         key = (id(params), tuple(params.canonical_slot_indices()), tuple(id(v.storage) for v in params))
         hit = self._resolved.get(key)
         if hit is None:
-            hit = resolve(op, self.hyper, self.slot_fn, params)
+            hit = resolve(op, self.hyper, self.slot_fn, params, self.group_of)
             self._resolved.clear()  # one layout at a time
             self._resolved[key] = hit
         return hit
@@ -125,9 +97,23 @@ class Optimizer:
 
     def with_param_groups(self, groups) -> "Optimizer":
         """This optimizer with torch-style param groups' hyperparameters as per-slot settings
-        (``[{"params": [...], "weight_decay": 0.0}, ...]``; a group's ``lr`` becomes its
-        ``lr_scale`` against this optimizer's rate), for a loop over the module holding them."""
+        (``[{"params": [...], "weight_decay": 0.0}, ...]``, torch's option names, flags
+        too), each group with its own rate (its ``lr``, else this optimizer's), for a loop
+        over the module holding them."""
         return self._with(f"{self.kind}.with_param_groups", groups)[0]
+
+    def groups_rates(self) -> tuple[float, ...]:
+        """Each param group's rate, in order (one group: this optimizer's rate)."""
+        return self.group_lrs or (self.hyper.lr,)
+
+    def groups_momenta(self) -> Optional[tuple[float, ...]]:
+        """Each param group's momentum (SGD, RMSprop, Muon) or first beta (Adam's family),
+        what torch's momentum-cycling schedules set; ``None``: the kind has neither."""
+        name = MOMENTUM_FIELD.get(self.kind)
+        if name is None:
+            return None
+        options = self.group_options or ({},)
+        return tuple(float(o.get(name, getattr(self.hyper, name))) for o in options)
 
     def _with(self, op: str, target) -> tuple["Optimizer", ParamList]:
         """The optimizer and parameter list for what a user passed (``torch_style.py``)."""
@@ -136,7 +122,9 @@ class Optimizer:
             return self, params
         if self.slot_fn is not None:
             raise ConfigError(f"{op}: param groups and per_slot both set per-slot hyperparameters; use one")
-        return Optimizer(self.hyper, group_function(op, self.kind, self.hyper.lr, params, options)), params
+        fn, group_of, each = group_function(op, self.kind, params, options)
+        return Optimizer(self.hyper, fn, group_lrs=group_rates(op, self.hyper.lr, options), group_of=group_of,
+                         group_options=each), params
 
     # --------------------------------------------------------------------- init
     def init(self, params, *, native: bool = False) -> OptState:
@@ -172,7 +160,9 @@ class Optimizer:
                 records[i] = rule.init(settings[i][0], s.mirror if native else s.host)
             elif c is not None and not native:
                 records[i] = records[c]
-        return OptState(self.hyper, self.hyper.lr, NATIVE if native else GENERIC, tuple(records), 0, asked)
+        bases = self.group_lrs
+        return OptState(self.hyper, self.hyper.lr, NATIVE if native else GENERIC, tuple(records), 0, asked,
+                        lrs=bases, bases=bases)  # each group at its own rate, exactly
 
     # --------------------------------------------------------------------- step
     def step(self, state: OptState, params, gradients: Sequence) -> OptState:
@@ -306,7 +296,9 @@ class Optimizer:
                 recs = [records[i] for i in idx]
                 if lay.fresh:
                     recs = [rule.init(hyper, p) if r is None else r for r, p in zip(recs, ps)]
-                lr = state.lr if group.scale == 1.0 else state.lr * group.scale
+                lr = state.rate(group)  # the group's rate (a per_slot lr_scale multiplied in)
+                if state.momenta:
+                    hyper = state.cycled(hyper, group.group)  # a schedule cycles momentum or beta1 (torch's)
                 for k, r in zip(*_update_group(rule, hyper, lr, group, recs, [sums[i] for i in idx])):
                     records[idx[k]] = r
         if native:
@@ -320,7 +312,7 @@ class Optimizer:
                         records[i] = None  # a slot that left the trainable set releases its history
                 elif c != i:
                     records[i] = None if native else records[c]
-        return OptState(state.hyper, state.lr, state.path, tuple(records), state.steps + 1, state.overrides)
+        return state.advanced(records)
 
 
 def _update_group(rule, hyper, lr: float, group, recs: list, gs: list) -> tuple[list, list]:

@@ -1,37 +1,54 @@
-"""Per-slot hyperparameters: ``opt.per_slot(fn)``.
+"""Per-slot hyperparameters: ``opt.per_slot(fn)``, and torch-style param groups.
 
 ``fn(param)`` is called for every trainable slot (a ``Param``: ``.name``, ``.shape``,
-``.dtype``) and returns a dict of overrides: the rule's own hyperparameters (not ``lr``:
-schedules own it; not ``numerics``) and ``lr_scale``, which multiplies the scheduled rate.
-``{}`` keeps the base values. Every occurrence of a tie must ask for the same thing (one
-storage has one history). Each resolved record is validated like the base (ranges, then
-again after rounding to the slot's dtype) and must keep the base's state layout (SGD's
-momentum may change, not switch on or off). All of it before anything is written.
+``.dtype``) and returns a dict of overrides: the rule's own hyperparameters, numbers and
+flags alike (``amsgrad``, ``nesterov``, ``maximize``...; not ``lr``: schedules own it;
+not ``numerics``), and ``lr_scale``, which multiplies the scheduled rate. ``{}`` keeps
+the base values. Every occurrence of a tie must ask for the same thing (one storage has
+one history). Each resolved record is validated like the base (ranges, then again after
+rounding to the slot's dtype); a setting may change a slot's state record (SGD momentum
+on for some slots, AMSGrad for others), as torch's param groups may. All of it before
+anything is written.
+
+Each slot resolves to a ``SlotSetting``: its hyperparameters, its ``lr_scale`` and the
+param group it belongs to (torch-style groups, ``torch_style.py``; 0 otherwise), whose
+own rate a schedule may set (``OptState.lrs``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import fields, replace
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
 from ..errors import AliasError, ConfigError
 from ..validate import is_number
 from .hyper import Hyper
-from .rules import record_type
 
-Settings = list[Optional[tuple[Hyper, float]]]  # per slot: (record, lr_scale); None: frozen
+
+class SlotSetting(NamedTuple):
+    """What one trainable slot is updated with: its hyperparameters, the factor on its
+    group's rate (``lr_scale``) and its param group (whose rate a schedule may set)."""
+
+    hyper: Hyper
+    scale: float = 1.0
+    group: int = 0
+
+
+Settings = list[Optional[SlotSetting]]  # per slot; None: frozen
 
 
 def allowed_keys(base: Hyper) -> set[str]:
     return {f.name for f in fields(base)} - {"lr", "numerics"} | {"lr_scale"}
 
 
-def resolve(op: str, base: Hyper, fn: Callable, params) -> tuple[Settings, tuple]:
-    """Each slot's (hyper, lr_scale) and the overrides as asked (a hashable record of
-    them: what a checkpoint stores and a resume compares). Raises before any change."""
+def resolve(op: str, base: Hyper, fn: Callable, params, group_of: Optional[Callable] = None
+            ) -> tuple[Settings, tuple]:
+    """Each slot's ``SlotSetting`` and the overrides as asked (a hashable record of them:
+    what a checkpoint stores and a resume compares); ``group_of(param)``: the slot's param
+    group (torch-style groups). Raises before any change."""
     reps = params.canonical_slot_indices()
     settings: Settings = [None] * len(params)
     asked: list[Optional[dict]] = [None] * len(params)
@@ -50,7 +67,10 @@ def resolve(op: str, base: Hyper, fn: Callable, params) -> tuple[Settings, tuple
         if bad:
             raise ConfigError(f"{op}: {where}: unknown hyperparameter(s) {bad}; allowed: {sorted(keys)}")
         for k, v in raw.items():
-            if not (is_number(v) and math.isfinite(v)):
+            if k in base._flags:
+                if not isinstance(v, bool):
+                    raise ConfigError(f"{op}: {where}: {k} must be True or False, got {v!r}")
+            elif not (is_number(v) and math.isfinite(v)):
                 raise ConfigError(f"{op}: {where}: {k} must be a finite number, got {v!r}")
         asked[i] = dict(sorted(raw.items()))
         if c != i:
@@ -74,15 +94,11 @@ def resolve(op: str, base: Hyper, fn: Callable, params) -> tuple[Settings, tuple
             h.check_dtype(params[i].dtype)
         except ConfigError as e:
             raise ConfigError(f"{op}: {where}: {e}") from None
-        layout = record_type(base, tuple(params[i].shape))
-        if record_type(h, tuple(params[i].shape)) is not layout:
-            raise ConfigError(f"{op}: {where}: {rest} changes the optimizer state's layout "
-                              f"(from {layout.__name__}); choose values that keep it")
-        settings[i] = (h, scale)
+        settings[i] = SlotSetting(h, scale, 0 if group_of is None else group_of(params[i]))
     record = tuple((i, tuple(a.items())) for i, a in enumerate(asked) if a and reps[i] == i)
     return settings, record
 
 
 def plain(base: Hyper, params) -> Settings:
     """Every trainable slot on the base record (no per-slot function)."""
-    return [None if c is None else (base, 1.0) for c in params.canonical_slot_indices()]
+    return [None if c is None else SlotSetting(base) for c in params.canonical_slot_indices()]

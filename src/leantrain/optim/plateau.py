@@ -21,6 +21,7 @@ from .schedules import Schedule
 class Plateau(Schedule):
     """``lr_at`` is the current rate, whatever the index."""
 
+    constructor = "plateau"
     fed_by_evaluations = True  # the loop feeds it (loop_checks.loop_callbacks): only as the run's scheduler
 
     def __init__(self, base: float, monitor: str = "loss", mode: str = "min", factor: float = 0.1, patience: int = 10,
@@ -44,17 +45,28 @@ class Plateau(Schedule):
         self.min_lr, self.eps = check_rate(op, "min_lr", min_lr), check_rate(op, "eps", eps)
         self.reset()
 
+    bases: tuple = ()  # each param group's starting rate (``ReduceLROnPlateau`` on a grouped optimizer)
+    min_lrs: tuple = ()
+
     def reset(self) -> None:
         """Back to the start of a run: the base rate, no best value, no counters."""
-        self.lr = self.base
+        self.lrs = list(self.bases or (self.base,))
         self.best = math.inf if self.mode == "min" else -math.inf
         self.bad = self.cooldown_left = 0
 
+    @property
+    def lr(self) -> float:
+        """The (first group's) current rate."""
+        return self.lrs[0]
+
     def lr_at(self, t: int) -> float:
-        return self.lr
+        return self.lrs[0]
+
+    def rates_at(self, t: int) -> tuple:
+        return tuple(self.lrs), None
 
     def max_rate(self) -> float:
-        return self.base
+        return max(self.bases or (self.base,))
 
     def _better(self, value: float) -> bool:
         if self.mode == "min":
@@ -74,22 +86,28 @@ class Plateau(Schedule):
             self.cooldown_left -= 1
             self.bad = 0
         if self.bad > self.patience:
-            new = max(self.lr * self.factor, self.min_lr)
-            if self.lr - new > self.eps:
-                self.lr = new
+            for k, lr in enumerate(self.lrs):
+                new = max(lr * self.factor, self.min_lrs[k] if self.min_lrs else self.min_lr)
+                if lr - new > self.eps:
+                    self.lrs[k] = new
             self.cooldown_left, self.bad = self.cooldown, 0
 
     def state_dict(self) -> dict:
         """The counters a resumed run continues from (JSON data)."""
         best = self.best if math.isfinite(self.best) else None
-        return {"lr": self.lr, "best": best, "bad": self.bad, "cooldown_left": self.cooldown_left}
+        return {"lr": self.lrs[0], "lrs": list(self.lrs), "best": best, "bad": self.bad,
+                "cooldown_left": self.cooldown_left}
 
     def load_state_dict(self, state: dict) -> None:
         """Take back the counters ``state_dict`` gave (a resumed run)."""
         problems = [k for k in ("lr", "best", "bad", "cooldown_left") if k not in state]
         if problems or not (is_number(state["lr"]) and state["lr"] >= 0):
             raise ConfigError(f"optim.plateau: a saved state needs lr, best, bad and cooldown_left; got {state!r}")
-        self.lr = float(state["lr"])
+        lrs = state.get("lrs", [state["lr"]])
+        if not (isinstance(lrs, list) and len(lrs) == len(self.lrs) and all(is_number(r) and r >= 0 for r in lrs)):
+            raise ConfigError(f"optim.plateau: a saved state has the rates {lrs!r}; this schedule has "
+                              f"{len(self.lrs)} param group(s)")
+        self.lrs = [float(r) for r in lrs]
         self.best = (math.inf if self.mode == "min" else -math.inf) if state["best"] is None else float(state["best"])
         self.bad, self.cooldown_left = int(state["bad"]), int(state["cooldown_left"])
 
@@ -98,13 +116,4 @@ class Plateau(Schedule):
                 f"patience={self.patience!r})")
 
 
-def plateau(base: float, monitor: str = "loss", mode: str = "min", factor: float = 0.1, patience: int = 10,
-            threshold: float = 1e-4, threshold_mode: str = "rel", cooldown: int = 0, min_lr: float = 0.0,
-            eps: float = 1e-8) -> Plateau:
-    """torch's ``ReduceLROnPlateau`` over the loop's evaluations (``monitor``: a key of the
-    evaluation results, ``"loss"`` by default)."""
-    return Plateau(base, monitor, mode, factor, patience, threshold, threshold_mode, cooldown, min_lr, eps)
-
-
-__all__ = ["Plateau", "plateau"]
-
+__all__ = ["Plateau"]

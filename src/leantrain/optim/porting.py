@@ -12,9 +12,9 @@ from ..errors import ConfigError
 from ..params.module_slots import view_key
 from .constructors import CONSTRUCTORS, TORCH_NAMES
 from .layout import GENERIC
-from .optimizer import OptState
+from .optimizer import OptState, Optimizer
 from .rules import record_type, rule_for
-from .torch_style import as_param_list, group_function
+from .torch_style import as_param_list, group_function, group_rates
 
 
 # record field -> torch.optim's state key
@@ -25,12 +25,21 @@ STATE_KEYS = {"m": "exp_avg", "v": "exp_avg_sq", "vmax": "max_exp_avg_sq", "buf"
 
 
 def from_torch(torch_optimizer: torch.optim.Optimizer, target=None):
-    """``(optimizer, state)``: leantrain's optimizer for a ``torch.optim`` optimizer (its
+    """A torch scheduler (``torch.optim.lr_scheduler``'s classes, ``swa_utils.SWALR``):
+    leantrain's schedule of the same class, at the step it stands (``optim/lr_scheduler/porting.py``).
+
+    A torch optimizer: ``(optimizer, state)``: leantrain's optimizer for a ``torch.optim`` optimizer (its
     class, its first group's hyperparameters as the base, every other group's differences
     as per-slot settings) and the history its state holds, for ``target`` (the module,
     Runner or ParamList training continues on; by default the groups' own tensors). A
     run started in plain PyTorch continues here with the bits it would have had there."""
     op = "optim.from_torch"
+    if isinstance(torch_optimizer, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)):
+        from .lr_scheduler.porting import port_scheduler
+
+        if target is not None:
+            raise ConfigError(f"{op}: a scheduler ports alone (its optimizer's groups give its rates); drop target")
+        return port_scheduler(torch_optimizer, op)
     if not isinstance(torch_optimizer, torch.optim.Optimizer):
         raise ConfigError(f"{op}: expected a torch.optim optimizer, got {type(torch_optimizer).__name__}")
     name = type(torch_optimizer).__name__
@@ -46,9 +55,15 @@ def from_torch(torch_optimizer: torch.optim.Optimizer, target=None):
         target = [{"params": list(g["params"])} for g in groups]
     params, _ = as_param_list(op, target)
     group_of = {view_key(p): k for k, g in enumerate(groups) for p in g["params"]}
-    diff = [{k: v for k, v in options[group_of.get(view_key(params[i].storage.host), 0)].items()
-             if options[0].get(k) != v} for i in range(len(params))]
-    opt = base if not any(diff) else base.per_slot(group_function(op, kind, base.hyper.lr, params, diff))
+    per_slot = []  # (group, the options of its group that differ from the first group's)
+    for i in range(len(params)):
+        k = group_of.get(view_key(params[i].storage.host), 0)
+        per_slot.append((k, {key: v for key, v in options[k].items() if key == "lr" or options[0].get(key) != v}))
+    opt = base
+    if len(groups) > 1:  # each group its own settings and rate, exactly
+        fn, of, each = group_function(op, kind, params, per_slot)
+        opt = Optimizer(base.hyper, fn, group_lrs=group_rates(op, base.hyper.lr, per_slot), group_of=of,
+                        group_options=each)
     settings, asked = opt.settings(op, params)
     state_of = {view_key(p): torch_optimizer.state.get(p, {}) for p in tensors.values()}
     slots_map = params.canonical_slot_indices()
@@ -67,7 +82,8 @@ def from_torch(torch_optimizer: torch.optim.Optimizer, target=None):
             continue
         records[i] = _record(op, params.label(i), record_type(h, tuple(host.shape)), h, fresh, saved)
         steps = max(steps, int(getattr(records[i], "step", 0)))
-    return opt, OptState(opt.hyper, opt.hyper.lr, GENERIC, tuple(records), steps, asked)
+    return opt, OptState(opt.hyper, opt.hyper.lr, GENERIC, tuple(records), steps, asked, lrs=opt.group_lrs,
+                         bases=opt.group_lrs)
 
 
 def _record(op: str, where: str, kind: type, h, fresh, saved: dict):

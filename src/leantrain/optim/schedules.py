@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import ClassVar, Optional
 
 from ..errors import ConfigError
 from ..validate import check_count, is_number
@@ -26,7 +26,13 @@ def _check_factor(op: str, name: str, value: object) -> float:
 
 
 class Schedule:
-    """Base class: a schedule maps a 0-based index to a learning rate."""
+    """Base class: a schedule maps a 0-based index to a learning rate.
+
+    A schedule class that sets ``constructor`` gets a function of that name in
+    ``leantrain.optim`` taking the class's arguments (``optim/__init__.py`` derives them).
+    """
+
+    constructor: ClassVar[Optional[str]] = None
 
     def lr_at(self, t: int) -> float:  # pragma: no cover - abstract
         """The learning rate at 0-based index ``t`` (an update, or an epoch for the loader
@@ -38,10 +44,18 @@ class Schedule:
         training starts), or ``None`` when unknown (a user's own schedule)."""
         return None
 
+    def rates_at(self, t: int) -> tuple[tuple[float, ...], Optional[tuple[float, ...]]]:
+        """Each param group's rate at index ``t`` and, where the schedule cycles it, each
+        group's momentum (``None``: not cycled). A schedule of one rate gives one: the
+        loop scales every group by it as by ``lr_scale``."""
+        return (self.lr_at(t),), None
+
 
 @dataclass(frozen=True)
 class Constant(Schedule):
     """``lr`` at every index."""
+
+    constructor: ClassVar[str] = "constant"
 
     lr: float
 
@@ -59,6 +73,8 @@ class Constant(Schedule):
 @dataclass(frozen=True)
 class Step(Schedule):
     """``base * gamma ** (t // step_size)``."""
+
+    constructor: ClassVar[str] = "step"
 
     base: float
     step_size: int
@@ -81,6 +97,8 @@ class Step(Schedule):
 class Exponential(Schedule):
     """``base * gamma ** t`` (binary64 power)."""
 
+    constructor: ClassVar[str] = "exponential"
+
     base: float
     gamma: float
 
@@ -99,6 +117,8 @@ class Exponential(Schedule):
 @dataclass(frozen=True)
 class WarmupCosine(Schedule):
     """Linear warm-up to ``peak`` over ``warmup_steps``, then cosine decay to ``min``."""
+
+    constructor: ClassVar[str] = "warmup_cosine"
 
     peak: float
     min: float

@@ -223,8 +223,10 @@ class MuonRule(_TorchRule):
         mats = [k for k, p in enumerate(ps) if p.dim() == 2]
         rest = [k for k, p in enumerate(ps) if p.dim() != 2]
         if mats:
+            # torch keeps a tensor rate a float32 tensor: its shape ratio and decay factor round there
+            rate = torch.tensor(lr, dtype=torch.float32) if h.tensor_lr else lr  # a host tensor, no device
             _functional("_muon", "muon")(
-                [ps[k] for k in mats], [gs[k] for k in mats], [ss[k].buf for k in mats], lr=lr,
+                [ps[k] for k in mats], [gs[k] for k in mats], [ss[k].buf for k in mats], lr=rate,
                 weight_decay=h.weight_decay, momentum=h.momentum, nesterov=h.nesterov,
                 ns_coefficients=(h.ns_a, h.ns_b, h.ns_c), eps=h.eps, ns_steps=h.ns_steps,
                 adjust_lr_fn=h.adjust_lr_fn, has_complex=False)

@@ -3,7 +3,9 @@
 calls (tested against torch at every index). torch's chainable schedulers update the rate
 in place (``lr *= gamma`` at a milestone); ``MultiStep`` repeats those products, so its
 bits are torch's. ``optim.step`` and ``optim.exponential`` keep upstream's closed forms
-(``base * gamma ** k``), which can differ from torch's repeated products in the last bit.
+(``base * gamma ** k``), which differ from torch's repeated products in the last bits
+(``ExponentialLR``: 4 ulps by its 18th step); ``optim.lr_scheduler`` has torch's classes
+with torch's bits.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, ClassVar, Optional
 
 from ..errors import ConfigError
 from ..validate import check_count, is_int, is_number
@@ -24,6 +26,8 @@ class OneCycle(Schedule):
     """torch's ``OneCycleLR`` rate (``cycle_momentum`` aside: leantrain schedules the rate
     only): from ``max_lr / div_factor`` up to ``max_lr`` over ``pct_start`` of the run, then
     down to ``initial / final_div_factor`` (``three_phase``: back to the initial rate first)."""
+
+    constructor: ClassVar[str] = "one_cycle"
 
     max_lr: float
     total_steps: int
@@ -78,6 +82,8 @@ class CosineRestarts(Schedule):
     cos(pi * t_cur / t_i)) / 2``, restarting after ``t_0`` indices, each period ``t_mult``
     times the last."""
 
+    constructor: ClassVar[str] = "cosine_restarts"
+
     base: float
     t_0: int
     t_mult: int = 1
@@ -107,6 +113,8 @@ class CosineRestarts(Schedule):
 class MultiStep(Schedule):
     """torch's ``MultiStepLR``: the rate multiplied by ``gamma`` at each milestone (a
     milestone listed twice multiplies by ``gamma**2``), as torch's repeated products."""
+
+    constructor: ClassVar[str] = "multi_step"
 
     base: float
     milestones: tuple
@@ -147,6 +155,8 @@ class Sequential(Schedule):
     """torch's ``SequentialLR``: ``schedules[k]`` from ``milestones[k-1]`` on, each
     starting from its own index 0 there."""
 
+    constructor: ClassVar[str] = "sequential"
+
     schedules: tuple
     milestones: tuple
 
@@ -156,6 +166,10 @@ class Sequential(Schedule):
                 and all(isinstance(s, Schedule) for s in self.schedules)):
             raise ConfigError(f"{op}: schedules must be a non-empty list of leantrain schedules")
         refuse_plateau(op, self.schedules)
+        for k, part in enumerate(self.schedules):
+            if hasattr(part, "torch_name"):
+                raise ConfigError(f"{op}: schedules[{k}] is torch's {part.torch_name}, whose rate carries over at a "
+                                  f"milestone as in torch: compose it with lr_scheduler.SequentialLR")
         ms = self.milestones
         if not (isinstance(ms, (list, tuple)) and len(ms) == len(self.schedules) - 1
                 and all(is_int(m) and m >= 0 for m in ms) and list(ms) == sorted(ms)):
@@ -174,47 +188,11 @@ class Sequential(Schedule):
 
 
 @dataclass(frozen=True)
-class Chained(Schedule):
-    """torch's ``ChainedScheduler`` over multiplicative schedules (step, exponential,
-    multi-step...): every schedule's factor applied together, ``base * prod(s.lr_at(t) /
-    s.lr_at(0))``. torch multiplies the factors into the rate in place step by step, so
-    the rates agree to rounding, not to the bit."""
-
-    base: float
-    schedules: tuple
-
-    def __post_init__(self) -> None:
-        op = "optim.chained"
-        object.__setattr__(self, "base", check_rate(op, "base", self.base))
-        if not (isinstance(self.schedules, (list, tuple)) and self.schedules
-                and all(isinstance(s, Schedule) for s in self.schedules)):
-            raise ConfigError(f"{op}: schedules must be a non-empty list of leantrain schedules")
-        refuse_plateau(op, self.schedules)
-        for k, s in enumerate(self.schedules):
-            if not s.lr_at(0) > 0:
-                raise ConfigError(f"{op}: schedules[{k}] starts at rate {s.lr_at(0)!r}; a factor needs a start > 0")
-        object.__setattr__(self, "schedules", tuple(self.schedules))
-
-    def lr_at(self, t: int) -> float:
-        lr = self.base
-        for s in self.schedules:
-            lr = lr * (s.lr_at(t) / s.lr_at(0))
-        return lr
-
-    def max_rate(self) -> Optional[float]:
-        peaks = [s.max_rate() for s in self.schedules]
-        if any(p is None for p in peaks):
-            return None
-        lr = self.base
-        for s, p in zip(self.schedules, peaks):
-            lr = lr * (p / s.lr_at(0))
-        return lr
-
-
-@dataclass(frozen=True)
 class Lambda(Schedule):
     """torch's ``LambdaLR``: ``base * fn(t)``, ``fn`` the user's function of the index (it
     must depend on the index alone, so a resumed run gets the same rates)."""
+
+    constructor: ClassVar[str] = "lambda_schedule"
 
     base: float
     fn: Callable[[int], float] = field(compare=False)

@@ -3,7 +3,10 @@ iterable of Parameters (or of ``(name, Parameter)`` pairs), or torch-style param
 (a list of dicts, each with ``params`` and its own hyperparameters by torch's names).
 The tensors are the user's own (updated in place, never copied); a tensor listed twice is
 one slot's storage seen twice (a tie). Groups become per-slot settings: the group's
-options as overrides, its ``lr`` as ``lr_scale`` relative to the optimizer's rate.
+options (numbers and flags, by torch's names) as overrides; each group keeps its own
+rate, exactly (``Optimizer.group_lrs``; a group without ``lr`` has the optimizer's), as
+torch's param groups do: ``OptState.lrs`` holds every group's rate, which a schedule
+advances group by group.
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ def _tensors(op: str, value: object, where: str) -> tuple[list, list]:
 
 
 def as_param_list(op: str, target: object) -> tuple[ParamList, Optional[list]]:
-    """``(params, group options per slot or None)`` for what a user passed."""
+    """``(params, per slot (its group's index, the group's options), or None)`` for what a
+    user passed (``None``: one group, with no options of its own)."""
     if isinstance(target, ParamList):
         return target, None
     if isinstance(target, torch.nn.Module):
@@ -73,6 +77,8 @@ def as_param_list(op: str, target: object) -> tuple[ParamList, Optional[list]]:
         if "params" not in group:
             raise ConfigError(f"{op}: param group {k} has no 'params'")
         names, tensors = _tensors(op, group["params"], f"param group {k} 'params'" if len(groups) > 1 else "params")
+        if not tensors and len(groups) > 1:
+            raise ConfigError(f"{op}: param group {k} has no parameters (a group's schedule and options need one)")
         named_groups.add(names[0] is not None if names else None)
         extra = {key: v for key, v in group.items() if key != "params"}
         for name, t in zip(names, tensors):
@@ -82,7 +88,7 @@ def as_param_list(op: str, target: object) -> tuple[ParamList, Optional[list]]:
                                   f"{k}, first in param group {seen[key]})")
             seen[key] = k
             slots.append((name, t))
-            options.append(extra)
+            options.append((k, extra))
     if len(named_groups - {None}) > 1:
         raise ConfigError(f"{op}: some param groups name their parameters and some do not; use one form")
     storages: dict[tuple, Storage] = {}
@@ -93,33 +99,47 @@ def as_param_list(op: str, target: object) -> tuple[ParamList, Optional[list]]:
         # gradient are left alone at each step)
         views.append(Param.of_storage(storage, requires_grad=True, name=name))
     params = ParamList(views)
-    return params, options if len(groups) > 1 or any(options) else None
+    return params, options if len(groups) > 1 or any(o for _, o in options) else None
 
 
-def overrides(op: str, kind: str, base_lr: float, options: dict) -> dict:
-    """A group's options as per-slot overrides of leantrain's fields (``lr`` as ``lr_scale``)."""
+def overrides(op: str, kind: str, options: dict) -> dict:
+    """A group's options as per-slot overrides of leantrain's fields (its ``lr`` is the
+    group's own rate, kept apart: ``group_rates``)."""
     out: dict = {}
     for key, value in options.items():
-        if key in IGNORED:
+        if key in IGNORED or key == "lr":
             continue
-        if key == "lr":
-            value = value.item() if isinstance(value, torch.Tensor) else value
-            if value != base_lr:
-                if base_lr == 0:
-                    raise ConfigError(f"{op}: a param group sets lr={value!r} but the optimizer's rate is 0; give "
-                                      f"the optimizer a nonzero lr")
-                out["lr_scale"] = value / base_lr
-        elif key in PAIRS:
+        if key in PAIRS:
             if not (isinstance(value, (tuple, list)) and len(value) == 2):
                 raise ConfigError(f"{op}: param group option {key} must be a pair, got {value!r}")
             out.update(zip(PAIRS[key], value))
+        elif kind == "adamw" and key == "decoupled_weight_decay":
+            if value is not True:  # torch's AdamW groups say True: AdamW's decay is decoupled
+                raise ConfigError(f"{op}: a param group sets decoupled_weight_decay={value!r}: AdamW's decay is "
+                                  f"decoupled; for an L2 penalty use optim.adam(weight_decay=...)")
         else:
             out[RENAMES.get(kind, {}).get(key, key)] = value
     return out
 
 
-def group_function(op: str, kind: str, base_lr: float, params: ParamList, options: list) -> Callable:
-    """A per-slot function (``Optimizer.per_slot``) giving each slot its group's overrides."""
-    by_tensor = {view_key(params[i].storage.host): overrides(op, kind, base_lr, o) for i, o in enumerate(options)}
-    return lambda p: by_tensor.get(view_key(p.storage.host), {})
+def group_rates(op: str, base_lr: float, options: list) -> tuple[float, ...]:
+    """Each group's rate (its ``lr``, else the optimizer's), from the per-slot (group,
+    options) pairs: one per group, in the groups' order."""
+    rates: dict[int, float] = {}
+    for k, o in options:
+        value = o.get("lr", base_lr)
+        value = value.item() if isinstance(value, torch.Tensor) else value
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0 or value == float("inf"):
+            raise ConfigError(f"{op}: param group {k}: lr must be finite and >= 0, got {value!r}")
+        rates[k] = float(value)
+    return tuple(rates[k] for k in sorted(rates))
 
+
+def group_function(op: str, kind: str, params: ParamList, options: list) -> tuple[Callable, Callable, tuple]:
+    """``(per-slot function, group of a slot, each group's overrides)`` (``Optimizer.per_slot``'s
+    function giving each slot its group's overrides, and each slot's group index)."""
+    by_tensor = {view_key(params[i].storage.host): (k, overrides(op, kind, o)) for i, (k, o) in enumerate(options)}
+    each = {k: o for k, o in by_tensor.values()}
+    return (lambda p: by_tensor.get(view_key(p.storage.host), (0, {}))[1],
+            lambda p: by_tensor.get(view_key(p.storage.host), (0, {}))[0],
+            tuple(each.get(k, {}) for k in range(max(each, default=-1) + 1)))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import ClassVar, Optional
 
 from ..errors import ConfigError
 from ..validate import check_count, is_number
@@ -44,6 +44,8 @@ class Linear(_Factored):
     """Linear warm-up from 0 to ``base`` over ``warmup_steps``, then linear decay to 0 at
     ``total_steps`` (transformers' default schedule)."""
 
+    constructor: ClassVar[str] = "linear"
+
     base: float
     warmup_steps: int
     total_steps: int
@@ -66,14 +68,18 @@ class CosineWithWarmup(_Factored):
     of ``base``; ``restarts=True``: hard restarts, ``cycles`` of them (its
     ``get_cosine_with_hard_restarts_schedule_with_warmup``)."""
 
+    constructor: ClassVar[str] = "cosine_with_warmup"
+
     base: float
     warmup_steps: int
     total_steps: int
-    cycles: float = 0.5
+    cycles: Optional[float] = None  # transformers' defaults: 0.5 (half a cosine), 1 with restarts
     restarts: bool = False
 
     def __post_init__(self) -> None:
         op = "optim.cosine_with_warmup"
+        if self.cycles is None:
+            object.__setattr__(self, "cycles", 1 if self.restarts else 0.5)
         object.__setattr__(self, "base", check_rate(op, "base", self.base))
         check_count(op, "warmup_steps", self.warmup_steps, 0)
         check_count(op, "total_steps", self.total_steps, 0)
@@ -96,6 +102,8 @@ class WarmupStableDecay(_Factored):
     """Warm-up, a stable phase at ``base``, then a decay to ``min_ratio * base``
     (transformers' ``get_wsd_schedule``; ``warmup_shape``/``decay_shape``: linear, cosine
     or 1-sqrt)."""
+
+    constructor: ClassVar[str] = "warmup_stable_decay"
 
     base: float
     warmup_steps: int
@@ -140,6 +148,8 @@ class Polynomial(_Factored):
     """Linear warm-up, then ``(base - end) * (1 - progress)**power + end``, then ``end``
     after ``total_steps`` (transformers' ``get_polynomial_decay_schedule_with_warmup``)."""
 
+    constructor: ClassVar[str] = "polynomial"
+
     base: float
     warmup_steps: int
     total_steps: int
@@ -174,6 +184,8 @@ class InverseSqrt(_Factored):
     (transformers' ``get_inverse_sqrt_schedule``; ``timescale`` defaults to the warm-up, or
     10000 without one)."""
 
+    constructor: ClassVar[str] = "inverse_sqrt"
+
     base: float
     warmup_steps: int
     timescale: Optional[int] = None
@@ -193,3 +205,101 @@ class InverseSqrt(_Factored):
 
     def max_rate(self) -> float:
         return self.base * max(1.0, self._factor(self.warmup_steps))
+
+
+@dataclass(frozen=True)
+class ConstantWithWarmup(_Factored):
+    """Linear warm-up from 0 to ``base`` over ``warmup_steps``, then ``base``
+    (transformers' ``get_constant_schedule_with_warmup``)."""
+
+    constructor: ClassVar[str] = "constant_with_warmup"
+
+    base: float
+    warmup_steps: int
+
+    def __post_init__(self) -> None:
+        op = "optim.constant_with_warmup"
+        object.__setattr__(self, "base", check_rate(op, "base", self.base))
+        check_count(op, "warmup_steps", self.warmup_steps, 0)
+
+    def _factor(self, t: int) -> float:
+        if t < self.warmup_steps:
+            return float(t) / float(max(1.0, self.warmup_steps))
+        return 1.0
+
+
+def _check_ratio(op: str, name: str, value) -> float:
+    if not (is_number(value) and 0.0 <= value <= 1.0):
+        raise ConfigError(f"{op}: {name} must be in [0, 1], got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class CosineWithMinLR(_Factored):
+    """transformers' ``get_cosine_with_min_lr_schedule_with_warmup``: the cosine of
+    ``cosine_with_warmup`` lifted to end at ``min_lr_rate * base``."""
+
+    constructor: ClassVar[str] = "cosine_with_min_lr"
+
+    base: float
+    warmup_steps: int
+    total_steps: int
+    cycles: float = 0.5
+    min_lr_rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        op = "optim.cosine_with_min_lr"
+        object.__setattr__(self, "base", check_rate(op, "base", self.base))
+        check_count(op, "warmup_steps", self.warmup_steps, 0)
+        check_count(op, "total_steps", self.total_steps, 0)
+        _check_ratio(op, "min_lr_rate", self.min_lr_rate)
+        if not (is_number(self.cycles) and math.isfinite(self.cycles) and self.cycles >= 0):
+            raise ConfigError(f"{op}: cycles must be a finite number >= 0, got {self.cycles!r}")
+
+    def _factor(self, t: int) -> float:
+        if t < self.warmup_steps:
+            return float(t) / float(max(1, self.warmup_steps))
+        progress = float(t - self.warmup_steps) / float(max(1, self.total_steps - self.warmup_steps))
+        factor = 0.5 * (1.0 + math.cos(math.pi * float(self.cycles) * 2.0 * progress))
+        factor = factor * (1 - self.min_lr_rate) + self.min_lr_rate
+        return max(0, factor)
+
+
+@dataclass(frozen=True)
+class CosineWarmupWithMinLR(_Factored):
+    """transformers' ``get_cosine_with_min_lr_schedule_with_warmup_lr_rate``: a warm-up
+    from ``warmup_lr_rate * base`` (default ``1 / warmup_steps``) that reaches ``base`` at
+    its last step, then the cosine to ``min_lr_rate * base``, one step ahead of
+    ``cosine_with_min_lr``'s."""
+
+    constructor: ClassVar[str] = "cosine_warmup_with_min_lr"
+
+    base: float
+    warmup_steps: int
+    total_steps: int
+    cycles: float = 0.5
+    min_lr_rate: float = 0.0
+    warmup_lr_rate: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        op = "optim.cosine_warmup_with_min_lr"
+        object.__setattr__(self, "base", check_rate(op, "base", self.base))
+        check_count(op, "warmup_steps", self.warmup_steps, 0)
+        check_count(op, "total_steps", self.total_steps, 0)
+        _check_ratio(op, "min_lr_rate", self.min_lr_rate)
+        if self.warmup_lr_rate is not None:
+            _check_ratio(op, "warmup_lr_rate", self.warmup_lr_rate)
+        if not (is_number(self.cycles) and math.isfinite(self.cycles) and self.cycles >= 0):
+            raise ConfigError(f"{op}: cycles must be a finite number >= 0, got {self.cycles!r}")
+
+    def _factor(self, t: int) -> float:
+        step, w, n = float(t), float(self.warmup_steps), float(self.total_steps)
+        if step < w:
+            if self.warmup_lr_rate is None:
+                return (step + 1.0) / max(1.0, w)
+            rate = float(self.warmup_lr_rate)
+            return rate + (1.0 - rate) * step / (max(1, w - 1))
+        progress = (step - w + 1.0) / (max(1.0, n - w))
+        factor = 0.5 * (1.0 + math.cos(math.pi * self.cycles * 2.0 * progress))
+        factor = factor * (1 - self.min_lr_rate) + self.min_lr_rate
+        return max(0, factor)

@@ -78,9 +78,15 @@ def _check_kept_folder(op: str, cfg) -> None:
 SCHEDULE_PER = ("epoch", "step")
 
 
-def lr_for(cfg, t: int) -> float:
-    """The scheduled rate at index ``t``, or the optimizer's own rate without a schedule."""
-    return cfg.scheduler.lr_at(t) if cfg.scheduler is not None else cfg.optimizer.lr
+def scheduled(cfg):
+    """The loop's schedule step, ``(t, state) -> state``: the state with index ``t``'s rates
+    (each param group's, and the momenta a cycling schedule sets), or the optimizer's own
+    rate without a schedule."""
+    if cfg.scheduler is None:
+        lr = cfg.optimizer.lr
+        return lambda t, s: s.with_lr(lr)
+    rates = cfg.scheduler.rates_at
+    return lambda t, s: s.with_rates(*rates(t))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,7 +20,7 @@ from ...errors import ConfigError, DataError
 from ...optim import OptState, Optimizer
 from .batches import Loader, as_list_batch, examples_in, loader_generators
 from ..runner.binding import rng_preserved
-from .config import LoaderTrainConfig, TrainReport, epoch_schedule_varies, lr_for
+from .config import LoaderTrainConfig, TrainReport, epoch_schedule_varies, scheduled
 from ..runner.runner import Runner, Sample
 from ...samples import split_rows
 from .callbacks import Callback
@@ -239,7 +239,7 @@ def train_loader(
                 stream.restore(ck.loader_state, start.epoch, start.batch)
             session.begin(_total_steps(stream.loader, cfg), start.step)
             loader, state, _, steps, seen = run_loader_epochs(
-                runner, cfg, stream.loader, cfg.optimizer, state, lambda t, s: s.with_lr(lr_for(cfg, t)),
+                runner, cfg, stream.loader, cfg.optimizer, state, scheduled(cfg),
                 start=start, session=session, stream=stream,
             )
             if cfg.max_steps is not None and steps < cfg.max_steps and not session.stopped and cfg.epochs:

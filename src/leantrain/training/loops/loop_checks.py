@@ -45,7 +45,10 @@ def check_inputs(op: str, runner: object, cfg: object, kind: type) -> None:
 
 def check_schedule(op: str, cfg, runner: Runner) -> None:
     """Refuse, before training starts, a schedule whose largest rate does not survive
-    rounding to a trainable parameter's dtype (``1e308`` is infinite in binary32)."""
+    rounding to a trainable parameter's dtype (``1e308`` is infinite in binary32), and a
+    torch-named schedule made for other param groups or another kind of momentum than
+    the optimizer's."""
+    _check_groups(op, cfg)
     peak = None if cfg.scheduler is None else cfg.scheduler.max_rate()
     if peak is None:
         return
@@ -55,6 +58,24 @@ def check_schedule(op: str, cfg, runner: Runner) -> None:
                 f"{op}: scheduler: its largest rate {peak!r} is not finite after conversion to "
                 f"{str(v.dtype).removeprefix('torch.')} ({runner.params.label(i)})"
             )
+
+
+def _check_groups(op: str, cfg) -> None:
+    from ...optim.lr_scheduler.replay import describe
+
+    sched = cfg.scheduler
+    bases = getattr(sched, "bases", None)
+    if not bases:
+        return
+    ours, kind, _ = describe(cfg.optimizer)
+    if len(bases) != len(ours):
+        raise ConfigError(f"{op}: the scheduler was made for {len(bases)} param group(s), the optimizer has "
+                          f"{len(ours)}: make the scheduler with the optimizer the loop trains with")
+    cycles = getattr(sched, "cycles_momentum", lambda: False)()
+    if cycles and sched.momentum_kind != kind:
+        raise ConfigError(f"{op}: the scheduler cycles the {sched.momentum_kind} of the optimizer it was made "
+                          f"with, but the loop trains with {cfg.optimizer.kind} "
+                          f"({'no momentum' if kind is None else kind}): make the scheduler with this optimizer")
 
 
 def loop_callbacks(op: str, cfg, callbacks: Sequence[Callback], main: bool) -> list[Callback]:

@@ -14,7 +14,7 @@ from typing import Callable, Optional, Sequence
 from ...data import Dataset
 from ...errors import ConfigError, DataError
 from ...optim import OptState, Optimizer
-from .config import TrainConfig, TrainReport, lr_for
+from .config import TrainConfig, TrainReport, scheduled
 from .memory import MemoryWatch, cadence
 from ..runner.runner import Runner, Sample, check_sample
 from .callbacks import Callback
@@ -117,7 +117,7 @@ def train_samples(
             batches = cyclic_batches(op, samples, k, cursor=(start * k) % n)
             state, _, done = run_sample_steps(
                 runner, cfg, lambda: next(batches), watch, cfg.optimizer, state,
-                lambda t, s: s.with_lr(lr_for(cfg, t)), start_step=start, session=session,
+                scheduled(cfg), start_step=start, session=session,
             )
             return session.finish(lambda: runner.mean_loss(samples), done, done * k)
 

@@ -55,8 +55,9 @@ def fresh(opt: Optimizer, params, plan: ShardPlan, rank: int, native: bool) -> O
     records: list = [None] * len(params)
     for r in plan.owned(rank):
         records[r.slot] = rule_for(opt.hyper).init(settings[r.slot][0], like[r.slot].view(-1)[r.start: r.stop])
-    asked = opt.settings("sharding", params)[1]
-    return OptState(opt.hyper, opt.hyper.lr, NATIVE if native else GENERIC, tuple(records), 0, asked)
+    asked, bases = opt.settings("sharding", params)[1], opt.group_lrs
+    return OptState(opt.hyper, opt.hyper.lr, NATIVE if native else GENERIC, tuple(records), 0, asked, lrs=bases,
+                    bases=bases)
 
 
 def sharded(state: OptState, plan: ShardPlan, rank: int, params) -> OptState:
@@ -71,7 +72,7 @@ def sharded(state: OptState, plan: ShardPlan, rank: int, params) -> OptState:
             device = like[r.slot].device
             records[r.slot] = replace(rec, **{k: t.reshape(-1)[r.start: r.stop].to(device, copy=True)
                                               for k, t in rec.tensors().items()})
-    return OptState(state.hyper, state.lr, state.path, tuple(records), state.steps, state.overrides)
+    return replace(state, slots=tuple(records))
 
 
 def loop_start(op: str, cfg, runner, opt: Optimizer, native: bool,

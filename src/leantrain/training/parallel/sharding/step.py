@@ -202,11 +202,12 @@ def apply(runner, opt: Optimizer, state: OptState, plan: ShardPlan, rank: int, g
     for r, g in sums.items():
         if g is None and hyper.numerics != "torchlean":
             continue  # no gradient, no update (torch's rule)
-        h, scale = settings[r.slot]
-        groups.setdefault((id(h), scale, like[r.slot].device, like[r.slot].dtype), (h, scale, []))[2].append(r)
+        st = settings[r.slot]
+        groups.setdefault((id(st.hyper), st.scale, st.group, like[r.slot].device, like[r.slot].dtype),
+                          (st, []))[1].append(r)
     with torch.no_grad():
-        for h, scale, rs in groups.values():
-            lr = state.lr if scale == 1.0 else state.lr * scale
+        for st, rs in groups.values():
+            lr, h = state.rate(st), state.cycled(st.hyper, st.group)
             ws = [views[r] for r in rs]
             gs = [torch.zeros_like(views[r]) if sums[r] is None else sums[r].reshape(-1) for r in rs]
             recs = [records[r.slot] for r in rs]
@@ -227,4 +228,4 @@ def apply(runner, opt: Optimizer, state: OptState, plan: ShardPlan, rank: int, g
     for v in params.storages():
         if v.mirror is not None and v.working() is v.mirror:
             v.host_current = False  # the mirror was written
-    return OptState(state.hyper, state.lr, state.path, tuple(records), state.steps + 1, state.overrides)
+    return state.advanced(records)

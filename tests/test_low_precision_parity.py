@@ -1,0 +1,166 @@
+"""Every optimizer in every dtype against the torch path the optimizers guide names for it
+(``PATHS``): optimizers x dtypes x options x "first gradient late" (a parameter with no
+gradient at the first update: torch skips it and starts its state late), one param group
+as a user writes it, torch's ``optim.X(...)`` stepping beside leantrain's on a copy, the
+bits equal after every update. And the elements-moved check: at every update, every
+element torch's for-loop form moves by two ulps or more moves in leantrain too (each from
+where its own run stands: the paths' roundings differ, an update's size hardly), so a kernel that leaves
+elements unwritten (torch 2.13's fused SGD on CPU bfloat16/float16 writes only each
+tensor's scalar tail) cannot pass for "torch's bits" again. Complex parameters: refused,
+with the real view that trains as torch trains them."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import leantrain as lt
+from leantrain import optim
+from leantrain.optim.constructors import CONSTRUCTORS, TORCH_NAMES
+
+HALF = (torch.bfloat16, torch.float16)
+DTYPES = (torch.float32, torch.float64, *HALF)
+
+# The torch implementation each optimizer's bits equal on CPU, per dtype (the optimizers
+# guide's table says the same): "fused" torch.optim.X(fused=True), "foreach"
+# torch.optim.X(foreach=True), "for-loop" torch.optim.X(foreach=False) (torch's CPU default).
+FUSED = {"sgd", "adam", "adamw", "adagrad"}
+
+
+def path(kind: str, dtype: torch.dtype, late: bool = False) -> str:
+    if kind == "sgd" and dtype in HALF:
+        return "for-loop"  # torch's fused SGD leaves elements unwritten there
+    if kind == "sgd" and late:
+        return "for-loop"  # torch's fused SGD raises on a late first gradient; its for-loop has the same bits
+    return "fused" if kind in FUSED else "foreach"
+
+
+# kind -> option sets (torch's keyword names) beyond the defaults
+OPTIONS = {
+    "sgd": [{}, {"momentum": 0.9}, {"momentum": 0.9, "nesterov": True, "weight_decay": 0.01},
+            {"momentum": 0.9, "dampening": 0.2, "maximize": True}],
+    "adam": [{}, {"amsgrad": True, "weight_decay": 0.01}, {"maximize": True}],
+    "adamw": [{}, {"amsgrad": True}, {"weight_decay": 0.1, "maximize": True}],
+    "adagrad": [{}, {"lr_decay": 0.01, "weight_decay": 0.01}],
+    "rmsprop": [{}, {"momentum": 0.9, "centered": True}],
+    "adadelta": [{}, {"weight_decay": 0.01}],
+    "nadam": [{}, {"decoupled_weight_decay": True, "weight_decay": 0.01}],
+    "radam": [{}, {"decoupled_weight_decay": True, "weight_decay": 0.01}],
+    "adamax": [{}, {"weight_decay": 0.01}],
+    "asgd": [{}, {"weight_decay": 0.01}],
+    "rprop": [{}, {"maximize": True}],
+    "adafactor": [{}],
+}
+EPS = {"adam", "adamw", "adagrad", "rmsprop", "adadelta", "nadam", "radam", "adamax"}  # eps in float16: 1e-4
+CASES = [(kind, opts) for kind in sorted(OPTIONS) for opts in OPTIONS[kind]]
+SHAPES = [(64, 5), (67,), (3,), (8, 8)]
+
+
+def _kwargs(kind: str, opts: dict, dtype: torch.dtype) -> dict:
+    kw = {"lr": 0.01, **opts}
+    if dtype == torch.float16 and kind in EPS:
+        kw["eps"] = 1e-4  # the default 1e-8 is 0 in float16 (refused by the foreach forms)
+    return kw
+
+
+def _torch(kind: str, params, kw: dict, impl: str):
+    name = {v: k for k, v in TORCH_NAMES.items()}[kind]
+    flag = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}[impl]
+    return getattr(torch.optim, name)(params, **kw, **flag)
+
+
+def _run(kind: str, opts: dict, dtype: torch.dtype, late: bool, steps: int = 4):
+    gen = torch.Generator().manual_seed(0)
+    start = [torch.randn(s, generator=gen).to(dtype) for s in SHAPES]
+    kw = _kwargs(kind, opts, dtype)
+    theirs = [p.clone().requires_grad_(True) for p in start]
+    loop = [p.clone().requires_grad_(True) for p in start]
+    ours = [p.clone() for p in start]
+    named, reference = _torch(kind, theirs, kw, path(kind, dtype, late)), _torch(kind, loop, kw, "for-loop")
+    opt = CONSTRUCTORS[kind](**kw)
+    state = opt.init(ours)
+    moved = 0
+    for step in range(steps):
+        before_ours, before_loop = [p.clone() for p in ours], [p.detach().clone() for p in loop]
+        grads = [torch.randn(s, generator=gen).to(dtype) for s in SHAPES]
+        if late and step == 0:
+            grads[1] = None  # no gradient: no update, no state yet (torch.optim's rule)
+        for group in (theirs, loop):
+            for p, g in zip(group, grads):
+                p.grad = None if g is None else g.clone()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            named.step()
+            reference.step()
+        state = opt.step(state, ours, [None if g is None else g.clone() for g in grads])
+        for k, (a, b) in enumerate(zip(ours, theirs)):
+            assert torch.equal(a, b.detach()), f"{kind} {opts} {dtype} late={late}: slot {k} after update {step + 1}"
+        for k, (a0, a, b0, b) in enumerate(zip(before_ours, ours, before_loop, loop)):
+            far = (b.detach().double() - b0.double()).abs() >= 2 * _ulp(b0)  # the for-loop clearly moved it
+            moved += int(far.sum())
+            left = far & (a == a0)
+            assert not left.any(), (f"{kind} {opts} {dtype}: update {step + 1} leaves {int(left.sum())} of "
+                                    f"{a.numel()} elements of slot {k} where torch's for-loop moves them")
+    return moved
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["grads-from-start", "first-grad-late"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("kind, opts", CASES, ids=[f"{k}-{'-'.join(o) or 'defaults'}" for k, o in CASES])
+def test_every_optimizer_gives_its_named_torch_paths_bits_and_moves_what_torch_moves(kind, opts, dtype, late):
+    moved = _run(kind, opts, dtype, late)
+    assert moved > 0 or kind == "adadelta", "the elements-moved check saw no element move"
+
+
+def _ulp(t: torch.Tensor) -> torch.Tensor:
+    """The spacing of ``t``'s dtype at each element (as float64)."""
+    x = t.double().abs()
+    info = torch.finfo(t.dtype)
+    e = torch.floor(torch.log2(torch.clamp(x, min=info.tiny)))
+    return torch.pow(2.0, e - (info.nmant if hasattr(info, "nmant") else _MANTISSA[t.dtype]))
+
+
+_MANTISSA = {torch.float32: 23, torch.float64: 52, torch.float16: 10, torch.bfloat16: 7}
+if not hasattr(torch.finfo(torch.float32), "nmant"):
+    def _ulp(t: torch.Tensor) -> torch.Tensor:  # noqa: F811 - torch's finfo names no mantissa width
+        x = t.double().abs()
+        e = torch.floor(torch.log2(torch.clamp(x, min=torch.finfo(t.dtype).tiny)))
+        return torch.pow(2.0, e - _MANTISSA[t.dtype])
+
+
+def test_sgd_in_half_precision_on_cpu_trains_every_element():
+    """The regression itself: plain SGD on a 64-element bfloat16 tensor moved 0 of 64."""
+    p = torch.randn(64, generator=torch.Generator().manual_seed(1)).bfloat16()
+    before = p.clone()
+    opt = optim.sgd(0.1)
+    opt.step(opt.init([p]), [p], [torch.ones(64, dtype=torch.bfloat16)])
+    assert bool((p != before).all())
+
+
+@pytest.mark.parametrize("kind", ["adam", "adamw", "adagrad", "rmsprop", "adadelta", "nadam", "radam", "adamax",
+                                  "asgd", "rprop", "sgd"])
+def test_complex_parameters_are_refused_with_the_real_view_that_trains_as_torch(kind):
+    """torch.optim updates a complex parameter as its real view (SGD excepted: complex
+    arithmetic); leantrain refuses complex parameters (records, checkpoints and sharding
+    are real-valued) and the message names the real view, which gives torch's complex bits
+    (``foreach=True``; torch's fused kernels refuse complex tensors), SGD's to rounding."""
+    z = torch.randn(5, dtype=torch.complex64, generator=torch.Generator().manual_seed(2))
+    with pytest.raises(lt.ConfigError, match="view_as_real"):
+        CONSTRUCTORS[kind](0.01).init([z.clone()])
+    theirs = z.clone().requires_grad_(True)
+    torch_opt = getattr(torch.optim, {v: k for k, v in TORCH_NAMES.items()}[kind])([theirs], lr=0.01, foreach=True)
+    real = torch.view_as_real(z.clone()).clone()
+    opt = CONSTRUCTORS[kind](0.01)
+    state = opt.init([real])
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        g = torch.randn(5, dtype=torch.complex64, generator=gen)
+        theirs.grad = g.clone()
+        torch_opt.step()
+        state = opt.step(state, [real], [torch.view_as_real(g).clone()])
+    if kind == "sgd":
+        torch.testing.assert_close(torch.view_as_complex(real), theirs.detach(), rtol=1e-6, atol=1e-7)
+    else:
+        assert torch.equal(torch.view_as_complex(real), theirs.detach())
