@@ -71,15 +71,19 @@ def _torch(kind: str, params, kw: dict, impl: str):
     return getattr(torch.optim, name)(params, **kw, **flag)
 
 
-def _run(kind: str, opts: dict, dtype: torch.dtype, late: bool, steps: int = 4):
+FLAGS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
+
+
+def _run(kind: str, opts: dict, dtype: torch.dtype, late: bool, form: str = "default", steps: int = 4):
     gen = torch.Generator().manual_seed(0)
     start = [torch.randn(s, generator=gen).to(dtype) for s in SHAPES]
     kw = _kwargs(kind, opts, dtype)
     theirs = [p.clone().requires_grad_(True) for p in start]
     loop = [p.clone().requires_grad_(True) for p in start]
     ours = [p.clone() for p in start]
-    named, reference = _torch(kind, theirs, kw, path(kind, dtype, late)), _torch(kind, loop, kw, "for-loop")
-    opt = CONSTRUCTORS[kind](**kw)
+    named = _torch(kind, theirs, kw, path(kind, dtype, late) if form == "default" else form)
+    reference = _torch(kind, loop, kw, "for-loop")
+    opt = CONSTRUCTORS[kind](**kw, **({} if form == "default" else FLAGS[form]))
     state = opt.init(ours)
     moved = 0
     for step in range(steps):
@@ -106,11 +110,19 @@ def _run(kind: str, opts: dict, dtype: torch.dtype, late: bool, steps: int = 4):
     return moved
 
 
+@pytest.mark.parametrize("form", ["default", "fused", "foreach", "for-loop"])
 @pytest.mark.parametrize("late", [False, True], ids=["grads-from-start", "first-grad-late"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("kind, opts", CASES, ids=[f"{k}-{'-'.join(o) or 'defaults'}" for k, o in CASES])
-def test_every_optimizer_gives_its_named_torch_paths_bits_and_moves_what_torch_moves(kind, opts, dtype, late):
-    moved = _run(kind, opts, dtype, late)
+def test_every_optimizer_gives_its_named_torch_paths_bits_and_moves_what_torch_moves(kind, opts, dtype, late, form):
+    """``default``: the path the guide names; a form by name (torch's ``fused=True``,
+    ``foreach=True``, ``foreach=False``): that form's bits."""
+    if form != "default" and form not in CONSTRUCTORS[kind]().hyper._forms:
+        pytest.skip(f"torch has no {form} {kind}")
+    if form == "fused" and kind == "sgd" and (dtype in HALF or late):
+        pytest.skip("torch's fused SGD leaves elements unwritten on CPU half tensors (refused) and raises on a "
+                    "late first gradient")
+    moved = _run(kind, opts, dtype, late, form)
     assert moved > 0 or kind == "adadelta", "the elements-moved check saw no element move"
 
 
@@ -164,3 +176,86 @@ def test_complex_parameters_are_refused_with_the_real_view_that_trains_as_torch(
         torch.testing.assert_close(torch.view_as_complex(real), theirs.detach(), rtol=1e-6, atol=1e-7)
     else:
         assert torch.equal(torch.view_as_complex(real), theirs.detach())
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam", "adamw", "adagrad"])
+def test_off_the_fused_devices_the_default_is_torchs_foreach_form(kind, monkeypatch):
+    """A device torch's fused kernels do not take (MPS before its kernels, XPU, HPU...) runs
+    torch's functional foreach forms: forced on CPU through the same switch, the device
+    list taken from torch, leantrain's default gives torch.optim.X(foreach=True)'s bits."""
+    from leantrain.optim import kernels
+
+    monkeypatch.setattr(kernels, "FUSED_DEVICES", frozenset())
+    opts = {"sgd": {"momentum": 0.9}, "adam": {"amsgrad": True}, "adamw": {}, "adagrad": {}}[kind]
+    gen = torch.Generator().manual_seed(4)
+    start = [torch.randn(s, generator=gen) for s in SHAPES]
+    theirs = [p.clone().requires_grad_(True) for p in start]
+    ours = [p.clone() for p in start]
+    torch_opt = _torch(kind, theirs, {"lr": 0.01, **opts}, "foreach")
+    opt = CONSTRUCTORS[kind](0.01, **opts)
+    state = opt.init(ours)
+    for _ in range(20):
+        grads = [torch.randn(s, generator=gen) for s in SHAPES]
+        for p, g in zip(theirs, grads):
+            p.grad = g.clone()
+        torch_opt.step()
+        state = opt.step(state, ours, grads)
+    assert all(torch.equal(a, b.detach()) for a, b in zip(ours, theirs))
+
+
+@pytest.mark.parametrize("name, flags, kind, dtype", [
+    ("SGD", {}, "for-loop", torch.bfloat16), ("AdamW", {}, "for-loop", torch.bfloat16),
+    ("AdamW", {}, "for-loop", torch.float32), ("Adam", {"foreach": True}, "foreach", torch.bfloat16),
+    ("SGD", {"fused": True}, "fused", torch.float32), ("RMSprop", {}, "for-loop", torch.float16),
+    ("NAdam", {"foreach": True}, "foreach", torch.bfloat16), ("ASGD", {}, "for-loop", torch.float32),
+])
+def test_from_torch_runs_the_implementation_torch_runs(name, flags, kind, dtype):
+    """A torch optimizer built as a user builds it (no flags: torch's per-tensor loop on
+    CPU) continues in leantrain with the bits torch's continues with."""
+    gen = torch.Generator().manual_seed(5)
+    theirs = [torch.randn(s, generator=gen).to(dtype).requires_grad_(True) for s in SHAPES]
+    kw = {"momentum": 0.9} if name == "SGD" else {"eps": 1e-4} if dtype == torch.float16 else {}
+    torch_opt = getattr(torch.optim, name)(theirs, lr=0.01, **kw, **flags)
+    for _ in range(2):
+        for p in theirs:
+            p.grad = torch.randn(p.shape, generator=gen).to(dtype)
+        torch_opt.step()
+    opt, state = optim.from_torch(torch_opt)  # the history copied from torch's state
+    ours = [p.detach().clone() for p in theirs]
+    assert opt.hyper.implementation == kind
+    assert state.steps == (0 if name in ("SGD", "RMSprop") else 2)  # records that keep no step count
+    for _ in range(3):
+        grads = [torch.randn(p.shape, generator=gen).to(dtype) for p in theirs]
+        for p, g in zip(theirs, grads):
+            p.grad = g.clone()
+        torch_opt.step()
+        state = opt.step(state, ours, grads)
+    assert all(torch.equal(a, b.detach()) for a, b in zip(ours, theirs))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: optim.rmsprop(0.01, fused=True), "runs rmsprop as 'foreach', 'for-loop'"),
+    (lambda: optim.lion(1e-4, foreach=True), "none to choose"),
+    (lambda: optim.adam(1e-3, foreach=False, numerics="torchlean"), "drop implementation"),
+])
+def test_an_implementation_torch_does_not_have_is_refused(make, message):
+    with pytest.raises(lt.ConfigError, match=message):
+        make()
+
+
+def test_from_torch_refuses_a_target_that_is_not_the_torch_optimizers():
+    """A slot the torch optimizer does not update would start from no history, silently."""
+    theirs = [torch.randn(3, requires_grad=True)]
+    torch_opt = torch.optim.Adam(theirs, lr=0.01)
+    theirs[0].grad = torch.ones(3)
+    torch_opt.step()
+    with pytest.raises(lt.ConfigError, match="not a parameter of the torch optimizer"):
+        optim.from_torch(torch_opt, [theirs[0].detach().clone()])
+
+
+def test_fused_sgd_on_a_cpu_half_parameter_is_refused_before_anything_changes():
+    p = torch.randn(8).bfloat16()
+    before = p.clone()
+    with pytest.raises(lt.ConfigError, match="writes only each tensor's scalar tail"):
+        optim.sgd(0.1, fused=True).init([p])
+    assert torch.equal(p, before)

@@ -14,8 +14,8 @@ Each rule is a class of static functions over one kind's hyperparameters ``h``:
   ``reference.py``), or ``None`` where upstream has none (the constructor then refuses
   that setting);
 * ``torch_equivalent(h)``: the ``torch.optim`` class and arguments that do the same
-  update (``None``: no equivalent; ``leantrain check`` says so), with ``fused=True``
-  where leantrain runs that fused kernel;
+  update (``None``: no equivalent; ``leantrain check`` says so), with the ``fused``/
+  ``foreach`` flag of the implementation it runs (``kernels.torch_flags``);
 * ``native(h)``: whether it has the device-resident path; ``sparse``: whether it takes
   sparse gradients (``update_sparse``).
 
@@ -24,39 +24,44 @@ pair elements by memory position) and every one has a gradient (the shell leaves
 without one out). No parameter-sized temporary is allocated except where a formula
 needs one (a denominator, Lion's interpolation).
 
-What runs. On CPU and CUDA float tensors SGD (with or without momentum), Adagrad, Adam
-and AdamW run torch's fused kernels (``kernels.py``), the bits of ``torch.optim.*(fused=
-True)``:
+What runs. On the devices torch's fused kernels take (its own list: CPU, CUDA, MPS,
+XPU...) SGD (with or without momentum), Adagrad, Adam and AdamW run torch's fused kernels
+(``kernels.py``), the bits of ``torch.optim.*(fused=True)``, except SGD on CPU
+bfloat16/float16 (torch's per-tensor form: its fused kernel leaves elements unwritten):
 
 * SGD:       ``p += -lr * g``; momentum ``b = b*mu + g``, ``p += -lr * b``
 * Adagrad:   ``G += g*g``; ``p -= lr * g / (sqrt(G) + eps)``
 * Adam:      ``m = lerp(m, g, 1-b1)``; ``v = v*b2 + (1-b2)*g*g``; ``p -= (lr/c1) * m /
   (sqrt(v)/sqrt(c2) + eps)`` with ``c = 1 - b^t`` in binary64; AdamW first ``p *= 1 - lr*wd``
 
-On other devices and dtypes these four fall back to ``torch._foreach_*`` forms of the
-same formulas (Adam's folded as ``p += -(lr*sqrt(c2)/c1) * m / (sqrt(v) + eps*sqrt(c2))``);
-the fallbacks are tested against the fused kernels on CPU by forcing them. The other
-rules have one form, on every device (RMSprop and Adadelta in ``square_average_rules.py``):
+On other devices these four run torch's own functional foreach forms (``torch.optim.adam.adam(...,
+foreach=True)`` and the like), the bits of ``torch.optim.*(foreach=True)``: tested on CPU
+by taking CPU off the fused device list. ``implementation`` (torch's ``fused=``/
+``foreach=`` by name) runs any of torch's forms on purpose. The other rules run torch's
+foreach form (RMSprop and Adadelta in ``square_average_rules.py``, the rest in
+``torch_rules.py``), and Lion, which torch has not, its own:
 
 * Lion:      ``p *= 1 - lr*wd``; ``c = lerp(m, g, 1-b1)``; ``p += -lr * sign(c)``;
   ``m = lerp(m, g, 1-b2)`` (``lion_rule.py``)
 
 torch's options beyond upstream's formulas (weight decay, ``maximize``, Nesterov,
-dampening, AMSGrad, Adagrad's rate decay) are arguments of the same fused kernels; off
-those kernels' devices they run torch's own foreach forms.
+dampening, AMSGrad, Adagrad's rate decay) are arguments of the same kernels and forms.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import torch
 
 import torch.optim
 
+from ..errors import ConfigError
 from .reference import FORMULAS as upstream
-from .kernels import advanced, by_device_dtype, decoupled, fusable, fused_adam, has_options, step_tensors, torch_options
+from .kernels import (
+    advanced, by_device_dtype, check_fused, decoupled, fusable, fused_adam, has_options, step_tensors, torch_flags,
+    torch_options,
+)
 from .hyper import Adagrad, Adam, AdamW, SGD
 from .records import AdagradState, AdagradStepState, AdamState, AMSGradState, DampenedMomentumState, MomentumState, SGDState
 
@@ -73,12 +78,15 @@ class SGDRule:
     def record_type(h: SGD) -> type:
         if h.momentum == 0.0:
             return SGDState
-        return MomentumState if h.dampening == 0.0 else DampenedMomentumState
+        # torch's foreach form tells a buffer's first step (it copies the gradient, and a
+        # group with one such slot takes the per-tensor path): those records count steps
+        counted = h.dampening != 0.0 or h.implementation == "foreach"
+        return DampenedMomentumState if counted else MomentumState
     reference = staticmethod(upstream.sgd)
 
     @staticmethod
     def torch_equivalent(h: SGD):
-        return torch.optim.SGD, dict(lr=h.lr, momentum=h.momentum, fused=True, **torch_options(h))
+        return torch.optim.SGD, dict(lr=h.lr, momentum=h.momentum, **torch_flags(h), **torch_options(h))
 
     @staticmethod
     def native(h: SGD) -> bool:
@@ -86,16 +94,24 @@ class SGDRule:
 
     @staticmethod
     def init(h: SGD, p: torch.Tensor):
+        check_fused(h, p)
+        if h.implementation == "fused" and _cpu_half([p]):
+            raise ConfigError(f"optim.sgd: fused=True on a CPU {str(p.dtype).removeprefix('torch.')} parameter: "
+                              f"torch 2.13's fused SGD kernel there writes only each tensor's scalar tail (the "
+                              f"rest never trains); use foreach=False (torch's default there) or foreach=True")
         if h.momentum == 0.0:
             return SGDState()
         buf = torch.zeros_like(p, memory_format=torch.preserve_format)
-        return MomentumState(buf) if h.dampening == 0.0 else DampenedMomentumState(0, buf)
+        return MomentumState(buf) if SGDRule.record_type(h) is MomentumState else DampenedMomentumState(0, buf)
 
     @staticmethod
     def update_many(h: SGD, lr: float, ss: list, ps: Tensors, gs: Tensors, uniform: bool = False) -> list:
         # A zero buffer makes the first momentum step ``b = g`` as torch's copy does, except
         # with dampening (``b = (1-d)*g`` later on): those records count their steps and
         # their first step is the kernel's ``is_first_step``.
+        form = h.implementation
+        if form in ("foreach", "for-loop"):  # torch's form by name
+            return _torch_sgd(h, lr, ss, list(ps), list(gs), foreach=form == "foreach")
         dampened = h.momentum != 0.0 and h.dampening != 0.0
         half = _cpu_half(ps[:1] if uniform else ps)
         if half and uniform:
@@ -113,8 +129,7 @@ class SGDRule:
                 out[k] = new
             return out
         if fusable(ps[:1] if uniform else ps):
-            # torch.optim.SGD(fused=True)'s kernel, in one pass (its rounding may differ from
-            # the foreach passes below in the last bit; the fallback for other devices).
+            # torch.optim.SGD(fused=True)'s kernel, in one pass
             bufs = [] if h.momentum == 0.0 else [s.buf for s in ss]
             if not dampened:  # the usual case: one call, no first step to tell apart
                 _fused_sgd(h, lr, ps, gs, bufs, uniform, False)
@@ -124,16 +139,7 @@ class SGDRule:
                 pick = [k for k, f in enumerate(first) if f == flag]
                 _fused_sgd(h, lr, [ps[k] for k in pick], [gs[k] for k in pick], [bufs[k] for k in pick], uniform, flag)
             return [DampenedMomentumState(s.step + 1, s.buf) for s in ss]
-        if h.momentum == 0.0 and not has_options(h):
-            torch._foreach_add_(ps, gs, alpha=-lr)
-            return ss
-        if not has_options(h):
-            bufs = [s.buf for s in ss]
-            torch._foreach_mul_(bufs, h.momentum)
-            torch._foreach_add_(bufs, gs)
-            torch._foreach_add_(ps, bufs, alpha=-lr)
-            return ss
-        return _torch_sgd(h, lr, ss, list(ps), list(gs), foreach=True)
+        return _torch_sgd(h, lr, ss, list(ps), list(gs), foreach=True)  # no fused kernel here: torch's foreach
 
     @staticmethod
     def update_sparse(h: SGD, lr: float, s, p: torch.Tensor, g: torch.Tensor):
@@ -205,7 +211,7 @@ class AdagradRule:
 
     @staticmethod
     def torch_equivalent(h: Adagrad):
-        return torch.optim.Adagrad, dict(lr=h.lr, eps=h.eps, fused=True, **torch_options(h))
+        return torch.optim.Adagrad, dict(lr=h.lr, eps=h.eps, **torch_flags(h), **torch_options(h))
 
     @staticmethod
     def native(h) -> bool:
@@ -213,6 +219,7 @@ class AdagradRule:
 
     @staticmethod
     def init(h: Adagrad, p):
+        check_fused(h, p)
         total = torch.full_like(p, h.initial_accumulator_value, memory_format=torch.preserve_format)
         return AdagradState(total) if h.lr_decay == 0.0 else AdagradStepState(0, total)
 
@@ -220,7 +227,7 @@ class AdagradRule:
     def update_many(h: Adagrad, lr, ss, ps, gs, uniform: bool = False):
         counted = h.lr_decay != 0.0
         news = [AdagradStepState(s.step + 1, s.sum) for s in ss] if counted else ss
-        if fusable(ps[:1] if uniform else ps):
+        if h.implementation in (None, "fused") and fusable(ps[:1] if uniform else ps):
             # torch.optim.Adagrad(fused=True)'s kernel: G += g*g; p -= clr * g / (sqrt(G) + eps),
             # clr = lr / (1 + (t-1)*lr_decay) with t the step reached (1 without a decay).
             sums = [s.sum for s in ss]
@@ -234,17 +241,11 @@ class AdagradRule:
                 torch._fused_adagrad_(pl, gl, sl, tl, lr=lr, lr_decay=h.lr_decay, weight_decay=h.weight_decay,
                                       eps=h.eps, maximize=h.maximize)
             return news
-        if has_options(h):
-            import torch.optim.adagrad as F
-            F.adagrad(list(ps), list(gs), [s.sum for s in ss], step_tensors(ss), foreach=True, lr=lr,
-                      weight_decay=h.weight_decay, lr_decay=h.lr_decay, eps=h.eps, maximize=h.maximize)
-            return news
-        sums = [s.sum for s in ss]
-        torch._foreach_addcmul_(sums, gs, gs, value=1.0)
-        denom = torch._foreach_sqrt(sums)
-        torch._foreach_add_(denom, h.eps)
-        torch._foreach_addcdiv_(ps, gs, denom, value=-lr)
-        return ss
+        import torch.optim.adagrad as F  # torch's foreach (or per-tensor) form
+
+        F.adagrad(list(ps), list(gs), [s.sum for s in ss], step_tensors(ss), foreach=h.implementation != "for-loop",
+                  lr=lr, weight_decay=h.weight_decay, lr_decay=h.lr_decay, eps=h.eps, maximize=h.maximize)
+        return news
 
     @staticmethod
     def update_sparse(h: Adagrad, lr: float, s, p: torch.Tensor, g: torch.Tensor):
@@ -265,25 +266,6 @@ class AdagradRule:
         return s
 
 
-def _adam_scalars(h, s: AdamState) -> tuple[AdamState, float, float, float]:
-    """Advance ``t`` and the powers; return (record, step size, eps term, ``1/sqrt(c2)``)."""
-    b1p, b2p = s.beta1_power * h.beta1, s.beta2_power * h.beta2
-    c1, root_c2 = 1.0 - b1p, math.sqrt(1.0 - b2p)
-    return AdamState(s.step + 1, s.m, s.v, b1p, b2p), root_c2 / c1, h.eps * root_c2, 1.0 / root_c2
-
-
-_ZERO_BELOW: dict = {}  # dtype -> the largest float that rounds to 0 in it
-
-
-def _underflows(x: float, dtype: torch.dtype) -> bool:
-    """Whether the positive ``x`` rounds to 0 in ``dtype`` (half the smallest subnormal)."""
-    limit = _ZERO_BELOW.get(dtype)
-    if limit is None:
-        info = torch.finfo(dtype)
-        limit = _ZERO_BELOW[dtype] = info.smallest_normal * info.eps / 2
-    return x <= limit
-
-
 class AdamRule:
     hypers = (Adam, AdamW)
     records = (AdamState, AMSGradState)
@@ -299,14 +281,15 @@ class AdamRule:
         """What ``update_many`` runs on the targets ``ps`` of one layout group (one device
         and dtype) when every gradient is ready: torch's fused kernel where it takes them,
         decided once with the layout (``None``: ``update_many`` decides per update)."""
-        return fused_adam if fusable(ps[:1]) else None
+        return fused_adam if h.implementation in (None, "fused") and fusable(ps[:1]) else None
 
     @staticmethod
     def torch_equivalent(h):
         if isinstance(h, AdamW):
             return torch.optim.AdamW, dict(lr=h.lr, betas=(h.beta1, h.beta2), eps=h.eps,
-                                           weight_decay=h.weight_decay, fused=True, **torch_options(h))
-        return torch.optim.Adam, dict(lr=h.lr, betas=(h.beta1, h.beta2), eps=h.eps, fused=True, **torch_options(h))
+                                           weight_decay=h.weight_decay, **torch_flags(h), **torch_options(h))
+        return torch.optim.Adam, dict(lr=h.lr, betas=(h.beta1, h.beta2), eps=h.eps, **torch_flags(h),
+                                      **torch_options(h))
 
     @staticmethod
     def native(h) -> bool:
@@ -314,47 +297,20 @@ class AdamRule:
 
     @staticmethod
     def init(h, p):
+        check_fused(h, p)
         if h.amsgrad:
             return AMSGradState(0, torch.zeros_like(p), torch.zeros_like(p), torch.zeros_like(p))
         return AdamState(0, torch.zeros_like(p), torch.zeros_like(p))
 
-    # The folded form ``m / (sqrt(v) + eps*sqrt(c2))`` saves a pass, but ``eps*sqrt(c2)``
-    # can round to 0 in the parameter's dtype (eps=1e-45 in binary32), where a zero
-    # gradient would give 0/0. Such a tensor takes upstream's form instead:
-    # ``(lr/c1) * m / (sqrt(v)*(1/sqrt(c2)) + eps)``, which keeps it finite.
     @staticmethod
     def update_many(h, lr, ss: list, ps, gs, uniform: bool = False):
-        if fusable(ps[:1] if uniform else ps):
+        if h.implementation in (None, "fused") and fusable(ps[:1] if uniform else ps):
             return fused_adam(h, lr, ss, ps, gs)
-        if has_options(h):  # torch.optim.Adam's own foreach form
-            import torch.optim.adam as F
-            news = advanced(h, ss)
-            F.adam(list(ps), list(gs), [s.m for s in ss], [s.v for s in ss], [s.vmax for s in ss] if h.amsgrad
-                   else [], step_tensors(ss), foreach=True, decoupled_weight_decay=decoupled(h),
-                   amsgrad=h.amsgrad, beta1=h.beta1, beta2=h.beta2, lr=lr, weight_decay=h.weight_decay,
-                   eps=h.eps, maximize=h.maximize)
-            return news
-        if isinstance(h, AdamW):
-            torch._foreach_mul_(ps, 1.0 - lr * h.weight_decay)
-        news, scalars = [], []
-        for s, p in zip(ss, ps):
-            n, scale, eps, inv_root_c2 = _adam_scalars(h, s)
-            news.append(n)
-            scalars.append((scale, eps, inv_root_c2, _underflows(eps, p.dtype)))
-        ms, vs = [s.m for s in ss], [s.v for s in ss]
-        torch._foreach_lerp_(ms, gs, 1.0 - h.beta1)
-        torch._foreach_mul_(vs, h.beta2)
-        torch._foreach_addcmul_(vs, gs, gs, value=1.0 - h.beta2)
-        folded = [k for k, x in enumerate(scalars) if not x[3]]
-        if len(folded) == len(ss):  # the usual case: one pass per operation
-            denom = torch._foreach_sqrt(vs)
-            torch._foreach_add_(denom, [x[1] for x in scalars])
-            torch._foreach_addcdiv_(ps, ms, denom, [-(lr * x[0]) for x in scalars])
-            return news
-        for k, (scale, eps, inv_root_c2, tiny) in enumerate(scalars):  # rare: a tiny eps
-            if tiny:
-                denom = vs[k].sqrt().mul_(inv_root_c2).add_(h.eps)
-                ps[k].addcdiv_(ms[k], denom, value=-(lr * (scale * inv_root_c2)))
-            else:
-                ps[k].addcdiv_(ms[k], vs[k].sqrt().add_(eps), value=-(lr * scale))
+        import torch.optim.adam as F  # torch's foreach (or per-tensor) form
+
+        news = advanced(h, ss)
+        F.adam(list(ps), list(gs), [s.m for s in ss], [s.v for s in ss], [s.vmax for s in ss] if h.amsgrad else [],
+               step_tensors(ss), foreach=h.implementation != "for-loop", decoupled_weight_decay=decoupled(h),
+               amsgrad=h.amsgrad, beta1=h.beta1, beta2=h.beta2, lr=lr, weight_decay=h.weight_decay, eps=h.eps,
+               maximize=h.maximize)
         return news

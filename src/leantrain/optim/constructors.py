@@ -4,9 +4,10 @@ leantrain's: a torch kwargs dict ports unchanged (``optim.adamw(**{"lr": 3e-4, "
 construction; anything leantrain does not run is a ``ConfigError`` naming the argument
 and the optimizer: an unknown keyword, ``capturable=True``, ``differentiable=True``.
 
-``foreach`` and ``fused`` are accepted and change nothing: leantrain always runs torch's
-fastest implementation of the rule (the fused kernel where torch has one, else foreach),
-whose bits the tests compare against.
+``fused=True``, ``foreach=True`` and ``foreach=False`` choose torch's implementation by name
+(``Hyper.implementation``: "fused", "foreach", "for-loop"), whose bits the update then has;
+without them leantrain runs the implementation the optimizers guide's table names (the
+fused kernel where torch has a sound one, else foreach).
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ def _number(op: str, name: str, value: object) -> object:
     return value
 
 
-def _implementation(op: str, given: dict) -> None:
-    """torch's implementation switches: ``foreach``/``fused`` (any value, ignored),
+def _implementation(op: str, given: dict):
+    """torch's implementation switches: ``fused=True``, ``foreach=True`` or ``foreach=False``
+    choose the implementation by name (``None``/``fused=False``: leantrain's choice);
     ``capturable``/``differentiable`` only off; anything else is unknown."""
     for name, value in given.items():
         if name in ("foreach", "fused"):
@@ -46,6 +48,9 @@ def _implementation(op: str, given: dict) -> None:
             raise ConfigError(f"{op}: unknown argument {name!r}")
     if given.get("foreach") is True and given.get("fused") is True:
         raise ConfigError(f"{op}: foreach=True and fused=True cannot both be set (as in torch.optim)")
+    if given.get("fused") is True:
+        return "fused"
+    return {True: "foreach", False: "for-loop"}.get(given.get("foreach"))
 
 
 def _pair(op: str, name: str, pair: object, first: object, second: object) -> tuple:
@@ -64,9 +69,11 @@ def _make(kind: type, op: str, lr: object, fields: dict, extra: dict) -> Optimiz
     torch_only = {k: extra.pop(k) for k in list(extra) if k in ("foreach", "fused", "capturable", "differentiable")}
     if extra:
         raise ConfigError(f"{op}: unknown argument {sorted(extra)[0]!r} (it takes {_names(kind)})")
-    _implementation(op, torch_only)
+    form = _implementation(op, torch_only)
     if isinstance(lr, torch.Tensor) and torch_only.get("foreach") is True and kind in (Adam, AdamW):
         raise ConfigError(f"{op}: lr as a tensor is not supported with foreach=True (as in torch.optim)")
+    if form is not None:
+        fields = {**fields, "implementation": form}
     return Optimizer(kind(_number(op, "lr", lr), **fields))
 
 

@@ -18,6 +18,9 @@ from ..errors import ConfigError
 from ..validate import check_choice, is_number
 
 NUMERICS = ("fast", "torchlean")
+# torch's implementations of one optimizer, by the name the docs use: torch.optim.X(fused=True),
+# X(foreach=True), X(foreach=False) (the per-tensor loop, torch's default on CPU).
+IMPLEMENTATIONS = ("fused", "foreach", "for-loop")
 
 
 def _rounded(value: float, dtype: torch.dtype) -> float:
@@ -56,6 +59,9 @@ class Hyper:
     lr: float
     # "fast" (leantrain's fused order) or "torchlean" (upstream's formulas, host only).
     numerics: str = field(default="fast", kw_only=True)
+    # which of torch's implementations the update runs (``None``: leantrain's choice, the
+    # optimizers guide's table; torch's ``fused=``/``foreach=`` choose it by name)
+    implementation: Optional[str] = field(default=None, kw_only=True)
 
     kind: ClassVar[str] = "?"  # the kind's name, and its constructor's in leantrain.optim
     torch_name: ClassVar[Optional[str]] = None  # the torch.optim class it ports (None: torch has none)
@@ -71,10 +77,26 @@ class Hyper:
     # whether the rule runs a fused kernel (float32 arithmetic for half tensors, nothing
     # stored in between) rather than foreach passes (each intermediate stored in the dtype)
     _fused: ClassVar[bool] = False
+    # torch's implementations of the kind leantrain can run by name (none: torch has no choice)
+    _forms: ClassVar[tuple[str, ...]] = ("foreach", "for-loop")
+
+    @property
+    def computes_fused(self) -> bool:
+        """Whether the update runs a fused kernel (half tensors computed in float32)."""
+        return self._fused and self.implementation in (None, "fused")
 
     def __post_init__(self) -> None:
         op = f"optim.{self.kind}"
         check_choice(op, "numerics", self.numerics, NUMERICS)
+        if self.implementation is not None:
+            if self.implementation not in self._forms:
+                have = ", ".join(repr(f) for f in self._forms) or "none to choose"
+                raise ConfigError(f"{op}: implementation={self.implementation!r}: torch.optim runs {self.kind} as "
+                                  f"{have} (fused=True: 'fused', foreach=True: 'foreach', foreach=False: "
+                                  f"'for-loop')")
+            if self.numerics == "torchlean":
+                raise ConfigError(f"{op}: numerics='torchlean' runs upstream's formulas, not one of torch's "
+                                  f"implementations; drop implementation (foreach/fused)")
         for name in self._flags:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{op}: {name} must be True or False, got {getattr(self, name)!r}")
@@ -99,9 +121,10 @@ class Hyper:
         if dtype.is_complex:  # docs/guides/optimizers.md, "Complex parameters"
             raise ConfigError(
                 f"optim.{self.kind}: a {str(dtype).removeprefix('torch.')} parameter: leantrain's records, "
-                f"checkpoints and sharding are real-valued, so complex parameters are refused; torch.optim updates "
-                f"a complex tensor as its real view (SGD to rounding), which is yours to register: keep the parameter as "
-                f"torch.view_as_real(z) (shape [..., 2]) and use torch.view_as_complex(p) in forward")
+                f"checkpoints and sharding are real-valued, so complex parameters are refused; torch.optim "
+                f"updates a complex tensor as its real view (SGD to rounding), which is yours to register: keep "
+                f"the parameter as torch.view_as_real(z) (shape [..., 2]) and use torch.view_as_complex(p) in "
+                f"forward")
         if not dtype.is_floating_point:
             raise ConfigError(f"optim.{self.kind}: parameters must be floating point, got {dtype}")
         op = f"optim.{self.kind}"
@@ -114,7 +137,7 @@ class Hyper:
         if shown != name:
             suffix += f", which torch's kernels compute {shown} in"
         for name in self._eps:
-            where, why = (dtype, suffix) if self._fused or self.numerics != "fast" else (
+            where, why = (dtype, suffix) if self.computes_fused or self.numerics != "fast" else (
                 stored, f" after conversion to {shown} (torch's foreach form keeps its intermediates in it)")
             r = _rounded(getattr(self, name), where)
             if not (math.isfinite(r) and r > 0):
@@ -151,6 +174,8 @@ class Hyper:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         if out["numerics"] == "fast":
             del out["numerics"]
+        if out["implementation"] is None:
+            del out["implementation"]
         for name in self._added:
             if out[name] == _default(type(self), name):
                 del out[name]
@@ -182,6 +207,7 @@ class SGD(Hyper):
     kind = "sgd"  # its constructor: optim.sgd
     torch_name = 'SGD'  # its torch.optim class
     _fused = True
+    _forms = IMPLEMENTATIONS
     _units = ("momentum",)
     _rates = ("lr", "weight_decay")
     _flags = ("nesterov", "maximize")
@@ -204,6 +230,7 @@ class Adagrad(Hyper):
     kind = "adagrad"  # its constructor: optim.adagrad
     torch_name = 'Adagrad'  # its torch.optim class
     _fused = True
+    _forms = IMPLEMENTATIONS
     _eps = ("eps",)
     _rates = ("lr", "lr_decay", "weight_decay", "initial_accumulator_value")
     _flags = ("maximize",)
@@ -239,6 +266,7 @@ class Adam(Hyper):
     kind = "adam"  # its constructor: optim.adam
     torch_name = 'Adam'  # its torch.optim class
     _fused = True
+    _forms = IMPLEMENTATIONS
     _units = ("beta1", "beta2")
     _eps = ("eps",)
     _rates = ("lr", "weight_decay")
@@ -257,6 +285,7 @@ class AdamW(Hyper):
     kind = "adamw"  # its constructor: optim.adamw
     torch_name = 'AdamW'  # its torch.optim class
     _fused = True
+    _forms = IMPLEMENTATIONS
     _rates = ("lr", "weight_decay")
     _units = ("beta1", "beta2")
     _eps = ("eps",)
@@ -289,6 +318,7 @@ class Lion(Hyper):
     beta2: float = 0.99
     weight_decay: float = 0.0
     kind = "lion"  # its constructor: optim.lion
+    _forms = ()  # torch has no Lion
     torch_name = None  # its torch.optim class
     _rates = ("lr", "weight_decay")
     _units = ("beta1", "beta2")

@@ -160,6 +160,8 @@ class Muon(Hyper):
     adamw_eps: float = 1e-8
     tensor_lr: bool = False  # lr was given as a tensor: torch then scales it as a float32 tensor (shape ratio, decay)
     kind = "muon"  # its constructor: optim.muon
+    _forms = ()  # torch's Muon has one form
+    _added = ("tensor_lr",)
     torch_name = 'Muon'  # its torch.optim class
     _fused = True  # eps clamps a bfloat16 norm (float32's range), adamw_eps goes to the fused AdamW kernel
     _rates = ("lr", "weight_decay", "momentum")

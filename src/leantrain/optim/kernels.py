@@ -19,12 +19,44 @@ from .records import AdamState, AMSGradState
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
+def _fused_devices() -> frozenset:
+    """The device types torch's fused optimizer kernels take, by torch's own list."""
+    from torch.optim import optimizer
+
+    listed = getattr(optimizer, "_get_fused_kernels_supported_devices", None)
+    return frozenset(listed() if listed is not None else ("cpu", "cuda"))
+
+
+FUSED_DEVICES = _fused_devices()
+
+
 def fusable(ps) -> bool:
-    """Whether the fused kernels take these tensors (CPU or CUDA, a float dtype)."""
+    """Whether the fused kernels take these tensors (a device type torch's fused kernels
+    take, a float dtype); elsewhere the rules run torch's foreach forms."""
     for p in ps:  # a plain loop over tensor attributes: this runs every step
-        if not ((p.is_cpu or p.is_cuda) and p.dtype in DTYPES):
+        if not (p.device.type in FUSED_DEVICES and p.dtype in DTYPES):
             return False
     return True
+
+
+def check_fused(h, p: torch.Tensor) -> None:
+    """Refuse ``fused=True`` for a parameter torch's fused kernels do not take (as torch does)."""
+    if h.implementation == "fused" and not fusable([p]):
+        from ..errors import ConfigError
+
+        raise ConfigError(f"optim.{h.kind}: fused=True, but torch's fused kernels do not take a "
+                          f"{str(p.dtype).removeprefix('torch.')} parameter on {p.device.type}; use foreach=True")
+
+
+def foreach(h) -> bool:
+    """Whether torch's functional form runs as foreach (else its per-tensor loop)."""
+    return h.implementation != "for-loop"
+
+
+def torch_flags(h) -> dict:
+    """The ``fused``/``foreach`` arguments of the torch implementation ``h`` runs."""
+    form = h.implementation or ("fused" if "fused" in h._forms else "foreach")
+    return {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}[form]
 
 
 def by_device_dtype(ps, gs, extra) -> list[tuple[list, list, list]]:

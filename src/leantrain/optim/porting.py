@@ -28,7 +28,9 @@ def from_torch(torch_optimizer: torch.optim.Optimizer, target=None):
     """A torch scheduler (``torch.optim.lr_scheduler``'s classes, ``swa_utils.SWALR``):
     leantrain's schedule of the same class, at the step it stands (``optim/lr_scheduler/porting.py``).
 
-    A torch optimizer: ``(optimizer, state)``: leantrain's optimizer for a ``torch.optim`` optimizer (its
+    A torch optimizer: ``(optimizer, state)``: leantrain's optimizer (running the
+    implementation torch runs for those tensors and flags: ``fused=True``, foreach, or the
+    per-tensor loop torch takes on CPU when neither is given) for a ``torch.optim`` optimizer (its
     class, its first group's hyperparameters as the base, every other group's differences
     as per-slot settings) and the history its state holds, for ``target`` (the module,
     Runner or ParamList training continues on; by default the groups' own tensors). A
@@ -49,6 +51,9 @@ def from_torch(torch_optimizer: torch.optim.Optimizer, target=None):
     kind = TORCH_NAMES[name]
     groups = torch_optimizer.param_groups
     options = [{k: v for k, v in g.items() if k not in ("params", "param_names", "initial_lr")} for g in groups]
+    for o in options:  # the implementation torch would run for these tensors, by name
+        if "foreach" in o and o["foreach"] is None and not o.get("fused"):
+            o["foreach"] = _torch_default_foreach([p for g in groups for p in g["params"]])
     base = CONSTRUCTORS[kind](**options[0])
     tensors = {id(p): p for g in groups for p in g["params"]}
     if target is None:
@@ -75,6 +80,10 @@ def from_torch(torch_optimizer: torch.optim.Optimizer, target=None):
             continue
         h = opt.hyper if settings is None else settings[i][0]
         host = params[i].storage.host
+        if view_key(host) not in state_of:
+            raise ConfigError(f"{op}: {params.label(i)} of the target is not a parameter of the torch optimizer; "
+                              f"give the module (or tensors) the torch optimizer updates, so each slot takes "
+                              f"its own history")
         saved = state_of.get(view_key(host), {})
         fresh = rule_for(h).init(h, host)
         if not saved:
@@ -84,6 +93,14 @@ def from_torch(torch_optimizer: torch.optim.Optimizer, target=None):
         steps = max(steps, int(getattr(records[i], "step", 0)))
     return opt, OptState(opt.hyper, opt.hyper.lr, GENERIC, tuple(records), steps, asked, lrs=opt.group_lrs,
                          bases=opt.group_lrs)
+
+
+def _torch_default_foreach(params) -> bool:
+    """torch.optim's own choice with neither ``foreach`` nor ``fused`` given: foreach where
+    every tensor is on a foreach device (CUDA...), the per-tensor loop otherwise (CPU)."""
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    return _default_to_fused_or_foreach(params, differentiable=False, use_fused=False)[1]
 
 
 def _record(op: str, where: str, kind: type, h, fresh, saved: dict):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from .hyper import Adadelta, RMSProp
-from .kernels import has_options, step_tensors, torch_options
+from .kernels import foreach, has_options, step_tensors, torch_flags, torch_options
 from .records import (
     AdadeltaState, RMSPropCenteredMomentumState, RMSPropCenteredState, RMSPropMomentumState, RMSPropState,
 )
@@ -36,7 +36,7 @@ class RMSPropRule:
 
     @staticmethod
     def torch_equivalent(h: RMSProp):
-        return torch.optim.RMSprop, dict(lr=h.lr, alpha=h.decay, eps=h.eps, foreach=True, **torch_options(h))
+        return torch.optim.RMSprop, dict(lr=h.lr, alpha=h.decay, eps=h.eps, **torch_flags(h), **torch_options(h))
 
     @staticmethod
     def native(h) -> bool:
@@ -51,10 +51,11 @@ class RMSPropRule:
     @staticmethod
     def update_many(h: RMSProp, lr, ss, ps, gs, uniform: bool = False):
         avgs = [s.avg for s in ss]
-        if has_options(h):  # torch.optim.RMSprop's own foreach form
+        if has_options(h) or h.implementation == "for-loop":  # torch.optim.RMSprop's own form
             import torch.optim.rmsprop as F
             F.rmsprop(list(ps), list(gs), avgs, [s.grad_avg for s in ss] if h.centered else [],
-                      [s.buf for s in ss] if h.momentum != 0.0 else [], step_tensors(ss), foreach=True,
+                      [s.buf for s in ss] if h.momentum != 0.0 else [], step_tensors(ss),
+                      foreach=foreach(h),
                       maximize=h.maximize, lr=lr, alpha=h.decay, eps=h.eps, weight_decay=h.weight_decay,
                       momentum=h.momentum, centered=h.centered)
             return ss
@@ -74,7 +75,7 @@ class AdadeltaRule:
 
     @staticmethod
     def torch_equivalent(h: Adadelta):
-        return torch.optim.Adadelta, dict(lr=h.lr, rho=h.rho, eps=h.eps, foreach=True, **torch_options(h))
+        return torch.optim.Adadelta, dict(lr=h.lr, rho=h.rho, eps=h.eps, **torch_flags(h), **torch_options(h))
 
     @staticmethod
     def native(h) -> bool:
@@ -87,9 +88,10 @@ class AdadeltaRule:
     @staticmethod
     def update_many(h: Adadelta, lr, ss, ps, gs, uniform: bool = False):
         sq, da = [s.square_avg for s in ss], [s.delta_avg for s in ss]
-        if has_options(h):  # torch.optim.Adadelta's own foreach form
+        if has_options(h) or h.implementation == "for-loop":  # torch.optim.Adadelta's own form
             import torch.optim.adadelta as F
-            F.adadelta(list(ps), list(gs), sq, da, step_tensors(ss), foreach=True, lr=lr, rho=h.rho, eps=h.eps,
+            F.adadelta(list(ps), list(gs), sq, da, step_tensors(ss), foreach=foreach(h), lr=lr,
+                       rho=h.rho, eps=h.eps,
                        weight_decay=h.weight_decay, maximize=h.maximize)
             return ss
         torch._foreach_mul_(sq, h.rho)

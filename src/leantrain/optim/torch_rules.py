@@ -17,7 +17,7 @@ from .hyper import AdamW
 from .hyper_torch import ASGD, Adafactor, Adamax, Muon, NAdam, RAdam, Rprop
 from .records import AdafactorState, AdafactorVectorState, state_shape, AdamaxState, AdamState, ASGDState, MuonState, NAdamState, RAdamState, RpropState
 from .muon_torch import MuonWithAdamW
-from .kernels import fused_adam, host_counter, scalar_dtype, step_tensors
+from .kernels import foreach, fused_adam, host_counter, scalar_dtype, step_tensors, torch_flags
 
 
 def _functional(module: str, name: str):
@@ -48,7 +48,7 @@ class NAdamRule(_TorchRule):
 
     @staticmethod
     def torch_equivalent(h: NAdam):
-        return torch.optim.NAdam, dict(lr=h.lr, betas=(h.beta1, h.beta2), foreach=True, **_pairs(
+        return torch.optim.NAdam, dict(lr=h.lr, betas=(h.beta1, h.beta2), **torch_flags(h), **_pairs(
             h, "eps", "weight_decay", "momentum_decay", "decoupled_weight_decay", "maximize"))
 
     @staticmethod
@@ -60,7 +60,7 @@ class NAdamRule(_TorchRule):
     def update_many(h: NAdam, lr, ss, ps, gs, uniform: bool = False):
         mus = [host_counter(s.mu_product) for s in ss]
         _functional("nadam", "nadam")(
-            list(ps), list(gs), [s.m for s in ss], [s.v for s in ss], mus, step_tensors(ss), foreach=True,
+            list(ps), list(gs), [s.m for s in ss], [s.v for s in ss], mus, step_tensors(ss), foreach=foreach(h),
             decoupled_weight_decay=h.decoupled_weight_decay, maximize=h.maximize, beta1=h.beta1, beta2=h.beta2,
             lr=lr, weight_decay=h.weight_decay, momentum_decay=h.momentum_decay, eps=h.eps)
         # a host tensor's value, not a device read
@@ -73,7 +73,7 @@ class RAdamRule(_TorchRule):
 
     @staticmethod
     def torch_equivalent(h: RAdam):
-        return torch.optim.RAdam, dict(lr=h.lr, betas=(h.beta1, h.beta2), foreach=True, **_pairs(
+        return torch.optim.RAdam, dict(lr=h.lr, betas=(h.beta1, h.beta2), **torch_flags(h), **_pairs(
             h, "eps", "weight_decay", "decoupled_weight_decay", "maximize"))
 
     @staticmethod
@@ -84,7 +84,7 @@ class RAdamRule(_TorchRule):
     @staticmethod
     def update_many(h: RAdam, lr, ss, ps, gs, uniform: bool = False):
         _functional("radam", "radam")(
-            list(ps), list(gs), [s.m for s in ss], [s.v for s in ss], step_tensors(ss), foreach=True,
+            list(ps), list(gs), [s.m for s in ss], [s.v for s in ss], step_tensors(ss), foreach=foreach(h),
             decoupled_weight_decay=h.decoupled_weight_decay, maximize=h.maximize, beta1=h.beta1, beta2=h.beta2,
             lr=lr, weight_decay=h.weight_decay, eps=h.eps)
         return [RAdamState(s.step + 1, s.m, s.v) for s in ss]
@@ -96,7 +96,7 @@ class AdamaxRule(_TorchRule):
 
     @staticmethod
     def torch_equivalent(h: Adamax):
-        return torch.optim.Adamax, dict(lr=h.lr, betas=(h.beta1, h.beta2), foreach=True, **_pairs(
+        return torch.optim.Adamax, dict(lr=h.lr, betas=(h.beta1, h.beta2), **torch_flags(h), **_pairs(
             h, "eps", "weight_decay", "maximize"))
 
     @staticmethod
@@ -107,7 +107,7 @@ class AdamaxRule(_TorchRule):
     @staticmethod
     def update_many(h: Adamax, lr, ss, ps, gs, uniform: bool = False):
         _functional("adamax", "adamax")(
-            list(ps), list(gs), [s.m for s in ss], [s.u for s in ss], step_tensors(ss), foreach=True,
+            list(ps), list(gs), [s.m for s in ss], [s.u for s in ss], step_tensors(ss), foreach=foreach(h),
             maximize=h.maximize, eps=h.eps, beta1=h.beta1, beta2=h.beta2, lr=lr, weight_decay=h.weight_decay)
         return [AdamaxState(s.step + 1, s.m, s.u) for s in ss]
 
@@ -122,7 +122,7 @@ class ASGDRule(_TorchRule):
 
     @staticmethod
     def torch_equivalent(h: ASGD):
-        return torch.optim.ASGD, dict(lr=h.lr, foreach=True, **_pairs(
+        return torch.optim.ASGD, dict(lr=h.lr, **torch_flags(h), **_pairs(
             h, "lambd", "alpha", "t0", "weight_decay", "maximize"))
 
     @staticmethod
@@ -135,6 +135,8 @@ class ASGDRule(_TorchRule):
         uploads: dict = {}  # one device scalar per distinct value (torch only reads and overwrites them)
 
         def upload(value: float) -> torch.Tensor:
+            if not foreach(h):  # torch's loop overwrites each tensor's eta before the next reads its own
+                return torch.tensor(value, dtype=dtype, device=device)  # an upload, never a read
             if value not in uploads:
                 uploads[value] = torch.tensor(value, dtype=dtype, device=device)  # an upload, never a read
             return uploads[value]
@@ -143,13 +145,14 @@ class ASGDRule(_TorchRule):
         mus = [upload(s.mu) for s in ss]
         steps = step_tensors(ss)
         _functional("asgd", "asgd")(
-            list(ps), list(gs), [s.ax for s in ss], mus, etas, steps, foreach=True, maximize=h.maximize,
+            list(ps), list(gs), [s.ax for s in ss], mus, etas, steps, foreach=foreach(h), maximize=h.maximize,
             lambd=h.lambd, lr=lr, t0=h.t0, alpha=h.alpha, weight_decay=h.weight_decay)
         after: dict = {}  # step reached -> (eta, mu), by torch's own expressions on the host
         for s, step in zip(ss, steps):
             if s.step + 1 not in after:
                 eta = host_counter(0.0)
-                eta.copy_(torch.as_tensor(lr / ((1 + h.lambd * lr * step) ** h.alpha)))
+                at = step if foreach(h) else step.item()  # the loop computes in Python floats (a host tensor)
+                eta.copy_(torch.as_tensor(lr / ((1 + h.lambd * lr * at) ** h.alpha)))
                 after[s.step + 1] = (eta.item(), host_counter(1 / max(1, s.step + 1 - h.t0)).item())
         return [ASGDState(s.step + 1, s.ax, *after[s.step + 1]) for s in ss]
 
@@ -168,7 +171,7 @@ class RpropRule(_TorchRule):
     @staticmethod
     def torch_equivalent(h: Rprop):
         return torch.optim.Rprop, dict(lr=h.lr, etas=(h.etaminus, h.etaplus), step_sizes=(
-            h.step_size_min, h.step_size_max), foreach=True, maximize=h.maximize)
+            h.step_size_min, h.step_size_max), **torch_flags(h), maximize=h.maximize)
 
     @staticmethod
     def init(h: Rprop, p):
@@ -181,7 +184,7 @@ class RpropRule(_TorchRule):
             if s.step == 0:
                 s.step_size.fill_(lr)
         _functional("rprop", "rprop")(
-            list(ps), list(gs), [s.prev for s in ss], [s.step_size for s in ss], step_tensors(ss), foreach=True,
+            list(ps), list(gs), [s.prev for s in ss], [s.step_size for s in ss], step_tensors(ss), foreach=foreach(h),
             maximize=h.maximize, step_size_min=h.step_size_min, step_size_max=h.step_size_max,
             etaminus=h.etaminus, etaplus=h.etaplus)
         return [RpropState(s.step + 1, s.prev, s.step_size) for s in ss]
@@ -257,7 +260,7 @@ class AdafactorRule(_TorchRule):
     @staticmethod
     def torch_equivalent(h: Adafactor):
         return torch.optim.Adafactor, dict(lr=h.lr, beta2_decay=h.beta2_decay, eps=(h.eps1, h.eps2), d=h.d,
-                                           weight_decay=h.weight_decay, maximize=h.maximize, foreach=True)
+                                           weight_decay=h.weight_decay, maximize=h.maximize, **torch_flags(h))
 
     @staticmethod
     def init(h: Adafactor, p):
@@ -272,7 +275,7 @@ class AdafactorRule(_TorchRule):
         _functional("_adafactor", "adafactor")(
             list(ps), list(gs), [s.row_var if f else None for s, f in zip(ss, factored)],
             [s.col_var if f else None for s, f in zip(ss, factored)],
-            [None if f else s.variance for s, f in zip(ss, factored)], step_tensors(ss), foreach=True,
+            [None if f else s.variance for s, f in zip(ss, factored)], step_tensors(ss), foreach=foreach(h),
             d=h.d, lr=lr, beta2_decay=h.beta2_decay, weight_decay=h.weight_decay, eps1=h.eps1, eps2=h.eps2,
             maximize=h.maximize)
         return [type(s)(s.step + 1, *s.tensors().values()) for s in ss]
