@@ -58,3 +58,14 @@ def test_dataset_helpers():
     a, b = ds.split_at(1)
     assert a.to_list() == [1] and b.to_list() == [2, 3]
     assert ds.map(lambda x: x * 2).append(Dataset([0])).to_list() == [2, 4, 6, 0]
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 1023, 1024, 1025, 2049, 10_007])
+@pytest.mark.parametrize("seed", [0, 1, 12345, 2**31 - 1])
+def test_the_vectorised_shuffle_is_upstreams_order(seed, n):
+    """Keys by the LCG's block jump and a stable argsort: the same order and next seed as
+    the per-item form at every length, block edges included (benchmarks/shuffle.py: 1.9 s
+    -> 0.13 s per epoch at 1M items)."""
+    from leantrain.data import lcg_permutation, lcg_permutation_per_item
+
+    assert lcg_permutation(seed, n) == lcg_permutation_per_item(seed, n)

@@ -1,5 +1,6 @@
 """The supervised loops: schedules, logging, no host reads, loaders (spec §7.3-§7.5, §11)."""
 
+import os
 import copy
 
 import pytest
@@ -264,3 +265,26 @@ def test_memory_watch_warns_once_when_exhaustion_is_projected():
     assert len(warnings) == 1 and "near step 20" in warnings[0]  # 500 bytes/step, 500 free at 10
     assert cadence(0, 5000, torch.device("cuda")) == 500 and cadence(0, 5000, torch.device("cpu")) == 0
     assert cadence(7, 10, torch.device("cpu")) == 7 and cadence(0, 999, torch.device("cuda")) == 0
+
+
+def test_cpu_memory_readings_are_psutils_and_a_file_read_does_not_look_like_a_leak(tmp_path):
+    """``available`` is the kernel's estimate (page cache included), as psutil reads it:
+    reading a 256 MiB file fills the page cache, which the old free-pages reading counted
+    as used memory (it fell by the file's size); the available reading barely moves."""
+    import psutil
+
+    from leantrain.training.loops.memory import _cpu_rss_and_free
+
+    rss, available = _cpu_rss_and_free()
+    assert abs(rss - psutil.Process().memory_info().rss) < 64 * 2**20
+    assert abs(available - psutil.virtual_memory().available) < 256 * 2**20
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as f:
+        for _ in range(256):
+            f.write(os.urandom(2**20))
+    before = _cpu_rss_and_free()[1]
+    with open(big, "rb") as f:
+        while f.read(2**24):
+            pass
+    after = _cpu_rss_and_free()[1]
+    assert before - after < 128 * 2**20, (before - after) / 2**20

@@ -36,6 +36,7 @@ from .params import (
     scale_gradient_pack,
 )
 from .training.loops.callbacks import Callback, EarlyStopping, ProgressBar
+from .training.runner.averaging import Averaging
 from .training.loops.loggers import CSVLogger, JSONLLogger, MLflowLogger, TensorBoardLogger, WandbLogger
 from .training.loops.config import LoaderTrainConfig, TrainConfig, TrainReport
 from .training.loops.options import CheckpointOptions, EvalOptions, ParallelOptions
@@ -67,7 +68,7 @@ __all__ = [
     "StepEvent", "save_checkpoint", "load_checkpoint", "read_checkpoint", "Checkpoint",
     "LeantrainError", "PackError", "PackTypeError", "AliasError", "ConfigError",
     "OptimizerStateError", "DataError", "CheckpointError", "NonFiniteError",
-    "evaluate", "metrics", "Callback", "EarlyStopping", "ProgressBar", "JSONLLogger", "CSVLogger",
+    "evaluate", "metrics", "Callback", "EarlyStopping", "Averaging", "ProgressBar", "JSONLLogger", "CSVLogger",
     "TensorBoardLogger", "WandbLogger", "MLflowLogger", "predict", "find_lr", "LRFinderResult",
     "seed_everything", "weights", "torchlean_io", "check", "CheckReport", "collate",
     "__version__",

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Union
 
 import torch
+import torch.utils._pytree as pytree
 import torch.nn.functional as F
 
 from .errors import ConfigError, DataError
@@ -224,31 +225,25 @@ def check_alike(op: str, batch: list) -> None:
             raise DataError(f"{op}: item {i}: its keys differ from item 0's (missing {missing}, extra {extra})")
 
 
+# Samples are walked as torch's pytrees (torch.utils._pytree): every container torch's own
+# utilities take (dicts, lists, tuples, namedtuples, OrderedDicts, dataclasses and Hugging
+# Face outputs registered as pytree nodes) comes back as the type the user built.
 def _has_tensor(x: object) -> bool:
-    if isinstance(x, torch.Tensor):
-        return True
-    if isinstance(x, dict):
-        return any(_has_tensor(v) for v in x.values())
-    if isinstance(x, (tuple, list)):
-        return any(_has_tensor(v) for v in x)
-    return False
+    return any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(x))
 
 
 def to_device(x: Any, device: torch.device) -> Any:
-    """``x`` with every tensor leaf on ``device`` (a copy only where one is elsewhere)."""
+    """``x`` with every tensor leaf on ``device`` (a copy only where one is elsewhere), in
+    its own containers."""
     if isinstance(x, torch.Tensor):
         return x if x.device == device else x.to(device)
-    if isinstance(x, dict):
-        return {k: to_device(v, device) for k, v in x.items()}
-    if isinstance(x, (tuple, list)):
-        moved = [to_device(v, device) for v in x]
-        return tuple(moved) if isinstance(x, tuple) else moved
-    return x
+    return pytree.tree_map_only(torch.Tensor, lambda t: t if t.device == device else t.to(device), x)
 
 
 def call_model(module: torch.nn.Module, sample: Sample) -> Any:
-    """The model on a (device-placed) sample: ``module(x)``, ``module(*x)``, ``module(**x)``
-    or, for a dict sample, ``module(**sample)``."""
+    """The model on a (device-placed) sample: ``module(x)``, ``module(*x)`` (a tuple or
+    list ``x``, a namedtuple too), ``module(**x)`` or, for a dict sample,
+    ``module(**sample)``; containers inside reach the model as built."""
     if isinstance(sample, dict):
         return module(**sample)
     x = sample[0]
@@ -269,7 +264,7 @@ def describe(sample: Sample) -> str:
     def one(x) -> str:
         if isinstance(x, torch.Tensor):
             return f"{tuple(x.shape)} {x.dtype}"
-        if isinstance(x, dict):
+        if isinstance(x, Mapping):
             return "{" + ", ".join(f"{k}: {one(v)}" for k, v in x.items()) + "}"
         if isinstance(x, (tuple, list)):
             return "(" + ", ".join(one(v) for v in x) + ")"
@@ -311,23 +306,10 @@ def split_rows(sample: Sample, pieces: int) -> list:
 
 
 def _rows(x: Any, path: str, sizes: dict) -> None:
-    if isinstance(x, torch.Tensor):
-        if x.dim() > 0:
-            sizes[path] = x.shape[0]
-    elif isinstance(x, dict):
-        for k, v in x.items():
-            _rows(v, f"{path}[{k!r}]", sizes)
-    elif isinstance(x, (tuple, list)):
-        for i, v in enumerate(x):
-            _rows(v, f"{path}[{i}]", sizes)
+    for where, leaf in pytree.tree_flatten_with_path(x)[0]:
+        if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
+            sizes[path + pytree.keystr(where)] = leaf.shape[0]
 
 
 def _cut(x: Any, start: int, n: int) -> Any:
-    if isinstance(x, torch.Tensor):
-        return x.narrow(0, start, n) if x.dim() > 0 else x
-    if isinstance(x, dict):
-        return {k: _cut(v, start, n) for k, v in x.items()}
-    if isinstance(x, (tuple, list)):
-        cut = [_cut(v, start, n) for v in x]
-        return tuple(cut) if isinstance(x, tuple) else cut
-    return x
+    return pytree.tree_map_only(torch.Tensor, lambda t: t.narrow(0, start, n) if t.dim() > 0 else t, x)

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy
 import torch
 from safetensors.torch import save_file
 
@@ -78,6 +80,7 @@ def save_checkpoint(
     rng: bool = True,
     ema=None,
     identity: Optional[dict] = None,
+    averaged: Optional[dict] = None,
 ) -> Path:
     """Write ``target``'s parameters, and optionally its training state, to ``path``
     atomically (a scratch file, fsynced, renamed over ``path``; a crash leaves the old
@@ -92,6 +95,7 @@ def save_checkpoint(
         loader_state: a loader's position (the loops write it).
         rng: save the random generators' states.
         ema: a moving average of the weights (an ``EMA``).
+        averaged: a torch ``AveragedModel``'s state (``Averaging.tensors()``), named.
         identity: who wrote the file (the loops: ``{"run": run id, "file": file id}``),
             what a folder of kept checkpoints checks before it deletes or loads it.
 
@@ -106,6 +110,10 @@ def save_checkpoint(
     path = check_destination(op, path)
     manifest, tensors = contents(op, params, state, progress, loader_state, rng, ema, identity=identity,
                                  model_config=model_config_text(op, target))
+    if averaged is not None:
+        manifest["averaged"] = {name: {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+                                for name, t in averaged.items()}
+        tensors.update({f"averaged.{name}": t for name, t in averaged.items()})
     names = sorted(tensors)
     with ThreadPoolExecutor(max_workers=2) as pool:  # the checksum releases the GIL
         sums = list(pool.map(lambda n: checksum(tensors[n]), names))
@@ -175,6 +183,14 @@ def contents(op: str, params: ParamList, state: Optional[OptState], progress: Op
     if rng:
         tensors["rng.torch"] = torch.get_rng_state()
         manifest["rng"]["torch"] = True
+        # Python's and NumPy's global generators (collates and transforms draw from them),
+        # this process's: their word arrays as tensors, their scalars in the manifest
+        version, words, gauss = random.getstate()
+        tensors["rng.python"] = torch.tensor(words, dtype=torch.int64)
+        manifest["rng"]["python"] = {"version": version, "gauss": gauss}
+        _, keys, pos, has_gauss, cached = numpy.random.get_state()
+        tensors["rng.numpy"] = torch.from_numpy(keys.astype(numpy.int64))
+        manifest["rng"]["numpy"] = {"pos": int(pos), "has_gauss": int(has_gauss), "gauss": float(cached)}
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             for d, st in enumerate(torch.cuda.get_rng_state_all()):
                 tensors[f"rng.cuda.{d}"] = st

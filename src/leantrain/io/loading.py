@@ -5,10 +5,13 @@ installed (parameters, optimizer state, generators). A rejected load changes not
 
 from __future__ import annotations
 
+import random
+
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
+import numpy
 import torch
 
 from .atomic import PathLike
@@ -31,6 +34,7 @@ class Checkpoint:
     progress: dict = field(default_factory=dict)
     loader_state: Optional[dict] = None
     ema: Optional[dict] = None  # {"decay", "count", "values": {storage index: CPU tensor}}
+    averaged: Optional[dict] = None  # a torch AveragedModel's state: {name: CPU tensor}
 
 
 def _fit_problems(manifest: dict, tensors: dict, checked, params: ParamList, optimizer, follow: bool = False
@@ -50,6 +54,7 @@ def _fit_problems(manifest: dict, tensors: dict, checked, params: ParamList, opt
             torch.Generator().set_state(tensors["rng.torch"])
         except RuntimeError as e:
             problems.append(f"rng: 'rng.torch' is not a generator state torch takes ({str(e).splitlines()[0]})")
+    problems += _py_numpy_problems(manifest["rng"], tensors)
     fits = not problems
     if fits and torch.cuda.is_available():  # the generators' states are restored only after everything else
         for d in range(min(manifest["rng"]["cuda"], torch.cuda.device_count())):
@@ -145,6 +150,13 @@ def load_checkpoint(
     rng = manifest.get("rng", {})
     if restore_rng and rng.get("torch"):
         torch.set_rng_state(tensors["rng.torch"])
+    if restore_rng and rng.get("python") is not None:
+        random.setstate((rng["python"]["version"], tuple(int(v) for v in tensors["rng.python"].tolist()),
+                         rng["python"]["gauss"]))
+    if restore_rng and rng.get("numpy") is not None:
+        n = rng["numpy"]
+        numpy.random.set_state(("MT19937", tensors["rng.numpy"].numpy().astype(numpy.uint32), n["pos"],
+                                n["has_gauss"], n["gauss"]))
     if restore_rng and rng.get("cuda") and torch.cuda.is_available():
         for d in range(min(rng["cuda"], torch.cuda.device_count())):
             torch.cuda.set_rng_state(tensors[f"rng.cuda.{d}"], d)
@@ -153,7 +165,30 @@ def load_checkpoint(
     if manifest.get("ema") is not None:
         e = manifest["ema"]
         ema = {"decay": e["decay"], "count": e["count"], "values": {k: tensors[f"ema.{k}"] for k in e["storages"]}}
-    return Checkpoint(path, manifest, state, manifest.get("progress", {}), loader_state, ema)
+    averaged = None
+    if manifest.get("averaged") is not None:
+        averaged = {name: tensors[f"averaged.{name}"] for name in manifest["averaged"]}
+    return Checkpoint(path, manifest, state, manifest.get("progress", {}), loader_state, ema, averaged)
+
+
+def _py_numpy_problems(rng: dict, tensors: dict) -> list[str]:
+    """Python's and NumPy's saved states tried on throwaway generators: a state they refuse
+    is said before anything is installed."""
+    out = []
+    if rng.get("python") is not None:
+        try:
+            random.Random().setstate((rng["python"]["version"], tuple(int(v) for v in tensors["rng.python"].tolist()),
+                                      rng["python"]["gauss"]))
+        except (ValueError, TypeError, OverflowError) as e:
+            out.append(f"rng: 'rng.python' is not a state Python's random takes ({e})")
+    if rng.get("numpy") is not None:
+        n = rng["numpy"]
+        try:
+            numpy.random.RandomState().set_state(("MT19937", tensors["rng.numpy"].numpy().astype(numpy.uint32),
+                                                  n["pos"], n["has_gauss"], n["gauss"]))
+        except (ValueError, TypeError) as e:
+            out.append(f"rng: 'rng.numpy' is not a state NumPy takes ({e})")
+    return out
 
 
 def loader_record(manifest: dict, tensors: dict) -> Optional[dict]:

@@ -99,6 +99,7 @@ def check_manifest(m: dict) -> Checked:
     if not isinstance(m.get("progress", {}), dict):
         out.append(f"progress: expected an object, got {_short(m.get('progress'))}")
     out += _loader_problems(m.get("loader"))
+    out += _averaged_problems(m.get("averaged"))
     ema = m.get("ema")
     if ema is not None:
         n = next_storage
@@ -124,6 +125,8 @@ def check_manifest(m: dict) -> Checked:
     if not (isinstance(rng, dict) and isinstance(rng.get("torch"), bool)
             and _count(rng.get("cuda")) and rng["cuda"] <= MAX_CUDA_DEVICES):
         out.append(f"rng: expected {{torch: true/false, cuda: device count}}, got {_short(rng)}")
+    elif not _py_numpy_rng_ok(rng):
+        out.append(f"rng: python/numpy states malformed, got {_short(rng)}")
     sums = m.get("checksums")
     if not (isinstance(sums, dict) and all(is_int(v) and 0 <= v < 2**32 for v in sums.values())):
         out.append("checksums: expected a map of tensor names to 32-bit checksums")
@@ -207,10 +210,16 @@ def expected_tensors(m: dict) -> dict[str, tuple[torch.dtype, Optional[tuple[int
     if m.get("ema") is not None:
         for k in m["ema"]["storages"]:
             want[f"ema.{k}"] = storage[k]
+    for name, spec in (m.get("averaged") or {}).items():
+        want[f"averaged.{name}"] = (DTYPE_NAMES[spec["dtype"]], tuple(spec["shape"]))
     if m["rng"]["torch"]:
         want["rng.torch"] = (torch.uint8, tuple(torch.get_rng_state().shape))
     for d in range(m["rng"]["cuda"]):
         want[f"rng.cuda.{d}"] = (torch.uint8, None)
+    if "python" in m["rng"]:
+        want["rng.python"] = (torch.int64, (625,))
+    if "numpy" in m["rng"]:
+        want["rng.numpy"] = (torch.int64, (624,))
     return want
 
 
@@ -267,3 +276,27 @@ def _short(x: object) -> str:
     except RecursionError:
         return f"a {type(x).__name__} nested too deep"
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _py_numpy_rng_ok(rng: dict) -> bool:
+    """Python's and NumPy's generator scalars, where saved (older checkpoints have neither)."""
+    py, np_ = rng.get("python"), rng.get("numpy")
+    if py is not None and not (isinstance(py, dict) and isinstance(py.get("version"), int)
+                               and (py.get("gauss") is None or isinstance(py.get("gauss"), (int, float)))):
+        return False
+    if np_ is not None and not (isinstance(np_, dict) and isinstance(np_.get("pos"), int)
+                                and 0 <= np_["pos"] <= 624 and np_.get("has_gauss") in (0, 1)
+                                and isinstance(np_.get("gauss"), (int, float))):
+        return False
+    return True
+
+
+def _averaged_problems(averaged: object) -> list[str]:
+    """A torch AveragedModel's state entry: names to known dtypes and shapes."""
+    if averaged is None:
+        return []
+    ok = isinstance(averaged, dict) and all(
+        isinstance(name, str) and isinstance(spec, dict) and spec.get("dtype") in DTYPE_NAMES
+        and isinstance(spec.get("shape"), list) and all(_count(d) for d in spec["shape"])
+        for name, spec in averaged.items())
+    return [] if ok else [f"averaged: expected {{name: {{dtype, shape}}}}, got {_short(averaged)}"]

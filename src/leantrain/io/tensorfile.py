@@ -1,9 +1,10 @@
 """Reading a safetensors file through one open file descriptor, header first.
 
-Why not ``safe_open``: a reader racing an atomic writer could take the header from
-one file and the data from the next (two opens by name), and a hostile file makes
-the reader do its work before anything is checked. Here the file is opened once;
-the header is parsed and bounded (its size, every entry's dtype, shape and byte
+Why not ``safe_open``: it opens the file by name, and leantrain reads a checkpoint's
+manifest and its tensors as one file: a reader racing an atomic writer could take the
+header from one file and the data from the next (two opens by name). (``safe_open``
+validates the header when it opens; that is not the reason.) Here the file is opened
+once; the header is parsed and bounded (its size, every entry's dtype, shape and byte
 range) before a single tensor byte is read, so the caller can compare the list of
 tensors with what it expects and reject strays for the price of the header.
 

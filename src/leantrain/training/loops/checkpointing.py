@@ -164,6 +164,8 @@ class Checkpointer:
             self.scaler.scale.fill_(p["loss_scale"])
             self.scaler.tracker.fill_(p["scale_tracker"])
         restore_callbacks(self.op, self.callbacks, p.get("callbacks", []))
+        if self.cfg.averaging is not None:
+            self.cfg.averaging.load(self.op, ck.averaged)
         if self.folder is not None:
             self.folder.resume(p.get("checkpoints", []), p.get("checkpoint_folder"))
         self.record.resume(p)
@@ -208,9 +210,10 @@ class Checkpointer:
             kept = {"checkpoints": self.folder.record(path, step, metric, self.run_id, file_id),
                     "checkpoint_folder": self.folder.where()}
         try:
+            averaged = {} if self.cfg.averaging is None else {"averaged": self.cfg.averaging.tensors()}
             self.strategy.save(path, runner, state, dict(self._progress(progress), **kept), loader_state,
                                runner.ema if self.cfg.ema_decay is not None else None,
-                               {"run": self.run_id, "file": file_id})
+                               {"run": self.run_id, "file": file_id}, **averaged)
         except LeantrainError:
             raise
         except Exception as e:  # a peer lost inside a sharded save: a CollectiveError naming what survives
@@ -355,6 +358,8 @@ def resume_check(kind: str, cfg, expect: dict, want_path: str, scaling: bool, ex
         if cfg.ema_decay is not None and (e is None or e["decay"] != cfg.ema_decay):
             problems.append(f"ema: checkpoint has {None if e is None else e['decay']!r}, "
                             f"this run has ema_decay={cfg.ema_decay!r}")
+        if cfg.averaging is not None and manifest.get("averaged") is None:
+            problems.append("averaged: the checkpoint keeps no averaged model, this run has averaging")
         if manifest["optimizer"].get("path") != want_path:
             problems.append(f"the checkpoint's optimizer history is {manifest['optimizer'].get('path')}; "
                             f"resume with parameters on the same kind of device")

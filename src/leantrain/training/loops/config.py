@@ -52,6 +52,15 @@ def _common(op: str, cfg, records: dict) -> None:
             if bad:
                 raise ConfigError(f"{op}: sharding='parameters' does not take {what} yet (the parameters are "
                                   f"gathered module by module, item by item); use sharding='gradients' for it")
+    if cfg.averaging is not None:
+        from ..runner.averaging import Averaging
+
+        if not isinstance(cfg.averaging, Averaging):
+            raise ConfigError(f"{op}: averaging must be a leantrain Averaging (of a torch AveragedModel), got "
+                              f"{type(cfg.averaging).__name__}")
+        if cfg.sharding is not None:
+            raise ConfigError(f"{op}: averaging updates the AveragedModel from the whole module: it does not "
+                              f"run with sharding (use ema_decay, which averages on the shards)")
     if cfg.eval_ema and cfg.ema_decay is None:
         raise ConfigError(f"{op}: eval_ema evaluates the moving average: set ema_decay")
     if cfg.exact_reduction and cfg.accumulation != "exact":
@@ -117,7 +126,12 @@ class LoopOptions:
     update (one of them; ``torch.nn.utils.clip_grad_norm_``'s rule), the norm before
     clipping reported on logged steps (``TrainReport.grad_norms``, ``StepEvent.grad_norm``);
     ``ema_decay``: keep a moving average of the weights (``Runner.ema_values()``, saved in
-    checkpoints; see ema.py); ``eval_ema``: evaluate ``eval_data`` with the averaged weights;
+    checkpoints; see ema.py); ``eval_ema``: evaluate ``eval_data`` with the averaged weights; ``averaging``: drive the user's ``torch.optim.swa_utils.AveragedModel``
+    (``Averaging``: every N updates, from update K, torchvision's warm-up reset), kept in
+    checkpoints (one process; ``runner/averaging.py``); ``eval_draws``:
+    ``"restore"`` (an evaluation changes nothing: every generator put back) or
+    ``"advance"`` (a hand-written loop's: the evaluation loader draws from the global
+    generator, so later shuffles follow from there; see ``EvalOptions``);
     ``autocast``: ``"bfloat16"`` or ``"float16"`` mixed precision (precision.py; float16
     scales the loss and skips overflow steps whatever ``nonfinite`` says); ``compile``: each
     item's loss and gradients through ``torch.compile`` (compiled.py: faster kernels that
@@ -146,6 +160,8 @@ class LoopOptions:
     clip_grad_value: Optional[float] = None
     ema_decay: Optional[float] = None
     eval_ema: bool = False
+    eval_draws: str = "restore"
+    averaging: Optional[object] = None
     autocast: Optional[str] = None
     compile: bool = False
     sharding: Optional[str] = None

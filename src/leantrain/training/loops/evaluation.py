@@ -10,12 +10,15 @@ example, over items when it returns one value per item.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
 import torch
+import torch.utils._pytree as pytree
 
 from ...data import DataLoader, Dataset
 from ...errors import ConfigError
+from ...validate import check_choice
 from .batches import loader_generators, loader_samples
 from ..runner.binding import rng_preserved
 from ..runner.runner import Runner, Sample, check_sample
@@ -39,10 +42,13 @@ def eval_items(op: str, data: EvalData) -> Iterator[Sample]:
 
 
 def evaluate(
-    runner: Runner, data: EvalData, metrics: Optional[Mapping[str, Metric]] = None, *, ema: bool = False
+    runner: Runner, data: EvalData, metrics: Optional[Mapping[str, Metric]] = None, *, ema: bool = False,
+    draws: str = "restore",
 ) -> dict[str, float]:
     """The mean loss and metrics of ``runner`` on ``data``, in eval mode, with no gradient
-    and no buffer update; the runner's mode and the random generators are left as found.
+    and no buffer update; the runner's mode is left as found, and the random generators
+    too (``draws="restore"``), or as a hand-written loop leaves them (``"advance"``: the
+    loader's iterator has drawn its seed from the global generator).
     Reads the results back to the host once (a device sync on CUDA), as asked.
 
     Args:
@@ -52,6 +58,8 @@ def evaluate(
         metrics: ``{name: fn(output, target) -> tensor}`` (``leantrain.metrics.accuracy``);
             one value per example is averaged over examples, one per item over items.
         ema: evaluate the moving average of the weights (``ema_decay``) in their place.
+        draws: ``"restore"`` (every generator put back: torch's, CUDA's, Python's, NumPy's
+            and the loader's own) or ``"advance"`` (left as the pass leaves them).
 
     Returns:
         ``{"loss": mean item loss, name: metric, ..., "items": count}`` (upstream's rule:
@@ -68,17 +76,18 @@ def evaluate(
         if runner.ema is None:
             raise ConfigError(f"{op}: ema=True but the runner keeps no moving average (train with ema_decay)")
         with runner.ema.applied(runner.params):
-            return evaluate(runner, data, metrics)
+            return evaluate(runner, data, metrics, draws=draws)
     metrics = dict(metrics or {})
     for name, fn in metrics.items():
         if not isinstance(name, str) or not callable(fn) or name in ("loss", "items"):
             raise ConfigError(f"{op}: metric {name!r}: expected a name (not 'loss' or 'items') and a callable")
+    check_choice(op, "draws", draws, ("restore", "advance"))
     items = eval_items(op, data)
     sums = {name: [torch.zeros((), dtype=torch.float64, device=runner.device), 0] for name in metrics}
     total, n = None, 0
     with runner.in_mode("eval"):
-        with rng_preserved(runner.device, loader_generators(data)), torch.no_grad(), runner.binding(op) as bound, \
-                bound.scratch_buffers():
+        kept = rng_preserved(runner.device, loader_generators(data)) if draws == "restore" else nullcontext()
+        with kept, torch.no_grad(), runner.binding(op) as bound, bound.scratch_buffers():
             for sample in items:
                 n += 1
                 s = runner.inputs(sample)
@@ -130,14 +139,15 @@ def result_names(cfg) -> set[str]:
 
 
 def evaluate_sets(runner: Runner, data: Union[EvalData, Mapping[str, EvalData]],
-                  metrics: Optional[Mapping[str, Metric]] = None, *, ema: bool = False) -> dict[str, float]:
+                  metrics: Optional[Mapping[str, Metric]] = None, *, ema: bool = False,
+                  draws: str = "restore") -> dict[str, float]:
     """``evaluate`` on one set, or on each named set of a dict with its results' names
     prefixed by the set's (``val_loss``, ``test_accuracy``), in the dict's order."""
     if not isinstance(data, Mapping):
-        return evaluate(runner, data, metrics, ema=ema)
+        return evaluate(runner, data, metrics, ema=ema, draws=draws)
     out: dict[str, float] = {}
     for name, one in data.items():
-        out.update({f"{name}_{k}": v for k, v in evaluate(runner, one, metrics, ema=ema).items()})
+        out.update({f"{name}_{k}": v for k, v in evaluate(runner, one, metrics, ema=ema, draws=draws).items()})
     return out
 
 
@@ -185,16 +195,15 @@ def _outputs(runner: Runner, items: Iterator[Sample], generators: list, to) -> I
 
 
 def _moved(out: Any, to) -> Any:
-    """``out`` detached (tensors inside dicts, tuples and model outputs too), on ``to``."""
+    """``out`` detached (tensors inside dicts, tuples, namedtuples and model outputs too:
+    torch's pytrees, each container as built), on ``to``."""
     if isinstance(out, torch.Tensor):
         out = out.detach()
         return out if to is None else out.to(to)
-    if isinstance(out, Mapping):
+    if isinstance(out, Mapping) and type(out) not in pytree.SUPPORTED_NODES:  # a mapping torch does not walk
         moved = {k: _moved(v, to) for k, v in out.items()}
         try:
             return type(out)(moved)
         except TypeError:
             return moved
-    if isinstance(out, (list, tuple)) and not hasattr(out, "_fields"):
-        return type(out)(_moved(v, to) for v in out)
-    return out
+    return pytree.tree_map_only(torch.Tensor, lambda t: _moved(t, to), out)

@@ -43,6 +43,13 @@ def check_inputs(op: str, runner: object, cfg: object, kind: type) -> None:
                     f"float32 (autocast computes in float16), or use autocast='bfloat16'")
 
 
+def check_start(op: str, cfg, runner: Runner, one_process: bool) -> None:
+    """What a run checks of its schedule and its averaged model before anything runs."""
+    check_schedule(op, cfg, runner)
+    if cfg.averaging is not None:
+        cfg.averaging.check(op, runner.module, hasattr(cfg, "epochs"), one_process)
+
+
 def check_schedule(op: str, cfg, runner: Runner) -> None:
     """Refuse, before training starts, a schedule whose largest rate does not survive
     rounding to a trainable parameter's dtype (``1e308`` is infinite in binary32), and a

@@ -8,9 +8,9 @@ steps, and warns once when the drop per step projects exhaustion before the end.
 
 from __future__ import annotations
 
-import os
 from typing import Callable, Optional
 
+import psutil
 import torch
 
 
@@ -23,12 +23,10 @@ def cadence(mem_watch: int, steps: int, device: torch.device) -> int:
 
 
 def _cpu_rss_and_free() -> tuple[int, int]:
-    """(resident bytes of this process, available bytes of the machine)."""
-    page = os.sysconf("SC_PAGE_SIZE")
-    with open("/proc/self/statm") as f:
-        rss = int(f.read().split()[1]) * page
-    free = os.sysconf("SC_AVPHYS_PAGES") * page
-    return rss, free
+    """(resident bytes of this process, available bytes of the machine): psutil's, on every
+    system; "available" is the kernel's estimate of what can be allocated without swapping
+    (free memory plus the page cache it can drop), not free memory alone."""
+    return psutil.Process().memory_info().rss, psutil.virtual_memory().available
 
 
 class MemoryWatch:

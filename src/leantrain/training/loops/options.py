@@ -86,16 +86,21 @@ class EvalOptions:
     results are named ``val_loss``, ``test_loss``...), ``every`` N updates (loaders also
     ``every_epochs``; with neither, an in-memory loop evaluates after every update and a
     loader loop after every epoch), ``metrics`` (``{name: fn(output, target)}``), ``ema``
-    (evaluate the moving average of the weights)."""
+    (evaluate the moving average of the weights), ``draws``: ``"restore"`` (the default:
+    an evaluation changes nothing, every generator it draws from is put back) or
+    ``"advance"`` (as a hand-written loop, Lightning and Trainer: the evaluation loader's
+    iterator draws its seed from the global generator, and the run's later shuffles and
+    augmentations follow from there)."""
 
     data: Optional[object] = None
     every: Optional[int] = None
     metrics: Optional[Mapping[str, Callable]] = None
     ema: bool = False
     every_epochs: Optional[int] = None
+    draws: str = "restore"
 
     FLAT: ClassVar[dict] = {"data": "eval_data", "every": "eval_every", "metrics": "eval_metrics", "ema": "eval_ema",
-                            "every_epochs": "eval_every_epochs"}
+                            "every_epochs": "eval_every_epochs", "draws": "eval_draws"}
     OP: ClassVar[str] = "EvalOptions"
 
     def __post_init__(self) -> None:
@@ -104,6 +109,7 @@ class EvalOptions:
             if getattr(self, name) is not None:
                 check_count(op, self.FLAT[name], getattr(self, name), 1)
         check_bool(op, "eval_ema", self.ema)
+        check_choice(op, "eval_draws", self.draws, EVAL_DRAWS)
         check_eval_sets(op, self.data)
         if self.metrics is not None and (
             not isinstance(self.metrics, Mapping) or not all(callable(f) for f in self.metrics.values())
@@ -116,6 +122,9 @@ class EvalOptions:
                                   f"'kind', 'step' and 'epoch' (choose another name)")
         if self.metrics and self.data is None:
             raise ConfigError(f"{op}: eval_metrics needs eval_data")
+
+
+EVAL_DRAWS = ("restore", "advance")
 
 
 @dataclass(frozen=True, kw_only=True)

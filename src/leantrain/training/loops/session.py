@@ -39,7 +39,7 @@ from .config import TrainReport, run_config
 from .evaluation import evaluate_sets
 from .events import Progress, StepCallback, StepEvent
 from .listeners import Listeners
-from .loop_checks import check_schedule, loop_callbacks
+from .loop_checks import check_start, loop_callbacks
 from .profiling import UpdateProfiler
 from .record import RunRecord
 from .run_options import deterministic_mode, seed_everything
@@ -136,7 +136,7 @@ class Session:
         ``cfg.resume_from``, the checkpoint's state (its progress must match ``expect``,
         and ``loader_check(manifest, tensors)`` find no problem)."""
         cfg, runner, strategy, ck = self.cfg, self.runner, self.strategy, self.checkpoints
-        check_schedule(self.op, cfg, runner)
+        check_start(self.op, cfg, runner, type(strategy) is Strategy)
         refused = ck.start(expect)
         strategy.agree_on_start(self.op, dict(ck.expect, resume=ck.resume_from is not None, refused=refused))
         # Nothing of the runner changes (its mode, its moving average) until the start is accepted.
@@ -209,6 +209,8 @@ class Session:
         when due, the checkpoint's turn. True: stop. ``loader_state``: the loader's
         position (a function, asked only when a file is written)."""
         step, record, ck = at.step, self.record, self.checkpoints
+        if self.cfg.averaging is not None:  # before the callbacks, the evaluation and the checkpoint see it
+            self.cfg.averaging.after_update(self.runner, at, getattr(self.cfg, "accumulate", 1))
         with self._range("leantrain.after_update"):
             record.last_norm = record.last_rates = None
             self.meter.count(batch)
@@ -267,7 +269,8 @@ class Session:
     def evaluate(self, step: int) -> bool:
         """Evaluate on ``cfg.eval_data`` after update ``step``, keep the results, tell the callbacks."""
         with self._range("leantrain.evaluate"):
-            results = evaluate_sets(self.runner, self.cfg.eval_data, self.cfg.eval_metrics, ema=self.cfg.eval_ema)
+            results = evaluate_sets(self.runner, self.cfg.eval_data, self.cfg.eval_metrics, ema=self.cfg.eval_ema,
+                                    draws=self.cfg.eval_draws)
         self.record.evals.append((step, results))
         metrics = (self.cfg.eval_metrics or {}).values()
         return self.listeners.evaluated(step, results, any(fn not in BUILTIN_METRICS for fn in metrics))

@@ -90,14 +90,14 @@ class Strategy:
         return NOTHING
 
     def save(self, path, runner: Runner, state: OptState, progress: dict, loader_state, ema,
-             identity: Optional[dict] = None) -> None:
+             identity: Optional[dict] = None, *, averaged: Optional[dict] = None) -> None:
         """Write one checkpoint (``loader_state`` may be a function asked only when a
         file is written; ``identity``: the run's and the file's ids)."""
         if self.main:
             if callable(loader_state):
                 loader_state = loader_state()
             save_checkpoint(path, runner, state=state, progress=progress, loader_state=loader_state, ema=ema,
-                            identity=identity)
+                            identity=identity, averaged=averaged)
 
     def mean_loss(self, runner: Runner, samples: Iterable[Sample]) -> Optional[float]:
         """A measured mean loss over ``samples`` (this process's)."""

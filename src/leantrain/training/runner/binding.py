@@ -32,8 +32,10 @@ an extra forward, and a model that does pays it once, on its first step.
 from __future__ import annotations
 
 import contextlib
+import random
 from typing import Any, Optional, Protocol, Sequence
 
+import numpy
 import torch
 
 from .backward import all_plain
@@ -65,14 +67,18 @@ def set_rng_state(device: torch.device, state) -> None:
 
 @contextlib.contextmanager
 def rng_preserved(device: torch.device, generators: Sequence[torch.Generator] = ()):
-    """Run a block that must not consume the caller's randomness (a measuring pass):
-    the global generators and ``generators`` are put back as they were."""
+    """Run a block that must not consume the caller's randomness (a measuring pass, an
+    evaluation): every global generator a collate or transform may draw from (torch's,
+    CUDA's, Python's ``random``, NumPy's) and ``generators`` are put back as they were."""
     saved = rng_state(device)
+    py, np_state = random.getstate(), numpy.random.get_state()
     own = [(g, g.get_state()) for g in generators]
     try:
         yield
     finally:
         set_rng_state(device, saved)
+        random.setstate(py)
+        numpy.random.set_state(np_state)
         for g, s in own:
             g.set_state(s)
 

@@ -97,7 +97,8 @@ class ShardedStrategy(DataParallelStrategy):
         check_plan(op, self.reduction.plan, runner.slot_map())
         super().before_update(op, runner, batch)
 
-    def save(self, path, runner: Runner, state, progress: dict, loader_state, ema, identity=None) -> None:
+    def save(self, path, runner: Runner, state, progress: dict, loader_state, ema, identity=None, *,
+             averaged=None) -> None:
         check_trainable_kept("save_checkpoint", runner)  # never a checkpoint marking a slot with no state
         # every rank writes its file, rank 0 the index (checkpoint.py)
         if callable(loader_state):
