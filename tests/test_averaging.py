@@ -87,3 +87,48 @@ def test_a_checkpoint_without_an_averaged_model_does_not_resume_a_run_with_one(t
         lt.train_samples(lt.Runner.from_module(_net(), "mse"),
                          lt.TrainConfig(steps=4, optimizer=optim.sgd(0.1), log_every=0, resume_from=tmp_path / "c.ckpt",
                                         averaging=lt.Averaging(swa_utils.AveragedModel(model))), _data(), log=None)
+
+
+def test_swa_as_torchs_swa_utils_loop_runs_it():
+    """torch's SWA recipe: a cosine schedule then SWALR from epoch 2 (SequentialLR), the
+    average updated at the end of each epoch from there, BatchNorm statistics recomputed
+    with ``update_bn`` after training: the same averaged model."""
+    from leantrain.optim import lr_scheduler as L
+
+    def loader():
+        return torch.utils.data.DataLoader(list(zip(*[torch.cat(t) for t in zip(*_data(8))])), batch_size=4,
+                                           shuffle=True)
+
+    def schedule(module, opt):
+        swalr = swa_utils.SWALR if module is torch.optim.lr_scheduler else module.SWALR
+        return module.SequentialLR(opt, [module.CosineAnnealingLR(opt, T_max=5), swalr(opt, swa_lr=0.02)],
+                                   milestones=[2])
+
+    torch.manual_seed(3)
+    model, spe = _net(), 4
+    ref = copy.deepcopy(model)
+    theirs = swa_utils.AveragedModel(ref)
+    torch_opt = torch.optim.SGD(ref.parameters(), lr=0.1, fused=True)
+    sched = schedule(torch.optim.lr_scheduler, torch_opt)
+    train = loader()
+    torch.manual_seed(4)
+    for epoch in range(5):
+        for x, y in train:
+            torch_opt.zero_grad()
+            torch.nn.functional.mse_loss(ref(x), y).backward()
+            torch_opt.step()
+        if epoch >= 2:
+            theirs.update_parameters(ref)
+        sched.step()
+    swa_utils.update_bn(train, theirs)
+
+    swa = swa_utils.AveragedModel(model)
+    opt = optim.sgd(0.1)
+    ours = loader()
+    torch.manual_seed(4)
+    lt.train_loader(lt.Runner.from_module(model, "mse"),
+                    lt.LoaderTrainConfig(epochs=5, optimizer=opt, scheduler=schedule(L, opt), log_every=0,
+                                         measure_loss=False, averaging=lt.Averaging(swa, every=spe, start=3 * spe)),
+                    ours, log=None)
+    swa_utils.update_bn(ours, swa)
+    assert all(torch.equal(a, b) for a, b in zip(swa.state_dict().values(), theirs.state_dict().values()))

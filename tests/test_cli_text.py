@@ -50,6 +50,7 @@ def test_the_text_preset_trains_a_tied_gpt_and_reports_tokens_and_perplexity(tmp
     assert report["tokens_per_second"] > 0 and math.isfinite(report["test_perplexity"])
     assert report["test_perplexity"] == pytest.approx(math.exp(report["test_loss"]))
     assert report["test_perplexity"] < 128  # below chance over the 128 codes after 12 updates
+    assert "test_accuracy" not in report  # a language model has no accuracy: no key, not null
     config = json.loads((out / "config.json").read_text())
     assert config["preset"] == "text-gpt" and config["loss"] is None  # the preset's own: the model's loss
 

@@ -71,7 +71,8 @@ def test_a_resumed_run_continues_the_same_numbers(tmp_path):
     runner, cfg, loader = _job(tmp_path)
     straight, _ = lt.train_loader(runner, cfg, loader, log=None)
 
-    runner, cfg, loader = _job(tmp_path / "b", max_steps=10)
+    # max_steps ends that run: eval_at_end would evaluate its update 10, off the straight run's cadence
+    runner, cfg, loader = _job(tmp_path / "b", max_steps=10, eval_at_end=False)
     lt.train_loader(runner, cfg, loader, log=None)
     runner, cfg, loader = _job(tmp_path / "b", resume_from="auto")
     lines = []

@@ -72,13 +72,22 @@ def lcg_permutation(seed: int, n: int) -> tuple[int, list[int]]:
     return int(keys[-1]), numpy.argsort(keys, kind="stable").tolist()
 
 
-def _items(collated) -> list:
-    """A collate's result as a list batch: a list as it is; one dict or one ``(x, y)``
-    tuple as a list of that one item."""
-    if isinstance(collated, Mapping) or (isinstance(collated, tuple) and len(collated) == 2
-                                         and isinstance(collated[0], torch.Tensor)):
-        return [collated]
-    return list(collated)
+def list_batch(op: str, batch: object) -> list:
+    """A loader batch (a collate's result) as the list batch every pass reads (training,
+    the before/after passes, evaluation, ``predict``, ``find_lr``, ``check``): a list of
+    samples as it is; one collated ``(x, y)`` pair of tensors (``default_collate`` gives a
+    list of two) or one collated mapping (a Hugging Face collator's ``BatchEncoding``, as a
+    dict): a list of that one item; anything else a ``DataError``."""
+    if isinstance(batch, Mapping):
+        return [dict(batch)]
+    if isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch):
+        return [(batch[0], batch[1])]
+    if isinstance(batch, (tuple, list)):
+        return [dict(s) if isinstance(s, Mapping) else s for s in batch]
+    raise DataError(
+        f"{op}: a loader batch must be a list of samples, one (x, y) pair of tensors or one dict of "
+        f"the model's inputs, got {type(batch).__name__}"
+    )
 
 
 def dataset_length(op: str, dataset, what: str = "the dataset") -> int:
@@ -305,7 +314,7 @@ class DataLoader(Generic[T]):
         return nxt, worker_batches(self, mine, (self.seed, self.passes))
 
     def _collated(self, items: list) -> list:
-        return _items(self.collate(items)) if self.collate is not None and items else items
+        return list_batch("DataLoader.collate", self.collate(items)) if self.collate is not None and items else items
 
     def read(self, batch: list) -> list:
         """A batch as the loop trains on it: this rank's share, collated (``batch``: items,

@@ -32,20 +32,23 @@ def report_run(plan, job, report: TrainReport) -> int:
     result = {
         "preset": cfg.preset if cfg.model is None else None, "model": cfg.model,
         "loss_before": report.before, "loss_after": report.after, "test_loss": res["loss"],
-        "test_accuracy": res["accuracy"] if job.classify else None,
         "steps": report.steps, "samples_seen": total,
         "wall_time_s": round(report.wall_time, 3),
         "aliased_slots": sum(1 for i, c in enumerate(reps) if c is not None and c != i),
         "frozen_slots": sum(1 for c in reps if c is None),
     }
+    if job.classify:  # a run without accuracy has no key for it (not null)
+        result["test_accuracy"] = res["accuracy"]
     if res_ema is not None:
         result["test_loss_ema"] = res_ema["loss"]
-        result["test_accuracy_ema"] = res_ema["accuracy"] if job.classify else None
+        if job.classify:
+            result["test_accuracy_ema"] = res_ema["accuracy"]
     if job.tokens_per_sample is not None:  # token samples: a language model's figures
         seen = total - samples_through(plan.start_step, job.n_train, cfg.batch_size, cfg.accumulate)
         result["tokens_seen"] = round(total * job.tokens_per_sample)
         result["tokens_per_second"] = round(seen * job.tokens_per_sample / max(report.wall_time, 1e-9), 1)
-        result["test_perplexity"] = perplexity(res["loss"]) if job.loss == "model" else None
+        if job.loss == "model":
+            result["test_perplexity"] = perplexity(res["loss"])
     atomic_write_bytes(out / "report.json", (json.dumps(result, indent=2) + "\n").encode(), "--out")
     try:
         plot_metrics(plan.metrics, out / "loss.png")

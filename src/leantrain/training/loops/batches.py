@@ -7,28 +7,13 @@ from typing import Iterable, Iterator, Optional, Union
 
 import torch
 
-from ...data import DataLoader
-from ...errors import DataError
+from ...data import DataLoader, list_batch
 from ..runner.runner import Sample
 
 Loader = Union[DataLoader, Iterable]
 
 
-def as_list_batch(op: str, batch: object) -> list[Sample]:
-    """A loader batch: a list of samples, one collated ``(x, y)`` pair of tensors, or one
-    collated dict (a Hugging Face collator's ``BatchEncoding`` too): a list of one."""
-    if isinstance(batch, Mapping):
-        return [dict(batch)]
-    if isinstance(batch, (tuple, list)) and len(batch) == 2 and all(
-        isinstance(t, torch.Tensor) for t in batch
-    ):
-        return [(batch[0], batch[1])]
-    if isinstance(batch, (tuple, list)):
-        return [dict(s) if isinstance(s, Mapping) else s for s in batch]
-    raise DataError(
-        f"{op}: a loader batch must be a list of samples, one (x, y) pair of tensors or one dict of "
-        f"the model's inputs, got {type(batch).__name__}"
-    )
+as_list_batch = list_batch  # one reading of a loader's batch for every pass (data.list_batch)
 
 
 def examples_in(raw: object, items: list) -> int:

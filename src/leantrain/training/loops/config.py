@@ -13,7 +13,7 @@ from ...optim import Optimizer, Schedule, sgd
 from ...optim.clipping import check_clip
 from ..runner.ema import check_decay
 from ..runner.precision import check_autocast
-from ...validate import check_bool, check_choice, check_count
+from ...validate import check_bool, check_choice, check_count, is_int
 from .checkpoint_folder import template_fields
 from .evaluation import result_names
 from .options import CheckpointOptions, EvalOptions, ParallelOptions, group
@@ -41,6 +41,7 @@ def _common(op: str, cfg, records: dict) -> None:
     check_choice(op, "nonfinite", cfg.nonfinite, NONFINITE_MODES)
     check_choice(op, "accumulation", cfg.accumulation, ACCUMULATION_MODES)
     check_bool(op, "measure_loss", cfg.measure_loss)
+    check_bool(op, "log_memory", cfg.log_memory)
     check_clip(op, cfg.clip_grad_norm, cfg.clip_grad_value)
     check_decay(op, cfg.ema_decay)
     check_autocast(op, cfg.autocast)
@@ -128,7 +129,11 @@ class LoopOptions:
     ``ema_decay``: keep a moving average of the weights (``Runner.ema_values()``, saved in
     checkpoints; see ema.py); ``eval_ema``: evaluate ``eval_data`` with the averaged weights; ``averaging``: drive the user's ``torch.optim.swa_utils.AveragedModel``
     (``Averaging``: every N updates, from update K, torchvision's warm-up reset), kept in
-    checkpoints (one process; ``runner/averaging.py``); ``eval_draws``:
+    checkpoints (one process; ``runner/averaging.py``); ``log_memory``: each logged update's metrics add ``peak_memory_mib``, the peak
+    since the last log line (CUDA's allocator peak; on CPU the peak resident set), as
+    Lightning's ``DeviceStatsMonitor``; ``eval_at_end``: evaluate after the run's last update too when it falls off the
+    ``eval_every`` cadence (Trainer's rule; with ``keep_best`` it is then ranked and kept);
+    ``eval_draws``:
     ``"restore"`` (an evaluation changes nothing: every generator put back) or
     ``"advance"`` (a hand-written loop's: the evaluation loader draws from the global
     generator, so later shuffles follow from there; see ``EvalOptions``);
@@ -161,6 +166,8 @@ class LoopOptions:
     ema_decay: Optional[float] = None
     eval_ema: bool = False
     eval_draws: str = "restore"
+    eval_at_end: bool = True
+    log_memory: bool = False
     averaging: Optional[object] = None
     autocast: Optional[str] = None
     compile: bool = False
@@ -208,9 +215,10 @@ class TrainConfig(LoopOptions):
         check_count(op, "mem_watch", self.mem_watch, 0)
         _common(op, self, {"checkpoints": checkpoints, "evaluation": evaluation, "parallel": parallel})
 
-    def eval_due(self, step: int) -> bool:
-        """Whether an evaluation follows update ``step`` (every update without a cadence)."""
-        return self.eval_data is not None and step % (self.eval_every or 1) == 0
+    def eval_due(self, step: int, total: Optional[int] = None) -> bool:
+        """Whether an evaluation follows update ``step`` (every update without a cadence;
+        the run's last, update ``total``, too with ``eval_at_end``)."""
+        return self.eval_data is not None and (step % (self.eval_every or 1) == 0 or self.eval_at_end and step == total)
 
 
 @dataclass(frozen=True)
@@ -237,7 +245,9 @@ class LoaderTrainConfig(LoopOptions):
     optimizer: Optimizer = field(default_factory=lambda: sgd(0.01))
     scheduler: Optional[Schedule] = None
     log_every: int = 1
-    accumulate: int = 1  # loader batches per update: their items' mean, a short tail its own
+    # loader batches per update: their items' mean, a short tail its own; or a schedule by
+    # epoch, {first epoch (from 0): batches per update} (Lightning's GradientAccumulationScheduler)
+    accumulate: Union[int, Mapping[int, int]] = 1
     max_steps: Optional[int] = None
     schedule_per: str = "epoch"
     measure_batches: Optional[int] = None
@@ -251,7 +261,14 @@ class LoaderTrainConfig(LoopOptions):
                 raise ConfigError(f"{op}: epochs=None trains until max_steps: set max_steps")
         else:
             check_count(op, "epochs", self.epochs, 0)
-        check_count(op, "accumulate", self.accumulate, 1)
+        if isinstance(self.accumulate, Mapping):
+            sched = self.accumulate
+            if not sched or not all(is_int(e) and e >= 0 and is_int(k) and k >= 1 for e, k in sched.items()):
+                raise ConfigError(f"{op}: accumulate as a schedule maps first epochs (integers >= 0, from 0) to "
+                                  f"loader batches per update (integers >= 1), got {dict(sched)!r}")
+            object.__setattr__(self, "accumulate", dict(sorted(sched.items())))
+        else:
+            check_count(op, "accumulate", self.accumulate, 1)
         for name in ("max_steps", "measure_batches", "pieces"):
             if getattr(self, name) is not None:
                 check_count(op, name, getattr(self, name), 1)
@@ -263,9 +280,26 @@ class LoaderTrainConfig(LoopOptions):
                 f"the whole run (every update at the rate {self.scheduler.lr_at(0)!r}); set schedule_per='step' to "
                 f"schedule over updates, or drop the scheduler")
 
-    def eval_due(self, step: int) -> bool:
-        """Whether an evaluation follows update ``step`` (on the ``eval_every`` cadence)."""
-        return self.eval_data is not None and self.eval_every is not None and step % self.eval_every == 0
+    def accumulate_at(self, epoch: int) -> int:
+        """Loader batches per update in epoch ``epoch`` (from 0): ``accumulate``, or the
+        schedule's factor from its latest first epoch at or before ``epoch`` (1 before its first)."""
+        if not isinstance(self.accumulate, Mapping):
+            return self.accumulate
+        k = 1
+        for first, factor in self.accumulate.items():
+            if first <= epoch:
+                k = factor
+        return k
+
+    def accumulate_record(self):
+        """``accumulate`` as a checkpoint records it (JSON: a schedule as ``[[epoch, k], ...]``)."""
+        return [[e, k] for e, k in self.accumulate.items()] if isinstance(self.accumulate, Mapping) else self.accumulate
+
+    def eval_due(self, step: int, total: Optional[int] = None) -> bool:
+        """Whether an evaluation follows update ``step`` (on the ``eval_every`` cadence; the
+        run's last, update ``total``, too with ``eval_at_end``, as Trainer does)."""
+        return self.eval_data is not None and self.eval_every is not None and (
+            step % self.eval_every == 0 or self.eval_at_end and step == total)
 
     def epoch_eval_due(self, epoch: int) -> bool:
         """Whether an evaluation follows epoch ``epoch`` (0-based): every

@@ -129,7 +129,7 @@ def _groups(op: str, stream: Stream, at: Progress, cfg: LoaderTrainConfig, sessi
         items = as_list_batch(op, raw)
         session.meter.saw(examples_in(raw, items))  # for the throughput: host shapes only
         group += cut(items, cfg.pieces)
-        if read % cfg.accumulate == 0:
+        if read % cfg.accumulate_at(at.epoch) == 0:
             yield group, read
             group = []
     if group:
@@ -214,7 +214,7 @@ def train_loader(
             f"read once, but epochs={cfg.epochs}; train it with epochs=1 (and max_steps), or pass a "
             f"re-iterable loader (a list of batches, a leantrain.DataLoader, a torch.utils.data.DataLoader)"
         )
-    local = rank_local(op, loader, cfg.accumulate, cfg.pieces)  # each rank reads its own items (rank_data.py)
+    local = rank_local(op, loader, cfg.accumulate_at(0), cfg.pieces)  # each rank reads its own items (rank_data.py)
     stream = stream_of(op, loader)
     if cfg.schedule_per == "epoch" and cfg.epochs is None and epoch_schedule_varies(cfg.scheduler) \
             and stream.size() is None:
@@ -226,7 +226,7 @@ def train_loader(
         session = Session(op, runner, cfg, "loader", log=log, callback=callback, callbacks=callbacks, local=local)
         with session.computing():  # autocast and the loss scale, for this loop only
             partition = local and not isinstance(loader, DataLoader)  # a sampler's depends on the world size
-            expect = {"n_samples": stream.size(), "accumulate": cfg.accumulate,
+            expect = {"n_samples": stream.size(), "accumulate": cfg.accumulate_record(),
                       **({"world": distributed.rank_world()[1]} if partition else {})}
             state, ck = session.start(lambda: _measure(session, stream, cfg), expect,
                                       lambda manifest, tensors: stream.problems(loader_record(manifest, tensors))
@@ -272,7 +272,8 @@ def _measure(session: Session, stream: Stream, cfg: LoaderTrainConfig) -> Option
 def _total_steps(loader: Loader, cfg: LoaderTrainConfig) -> Optional[int]:
     """Updates in the whole run, when the loader knows its length (or ``max_steps`` bounds it)."""
     try:
-        total = cfg.epochs * -(-len(loader) // cfg.accumulate)
+        n = len(loader)
+        total = sum(-(-n // cfg.accumulate_at(e)) for e in range(cfg.epochs))
     except TypeError:  # a loader without a length, or epochs=None
         return cfg.max_steps
     return total if cfg.max_steps is None else min(total, cfg.max_steps)

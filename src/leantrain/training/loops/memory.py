@@ -73,3 +73,22 @@ class MemoryWatch:
                 f"  warning: free memory fell by {per_step} bytes/step since step {first_step}; "
                 f"at this rate allocation fails near step {done + free // per_step} of {self.total}"
             )
+
+
+def peak_since_last(device: torch.device) -> int:
+    """The peak memory in bytes since the last call (then started again): CUDA's allocator
+    peak (``max_memory_allocated``), or on CPU the process's peak resident set (Linux's
+    ``VmHWM``, reset through ``/proc/self/clear_refs``; elsewhere the current resident set,
+    psutil's)."""
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return int(peak)
+    try:
+        with open("/proc/self/status") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # the kernel's reset of the peak resident set
+        return kib * 1024
+    except (OSError, StopIteration, ValueError):
+        return int(psutil.Process().memory_info().rss)

@@ -90,7 +90,8 @@ class EvalOptions:
     an evaluation changes nothing, every generator it draws from is put back) or
     ``"advance"`` (as a hand-written loop, Lightning and Trainer: the evaluation loader's
     iterator draws its seed from the global generator, and the run's later shuffles and
-    augmentations follow from there)."""
+    augmentations follow from there), ``at_end``: evaluate after the run's last update too
+    when it falls off the ``every`` cadence (Trainer's rule; True by default)."""
 
     data: Optional[object] = None
     every: Optional[int] = None
@@ -98,9 +99,10 @@ class EvalOptions:
     ema: bool = False
     every_epochs: Optional[int] = None
     draws: str = "restore"
+    at_end: bool = True
 
     FLAT: ClassVar[dict] = {"data": "eval_data", "every": "eval_every", "metrics": "eval_metrics", "ema": "eval_ema",
-                            "every_epochs": "eval_every_epochs", "draws": "eval_draws"}
+                            "every_epochs": "eval_every_epochs", "draws": "eval_draws", "at_end": "eval_at_end"}
     OP: ClassVar[str] = "EvalOptions"
 
     def __post_init__(self) -> None:
@@ -110,6 +112,7 @@ class EvalOptions:
                 check_count(op, self.FLAT[name], getattr(self, name), 1)
         check_bool(op, "eval_ema", self.ema)
         check_choice(op, "eval_draws", self.draws, EVAL_DRAWS)
+        check_bool(op, "eval_at_end", self.at_end)
         check_eval_sets(op, self.data)
         if self.metrics is not None and (
             not isinstance(self.metrics, Mapping) or not all(callable(f) for f in self.metrics.values())

@@ -8,9 +8,8 @@ loss and the ``TrainReport``. The loops only say what a batch is and in which or
 they come. Its components each own their concern and state, as torchtitan's trainer
 holds its checkpointer: the ``Strategy`` (how processes share the run, chosen once:
 ``parallel/choose.py``), the ``Checkpointer`` (``checkpointing.py``), the
-``Listeners`` (the user's code between updates), the run's ``RunRecord``.
-
-Updates are numbered from 1 everywhere (``events.py``).
+``Listeners`` (the user's code between updates), the run's ``RunRecord``. Updates are
+numbered from 1 everywhere (``events.py``).
 """
 
 from __future__ import annotations
@@ -89,10 +88,10 @@ class Session:
         # The device-side count of skipped steps (skip mode), read once, at the end.
         self.skipped = (torch.zeros((), device=runner.device)
                         if cfg.nonfinite == "skip" or cfg.autocast == "float16" else None)
-        self.stopped = False
+        self.stopped, self.total = False, None  # total: the run's updates (begin)
         self.last: Optional[StepEvent] = None  # the newest update's event (an epoch's end hears it)
         self.epoch_ended: Optional[tuple[int, int]] = None  # (epoch, update) whose end a resumed checkpoint saw
-        self.meter = Throughput(runner, cfg.peak_flops)  # rates read at the log cadence only
+        self.meter = Throughput(runner, cfg.peak_flops, cfg.log_memory)  # rates read at the log cadence only
         self.profiler = UpdateProfiler(op, *cfg.profile, cfg.profile_dir, runner.device) if cfg.profile else None
         self._options: Optional[StepOptions] = None  # how the updates run: built at the first one
 
@@ -164,6 +163,7 @@ class Session:
 
     def begin(self, total: Optional[int], start: int) -> None:
         """Tell the callbacks the run's length in updates (``None``: unknown) and its start."""
+        self.total = total
         for cb in self.callbacks:
             cb.on_config(run_config(self.cfg))
             cb.on_begin(total, start)
@@ -210,7 +210,7 @@ class Session:
         position (a function, asked only when a file is written)."""
         step, record, ck = at.step, self.record, self.checkpoints
         if self.cfg.averaging is not None:  # before the callbacks, the evaluation and the checkpoint see it
-            self.cfg.averaging.after_update(self.runner, at, getattr(self.cfg, "accumulate", 1))
+            self.cfg.averaging.after_update(self.runner, at, self.cfg)
         with self._range("leantrain.after_update"):
             record.last_norm = record.last_rates = None
             self.meter.count(batch)
@@ -218,7 +218,7 @@ class Session:
             event = self.last = StepEvent(step, done.state, loss, at.epoch, at.batch, grad_norm=record.last_norm,
                                           throughput=record.last_rates)
             stop = self.listeners.step(event)
-            evaluated = self.cfg.eval_due(step)
+            evaluated = self.cfg.eval_due(step, self.total)
             if evaluated:
                 stop = self.evaluate(step) or stop
             ck.hold(dict(at.record(), step=step), done.state, loader_state)

@@ -67,7 +67,8 @@ def token_counter(sample: Any) -> Optional[Callable[[Any], Any]]:
 class Throughput:
     """Counts between log points; ``read()`` gives the window's rates and starts the next."""
 
-    def __init__(self, runner: Runner, peak_flops: Optional[float]) -> None:
+    def __init__(self, runner: Runner, peak_flops: Optional[float], memory: bool = False) -> None:
+        self.memory, self.device = memory, runner.device
         self.items, self.tokens = 0, 0
         self.examples = 0  # a loader loop counts its batches' examples here; else each item is one
         self.device_tokens: Optional[torch.Tensor] = None
@@ -108,9 +109,17 @@ class Throughput:
             out["tokens_per_s"] = tokens / elapsed
             if self.peak is not None:
                 out["mfu"] = 6.0 * self.n * out["tokens_per_s"] / self.peak
+        if self.memory:  # the window's peak (Lightning's DeviceStatsMonitor)
+            from .memory import peak_since_last
+
+            out["peak_memory_mib"] = peak_since_last(self.device) / 2**20
         self.items, self.tokens, self.examples, self.device_tokens = 0, 0, 0, None
         return out
 
     def start(self) -> None:
         """The first window starts with the first update, not with the run's set-up."""
         self.since = time.perf_counter()
+        if self.memory:
+            from .memory import peak_since_last
+
+            peak_since_last(self.device)  # the set-up's peak is not the first window's

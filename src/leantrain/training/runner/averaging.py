@@ -62,12 +62,12 @@ class Averaging:
             return in_epoch is not None and in_epoch % self.every == 0
         return (step - self.start) % self.every == 0
 
-    def after_update(self, runner, at, accumulate: int = 1) -> None:
-        """After update ``at.step`` (``at``: a loop's ``Progress``): torch's
-        ``update_parameters`` of the runner's module when due, the module showing the
-        trained values (a no-op on the host path)."""
+    def after_update(self, runner, at, cfg) -> None:
+        """After update ``at.step`` (``at``: a loop's ``Progress``, ``cfg`` its config):
+        torch's ``update_parameters`` of the runner's module when due, the module showing
+        the trained values (a no-op on the host path)."""
         step = at.step
-        in_epoch = None if at.epoch is None else (at.batch - 1) // accumulate
+        in_epoch = None if at.epoch is None else (at.batch - 1) // cfg.accumulate_at(at.epoch)
         if not self.due(step, in_epoch):
             return
         runner.sync()
