@@ -223,8 +223,11 @@ def same(a: dict, b: dict) -> list[str]:
 
 
 if __name__ == "__main__":  # a fresh process: train (part of) a recipe, save its results
+    import os
     import sys
 
+    # the child rounds like the parent only with the parent's thread count (CPU matmul bits)
+    torch.set_num_threads(int(os.environ["LEANTRAIN_THREADS"]))
     recipe, impl, path, out = sys.argv[1:5]
     steps = int(sys.argv[5]) if len(sys.argv) > 5 and sys.argv[5] != "-" else None
     resume = path if len(sys.argv) > 6 and sys.argv[6] == "resume" else None

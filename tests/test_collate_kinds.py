@@ -89,7 +89,6 @@ def test_every_pass_reads_a_collated_batch_as_training_does(kind, which):
                                 _loader(kind, which), log=None)
     # the plain loop: the batch's mean loss (a list batch: the mean of its samples' losses)
     opt = torch.optim.SGD(ref.parameters(), lr=0.1, fused=True)
-    before = []
     for batch in _plain_batches(kind):
         total = None
         for x, y in batch:

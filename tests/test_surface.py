@@ -16,11 +16,11 @@ def test_top_level_names():
         "LeantrainError", "PackError", "PackTypeError", "AliasError", "ConfigError",
         "OptimizerStateError", "DataError", "CheckpointError", "NonFiniteError", "__version__",
         # deliberately added: evaluation, callbacks, and the file modules as attributes
-        "evaluate", "metrics", "Callback", "EarlyStopping", "Averaging", "ProgressBar", "JSONLLogger", "CSVLogger",
+        "evaluate", "metrics", "Callback", "EarlyStopping", "Averaging", "label_smoothed", "ProgressBar", "JSONLLogger", "CSVLogger",
         "TensorBoardLogger", "weights", "torchlean_io", "check", "CheckReport",
         "LossSum", "collate", "split_rows",  # token-weighted losses, ready collate functions, cutting rows
         # run management: trackers, per-item outputs, the learning-rate range test, seeding
-        "WandbLogger", "MLflowLogger", "predict", "find_lr", "LRFinderResult", "seed_everything",
+        "WandbLogger", "MLflowLogger", "predict", "find_lr", "LRFinderResult", "find_batch_size", "BatchSizeResult", "seed_everything",
     }
     assert set(lt.__all__) == expected
     for name in expected:

@@ -9,6 +9,7 @@ a fresh process mid-epoch and at an epoch's last update."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,8 +37,9 @@ def test_evaluation_that_restores_its_draws_is_the_other_named_setting():
 
 
 def _child(*args) -> None:
+    env = dict(os.environ, LEANTRAIN_THREADS=str(torch.get_num_threads()))
     done = subprocess.run([sys.executable, str(HERE / "recipe.py"), *map(str, args)], capture_output=True, text=True,
-                          cwd=HERE)
+                          cwd=HERE, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
 
 

@@ -46,9 +46,10 @@ from .training.loops.loader_loop import run_loader_epochs, train_loader
 from .training.loops.sample_loop import run_sample_steps, train_dataset, train_samples
 from .training.loops.events import StepEvent
 from .training.runner.runner import Runner
-from .samples import LossSum, split_rows
+from .samples import LossSum, label_smoothed, split_rows
 from .training.loops.calls import mean_gradients, mean_loss_and_gradients, step_batch, step_batch_and_loss
 from .lr_finder import LRFinderResult, find_lr
+from .batch_size_finder import BatchSizeResult, find_batch_size
 
 # The documented module paths ``leantrain.weights`` and ``leantrain.torchlean_io`` name
 # modules that live in ``leantrain.io``; both spellings import the same module object.
@@ -68,8 +69,8 @@ __all__ = [
     "StepEvent", "save_checkpoint", "load_checkpoint", "read_checkpoint", "Checkpoint",
     "LeantrainError", "PackError", "PackTypeError", "AliasError", "ConfigError",
     "OptimizerStateError", "DataError", "CheckpointError", "NonFiniteError",
-    "evaluate", "metrics", "Callback", "EarlyStopping", "Averaging", "ProgressBar", "JSONLLogger", "CSVLogger",
-    "TensorBoardLogger", "WandbLogger", "MLflowLogger", "predict", "find_lr", "LRFinderResult",
+    "evaluate", "metrics", "Callback", "EarlyStopping", "Averaging", "label_smoothed", "ProgressBar", "JSONLLogger", "CSVLogger",
+    "TensorBoardLogger", "WandbLogger", "MLflowLogger", "predict", "find_lr", "LRFinderResult", "find_batch_size", "BatchSizeResult",
     "seed_everything", "weights", "torchlean_io", "check", "CheckReport", "collate",
     "__version__",
 ]

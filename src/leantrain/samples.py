@@ -145,6 +145,55 @@ def model_loss_of(module: Any) -> LossFn:
     return TokenWeighted(TOKEN_LOSSES[name], config if name == "ForSequenceClassificationLoss" else None)
 
 
+class LabelSmoothed:
+    """Trainer's ``label_smoothing_factor`` with ``loss="model"``: transformers'
+    ``LabelSmoother`` on the output's logits and the sample's ``labels`` (shifted one token
+    for a causal language model, as Trainer shifts them; ``-100`` ignored): ``(1 - eps) *
+    nll + eps * mean(-log_softmax)`` over the active tokens, in its order of operations.
+    Like Trainer's, each item's loss is its own mean (not token-weighted across items)."""
+
+    def __init__(self, epsilon: float, shift: bool) -> None:
+        self.epsilon, self.shift = epsilon, shift
+
+    def __call__(self, output: Any, sample: Any) -> torch.Tensor:
+        labels = sample.get("labels") if isinstance(sample, dict) else None
+        if not isinstance(labels, torch.Tensor):
+            raise DataError("label_smoothed: the sample has no 'labels' tensor (a dict sample with 'labels')")
+        logits = output["logits"] if isinstance(output, dict) else getattr(output, "logits", None)
+        if logits is None:
+            logits = output[0]
+        if self.shift:
+            logits, labels = logits[..., :-1, :].contiguous(), labels[..., 1:].contiguous()
+        log_probs = -F.log_softmax(logits, dim=-1)
+        if labels.dim() == log_probs.dim() - 1:
+            labels = labels.unsqueeze(-1)
+        padding_mask = labels.eq(-100)
+        labels = torch.clamp(labels, min=0)
+        nll_loss = log_probs.gather(dim=-1, index=labels)
+        smoothed_loss = log_probs.sum(dim=-1, keepdim=True, dtype=torch.float32)
+        nll_loss.masked_fill_(padding_mask, 0.0)
+        smoothed_loss.masked_fill_(padding_mask, 0.0)
+        active = padding_mask.numel() - padding_mask.long().sum()
+        nll_loss = nll_loss.sum() / active
+        smoothed_loss = smoothed_loss.sum() / (active * log_probs.shape[-1])
+        return (1 - self.epsilon) * nll_loss + self.epsilon * smoothed_loss
+
+
+def label_smoothed(module: Any, epsilon: float) -> LabelSmoothed:
+    """The loss of Trainer's ``label_smoothing_factor=epsilon`` for ``module`` (a Hugging
+    Face model: causal language models shift their labels)."""
+    import math
+
+    if not (isinstance(epsilon, (int, float)) and not isinstance(epsilon, bool) and math.isfinite(epsilon)
+            and 0 <= epsilon < 1):
+        raise ConfigError(f"label_smoothed: epsilon must be in [0, 1), got {epsilon!r}")
+    try:
+        name = getattr(getattr(module, "loss_function", None), "__name__", "")
+    except Exception:  # a property that cannot resolve (an unknown loss type)
+        name = ""
+    return LabelSmoothed(float(epsilon), shift=name == "ForCausalLMLoss")
+
+
 LOSSES: dict[str, LossFn] = {"mse": mse, "cross_entropy": cross_entropy, "model": model_loss,
                              "model_mean": model_loss}
 

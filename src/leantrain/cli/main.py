@@ -1,4 +1,4 @@
-"""The ``leantrain`` command: quickstart-mlp, train, check, inspect, export, find-lr, plot.
+"""The ``leantrain`` command: quickstart-mlp, train, check, inspect, export, find-lr, find-batch-size, plot.
 
 A user error (bad flag or value, missing or corrupt file, a resume into another
 model) prints one line and exits with status 2; Ctrl-C during training saves a
@@ -67,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--start-lr", type=float, default=1e-7, help="the sweep's first rate (default 1e-7)")
     f.add_argument("--end-lr", type=float, default=10.0, help="the sweep's last rate (default 10)")
     f.add_argument("--steps", type=positive, default=100, help="updates in the sweep (default 100)")
+    b = sub.add_parser("find-batch-size", help="the largest --batch-size that fits (doubling, on a copy of the "
+                       "model, with the optimizer and accumulation the run will have)")
+    b.add_argument("config", nargs="?", help="a TOML file with the same keys as train")
+    add_flags(b, "train")
+    b.add_argument("--memory-budget", type=positive, metavar="MIB", help="MiB the process's peak resident memory "
+                   "may reach (required on CPU; on CUDA default: the device's free memory)")
+    b.add_argument("--max-batch-size", type=positive, help="stop doubling there")
+    b.add_argument("--steps", type=positive, default=2, help="updates per trial (default 2)")
     p = sub.add_parser("plot", help="plot a metrics.jsonl file")
     p.add_argument("metrics")
     p.add_argument("-o", "--output", required=True, help="PNG file to write")
@@ -98,6 +106,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from .find_lr import cmd_find_lr
 
             return cmd_find_lr(args)
+        if args.command == "find-batch-size":
+            from .find_lr import cmd_find_batch_size
+
+            return cmd_find_batch_size(args)
         return cmd_plot(args)
     except BrokenPipeError:  # output piped into a closed reader (e.g. `| head`)
         sys.stderr.close()

@@ -12,6 +12,7 @@ from ...errors import ConfigError
 from ...optim import Optimizer, Schedule, sgd
 from ...optim.clipping import check_clip
 from ..runner.ema import check_decay
+from ..runner.neftune import check_alpha
 from ..runner.precision import check_autocast
 from ...validate import check_bool, check_choice, check_count, is_int
 from .checkpoint_folder import template_fields
@@ -42,6 +43,7 @@ def _common(op: str, cfg, records: dict) -> None:
     check_choice(op, "accumulation", cfg.accumulation, ACCUMULATION_MODES)
     check_bool(op, "measure_loss", cfg.measure_loss)
     check_bool(op, "log_memory", cfg.log_memory)
+    check_alpha(op, cfg.neftune_noise_alpha)
     check_clip(op, cfg.clip_grad_norm, cfg.clip_grad_value)
     check_decay(op, cfg.ema_decay)
     check_autocast(op, cfg.autocast)
@@ -129,7 +131,8 @@ class LoopOptions:
     ``ema_decay``: keep a moving average of the weights (``Runner.ema_values()``, saved in
     checkpoints; see ema.py); ``eval_ema``: evaluate ``eval_data`` with the averaged weights; ``averaging``: drive the user's ``torch.optim.swa_utils.AveragedModel``
     (``Averaging``: every N updates, from update K, torchvision's warm-up reset), kept in
-    checkpoints (one process; ``runner/averaging.py``); ``log_memory``: each logged update's metrics add ``peak_memory_mib``, the peak
+    checkpoints (one process; ``runner/averaging.py``); ``neftune_noise_alpha``: NEFTune's embedding noise while training (a Hugging Face
+    model; Trainer's, ``runner/neftune.py``); ``log_memory``: each logged update's metrics add ``peak_memory_mib``, the peak
     since the last log line (CUDA's allocator peak; on CPU the peak resident set), as
     Lightning's ``DeviceStatsMonitor``; ``eval_at_end``: evaluate after the run's last update too when it falls off the
     ``eval_every`` cadence (Trainer's rule; with ``keep_best`` it is then ranked and kept);
@@ -168,6 +171,7 @@ class LoopOptions:
     eval_draws: str = "restore"
     eval_at_end: bool = True
     log_memory: bool = False
+    neftune_noise_alpha: Optional[float] = None
     averaging: Optional[object] = None
     autocast: Optional[str] = None
     compile: bool = False

@@ -90,3 +90,14 @@ def refused_operation(e: BaseException) -> Optional[str]:
     """The operation torch's deterministic mode refused, when ``e`` is that refusal."""
     m = _REFUSED.search(str(e))
     return m.group(1) if m else None
+
+
+@contextlib.contextmanager
+def loop_context(op: str, cfg, runner):
+    """What a loop installs around its run besides the runner's own state: the
+    deterministic mode (``deterministic``) and NEFTune's noise hook (``neftune_noise_alpha``)."""
+    from ..runner.neftune import neftune
+
+    with deterministic_mode(op, cfg.deterministic, runner.device), \
+            neftune(op, runner.module, cfg.neftune_noise_alpha):
+        yield

@@ -41,7 +41,7 @@ from .listeners import Listeners
 from .loop_checks import check_start, loop_callbacks
 from .profiling import UpdateProfiler
 from .record import RunRecord
-from .run_options import deterministic_mode, seed_everything
+from .run_options import loop_context, seed_everything
 from .throughput import Throughput
 
 Log = Callable[[str], None]
@@ -106,13 +106,12 @@ class Session:
 
     @contextlib.contextmanager
     def computing(self):
-        """The loop's state installed on the runner while the loop runs: its precision
-        (autocast, loss scale) and, with ``compile=True``, its compiled loss."""
+        """The loop's state on the runner while it runs (precision, compiled loss, NEFTune)."""
         cfg = self.cfg
         state = LoopState(amp=AUTOCAST[cfg.autocast] if cfg.autocast else None,
                           loss_scale=self.scaler.scale if self.scaler is not None else None,
                           compiled=self.runner.compiled_loss() if cfg.compile else None)
-        with deterministic_mode(self.op, cfg.deterministic, self.runner.device), self.runner.looping(state):
+        with loop_context(self.op, cfg, self.runner), self.runner.looping(state):
             try:
                 yield
             except BaseException:
