@@ -8,11 +8,11 @@ interleaved (best of N and the median of the per-run ratios; < 1: leantrain fast
 * Lightning Fabric (``fabric.backward``), Accelerate (``accelerator.backward``) and
   transformers' ``Trainer`` (``optim="adamw_torch_fused"``; its ``train_runtime``
   over its updates), when installed;
-* the whole run with leantrain's defaults (``train_loader``: the before/after passes
-  over the batches, a log line each update) against the plain loop's whole run;
+* the whole run with leantrain's defaults (``train_loader``: the before/after losses over
+  the first batch, a log line each update) against the plain loop's whole run;
 * ``compile=True`` against the plain loop on ``torch.compile(model)`` (``--compile``).
 
-Run: .venv/bin/python benchmarks/hf_transformer.py [--runs 5] [--updates 8] [--compile]
+Run: .venv/bin/python benchmarks/hf_transformer.py [--runs 5] [--updates 8] [--compile] [--whole-only]
 """
 
 from __future__ import annotations
@@ -166,11 +166,18 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--updates", type=int, default=8)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--whole-only", action="store_true", help="only the whole runs (defaults and measure_loss=False)")
     a = ap.parse_args()
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     base = make_model()
     batches = make_batches(a.updates)
     tokens = sum(int(b["attention_mask"].sum()) for b in batches) / len(batches)
+    if a.whole_only:
+        print(f"GPT-2 4x256, batch 8 x 128, {a.updates} updates x {a.runs} runs, {torch.get_num_threads()} threads")
+        for label, measure in (("leantrain's defaults", True), ("measure_loss=False", False)):
+            best, median = whole_runs(base, batches, a.runs, measure_loss=measure)
+            print(f"  whole run with {label} / the plain loop's: best {best:.2f}, median {median:.2f}")
+        return
     contenders = [Leantrain(copy.deepcopy(base)), Plain(copy.deepcopy(base))]
     for cls in (Fabric, Accelerate, Trainer):
         try:

@@ -192,6 +192,7 @@ def build_job(plan: Plan) -> Job:
         keep_last=cfg.keep_last, keep_best=1 if cfg.keep_best else None, monitor=monitor or "loss", mode=mode,
         deterministic=cfg.deterministic, profile=profile_range(cfg.profile),
         profile_dir=plan.out / "profile" if cfg.profile else None,
+        measure_batches=None,  # report.json's loss_before/loss_after: the mean over the training split
     )
     tokens = tokens_of(train) / len(train) if isinstance(train[0], dict) and "input_ids" in train[0] else None
     job = Job(runner, loader, tcfg, classify, test_batches, len(train), len(test), steps_per_epoch, loss, tokens)

@@ -236,8 +236,10 @@ class LoaderTrainConfig(LoopOptions):
     ones included), mid-epoch if need be: with an endless stream, ``epochs=1`` and
     ``max_steps=N``. ``schedule_per``: ``"epoch"`` (upstream's rule: the schedule's
     index is the epoch) or ``"step"`` (its index is the update, so ``warmup_cosine``
-    warms up over updates). ``measure_batches``: the ``before``/``after`` losses read at
-    most this many batches (``None``: one whole pass); they are measured only where a
+    warms up over updates). ``measure_batches``: the ``before``/``after`` losses read the
+    first this many batches of a measuring pass (default 1: the same batch at the first
+    and at the final weights, two forwards in the whole run; ``None``: one whole pass each,
+    upstream's measure, two more forwards over all the data); they are measured only where a
     pass does not change what training reads (see ``Stream.measurable``), else ``None``.
     ``pieces``: cut every loader item along dimension 0 into at most this many items
     (``split_rows``), so a collated batch is shared by the ranks under
@@ -254,7 +256,7 @@ class LoaderTrainConfig(LoopOptions):
     accumulate: Union[int, Mapping[int, int]] = 1
     max_steps: Optional[int] = None
     schedule_per: str = "epoch"
-    measure_batches: Optional[int] = None
+    measure_batches: Optional[int] = 1  # None: whole passes (upstream's; a run's cost grows by two forwards per batch)
     pieces: Optional[int] = None
     eval_every_epochs: Optional[int] = None
 

@@ -179,8 +179,10 @@ def train_loader(
 
     The loader is read lazily, one pass per epoch (``streams.py`` says how each kind
     resumes); one update per loader batch, or per ``cfg.accumulate`` batches.
-    ``before``/``after`` are mean losses over up to ``cfg.measure_batches`` batches,
-    measured where reading does not change what training reads (``None`` otherwise).
+    ``before``/``after`` are mean losses over the first ``cfg.measure_batches`` batches
+    of a measuring pass (default 1; ``None``: the whole pass), at the first and the final
+    weights, measured where reading does not change what training reads (``None``
+    otherwise).
 
     Args:
         runner: the model, its loss and its slots.
