@@ -14,7 +14,8 @@ def test_top_level_names():
         "run_sample_steps", "train_samples", "train_dataset", "run_loader_epochs", "train_loader",
         "StepEvent", "save_checkpoint", "load_checkpoint", "read_checkpoint", "Checkpoint",
         "LeantrainError", "PackError", "PackTypeError", "AliasError", "ConfigError",
-        "OptimizerStateError", "DataError", "CheckpointError", "NonFiniteError", "__version__",
+        "OptimizerStateError", "DataError", "CheckpointError", "NonFiniteError", "CollectiveError", "ReplicaError",
+        "__version__",
         # deliberately added: evaluation, callbacks, and the file modules as attributes
         "evaluate", "metrics", "Callback", "EarlyStopping", "Averaging", "label_smoothed", "ProgressBar", "JSONLLogger", "CSVLogger",
         "TensorBoardLogger", "weights", "torchlean_io", "check", "CheckReport",
@@ -41,4 +42,5 @@ def test_optim_constructors_and_schedules():
 
 def test_errors_subclass_the_builtins():
     assert issubclass(lt.PackError, ValueError) and issubclass(lt.PackTypeError, TypeError)
-    assert all(issubclass(e, lt.LeantrainError) for e in (lt.ConfigError, lt.CheckpointError, lt.DataError))
+    assert all(issubclass(e, lt.LeantrainError) for e in (lt.ConfigError, lt.CheckpointError, lt.DataError,
+                                                          lt.CollectiveError, lt.ReplicaError))

@@ -13,6 +13,7 @@ from .data import DataLoader, Dataset
 from .errors import (
     AliasError,
     CheckpointError,
+    CollectiveError,
     ConfigError,
     DataError,
     LeantrainError,
@@ -20,6 +21,7 @@ from .errors import (
     OptimizerStateError,
     PackError,
     PackTypeError,
+    ReplicaError,
 )
 from .io import torchlean as torchlean_io
 from .io import weights
@@ -68,7 +70,7 @@ __all__ = [
     "run_sample_steps", "train_samples", "train_dataset", "run_loader_epochs", "train_loader",
     "StepEvent", "save_checkpoint", "load_checkpoint", "read_checkpoint", "Checkpoint",
     "LeantrainError", "PackError", "PackTypeError", "AliasError", "ConfigError",
-    "OptimizerStateError", "DataError", "CheckpointError", "NonFiniteError",
+    "OptimizerStateError", "DataError", "CheckpointError", "NonFiniteError", "CollectiveError", "ReplicaError",
     "evaluate", "metrics", "Callback", "EarlyStopping", "Averaging", "label_smoothed", "ProgressBar", "JSONLLogger", "CSVLogger",
     "TensorBoardLogger", "WandbLogger", "MLflowLogger", "predict", "find_lr", "LRFinderResult", "find_batch_size", "BatchSizeResult",
     "seed_everything", "weights", "torchlean_io", "check", "CheckReport", "collate",

@@ -11,7 +11,7 @@ from typing import Optional
 
 __all__ = [
     "LeantrainError", "PackError", "PackTypeError", "AliasError", "ConfigError", "OptimizerStateError", "DataError",
-    "CheckpointError", "NonFiniteError",
+    "CheckpointError", "NonFiniteError", "CollectiveError", "ReplicaError",
 ]
 
 
@@ -49,6 +49,16 @@ class CheckpointError(LeantrainError, ValueError):
 
 class NonFiniteError(LeantrainError, FloatingPointError):
     """A loss or gradient is NaN or infinite and the loop was told to raise."""
+
+
+class CollectiveError(LeantrainError, RuntimeError):
+    """A collective operation failed mid-run under ``torch.distributed`` (a rank died,
+    stopped or timed out): the message names the operation, this rank, the update and the
+    last good checkpoint."""
+
+
+class ReplicaError(LeantrainError, RuntimeError):
+    """The ranks do not hold the same parameters."""
 
 
 def slot_label(index: int, name: Optional[str]) -> str:

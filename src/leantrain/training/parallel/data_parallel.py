@@ -24,7 +24,7 @@ from ..update.mean import item_gradients, sum_hooked
 from ..update.mean import Mean
 from ..update.reduction import Reduction
 from .strategy import Strategy
-from ...errors import DataError
+from ...errors import CollectiveError, DataError
 from ...samples import LossSum, add_losses
 
 
@@ -114,10 +114,10 @@ class DataParallelStrategy(Strategy):
 
     def failed(self, op: str, e: RuntimeError, where: str, last: str):
         rank, world = distributed.rank_world()
-        if not distributed.from_a_collective(e):  # the user's model or loss: the error as it is, with the rank
+        if not (isinstance(e, CollectiveError) or distributed.from_a_collective(e)):  # the user's own: as it is
             e.add_note(f"{op}: raised on rank {rank} of {world}, {where}; last good checkpoint: {last}")
             raise e
-        raise distributed.CollectiveError(
+        raise CollectiveError(
             f"{op}: rank {rank} of {world}, {where}: a collective operation failed "
             f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); last good checkpoint: {last}"
         ) from e

@@ -24,15 +24,9 @@ from typing import Iterator, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ...errors import CheckpointError, ConfigError, LeantrainError
+from ...errors import CheckpointError, CollectiveError, ConfigError, LeantrainError, ReplicaError
 
-
-class ReplicaError(LeantrainError, RuntimeError):
-    """The ranks do not hold the same parameters."""
-
-
-class CollectiveError(LeantrainError, RuntimeError):
-    """A collective operation failed mid-run (a rank died or timed out)."""
+__all__ = ["CollectiveError", "ReplicaError"]  # public in leantrain.errors; here too, where they were first
 
 
 DEFAULT_TIMEOUT = 300.0  # seconds a collective may wait for the slowest rank

@@ -39,7 +39,7 @@ import numpy
 import torch
 
 from .backward import all_plain
-from ...errors import ConfigError, DataError, slot_label
+from ...errors import ConfigError, DataError, LeantrainError, slot_label
 from ...params.dense import kernel_strides
 from ...params.module_slots import bind
 from ...samples import call_model, describe
@@ -174,6 +174,8 @@ class Binding:
             with runner.autocast():
                 call_model(runner.module, s)
         except MODEL_ERRORS as e:
+            if isinstance(e, LeantrainError):
+                raise  # leantrain's own (a hook of a loop's: a refused read, a failed gather), as it is
             raise DataError(f"{op}: the model rejected the sample ({describe(s)}): {str(e).splitlines()[0]}") from e
 
     def _buffers(self) -> list[tuple[int, torch.Tensor]]:

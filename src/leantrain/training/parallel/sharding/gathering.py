@@ -37,7 +37,7 @@ import contextlib
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ....errors import ConfigError
+from ....errors import CollectiveError, ConfigError, LeantrainError
 from .fetch import Fetch
 from .plan import ShardPlan
 from .state import working
@@ -126,12 +126,20 @@ class ParameterShards:
     def gather(self, slots) -> None:
         """Every range of the released storages among ``slots`` from its owner, into place
         (a collective: every rank asks for the same storages in the same order); a fetch
-        of them already in flight (a prefetch) lands."""
-        self.fetch(slots)
-        for item in {id(self.landing[c]): self.landing[c] for c in slots if c in self.landing}.values():
-            item.land()
-            for c in item.slots:
-                self.landing.pop(c, None)
+        of them already in flight (a prefetch) lands. A failed gather (a peer lost) is a
+        ``CollectiveError``, never taken for the model's own error: it runs inside the
+        model's forward (a unit's hook) or backward."""
+        try:
+            self.fetch(slots)
+            for item in {id(self.landing[c]): self.landing[c] for c in slots if c in self.landing}.values():
+                item.land()
+                for c in item.slots:
+                    self.landing.pop(c, None)
+        except LeantrainError:
+            raise
+        except Exception as e:  # only collectives run here: a peer died, stopped or timed out
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise CollectiveError(f"the all-gather of parameters {sorted(slots)} failed ({first})") from e
 
     def fetch(self, slots) -> None:
         """Start gathering the released storages among ``slots`` (not waited for)."""
