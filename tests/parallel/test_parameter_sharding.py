@@ -4,9 +4,12 @@ Every item is folded in item order by the owners of its ranges, so both the exac
 the default reduction give the one-process bits (weights, buffers, whole optimizer
 state, logged losses): on the tied GPT with a mask buffer, dropout and a frozen slot, a
 Hugging Face GPT-2 built from its config, a model with BatchNorm, ties and a frozen bias
-(also evaluated every other update), the BatchNorm CNN, the frozen backbone, a
+(also evaluated every other update; also with a moving average of the weights evaluated
+every update, ``ema_decay`` with ``eval_ema``, averaged on each rank's ranges), the BatchNorm CNN, the frozen backbone, a
 parametrization (weight norm: its parameters gathered around the parametrization's own
-forward) and a module called twice; 7 items over 3 per update leave
+forward), a module called twice and torch's own ``nn.TransformerEncoderLayer`` and
+``nn.MultiheadAttention`` (each gathered whole for its forward, which reads its
+submodules' weights without calling them); 7 items over 3 per update leave
 ranks without an item in some rounds (the stand-in pass: no deadlock). The loader loop
 with clipping by norm takes the block norm, so its reference is the sharded one-process
 run. While the loss is computed the trained Parameters hold no memory but the last
@@ -28,9 +31,9 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="no
 
 RESUMED = "zoo.gpt_persistent_mask-adamw-exact-parameters-frozen"  # a tie, a mask buffer, dropout, a frozen slot
 CASES = [RESUMED, "hf.gpt2-adamw-exact-parameters", "wide-adamw-default-parameters", "lm-adamw-exact-parameters",
-         "wide-adam-default-parameters-eval"]
+         "wide-adam-default-parameters-eval", "wide-adamw-exact-parameters-ema"]  # ema: the average on the shards
 CASES += [f"zoo.{name}-adamw-default-parameters" for name in ("cnn_batchnorm", "frozen_backbone", "weight_norm",
-                                                              "shared_twice")]
+                                                              "shared_twice", "torch_encoder")]
 # the cases each world size runs: all on 1 and 2 ranks; the GPT, the tied BatchNorm model and
 # the loader loop on 3; the GPT on 4 (GPT-2 there doubled the fixture's time: every spawned
 # rank imports transformers)
@@ -103,6 +106,6 @@ def test_each_rank_writes_its_own_ranges_of_the_parameters(runs, world):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["cnn_batchnorm", "frozen_backbone", "weight_norm", "shared_twice"])
+@pytest.mark.parametrize("name", ["cnn_batchnorm", "frozen_backbone", "weight_norm", "shared_twice", "torch_encoder"])
 def test_the_zoo_under_parameter_sharding_on_two_ranks_equals_plain_pytorch(runs, name):
     sc.against_plain_pytorch(name, runs / f"zoo.{name}-adamw-default-parameters.w2")

@@ -2,8 +2,18 @@
 process group. The runs give the unsharded bits; what the mode does not take is refused
 before anything is released or trained; a model that reads a released Parameter outside
 its module's forward is refused with the slot named, not a crash; a failed run leaves the
-module whole; NumPy-shared parameter memory is given memory of its own first."""
+module whole; NumPy-shared parameter memory is given memory of its own first.
 
+Also (#55): a model with buffers and one item per update (whose backward once read
+released storage) trains with the unsharded bits, from the library and from the command
+(``--preset digits-cnn``); the read-outside refusal is a ``ConfigError`` whether or not
+the run measures its loss first, also where buffers take a pass of their own; the
+collective error types are public; a moving average of the weights (``ema_decay``,
+``eval_ema``) is the unsharded one's bits, checkpointed and resumed; torch's transformer
+layers (each gathered whole for its forward) and a Hugging Face Llama with a tied head
+train with the unsharded bits."""
+
+import copy
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -14,6 +24,8 @@ import torch
 from torch import nn
 
 import leantrain as lt
+from leantrain import optim
+from leantrain.cli.main import main
 from leantrain.errors import ConfigError
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "zoo"))
@@ -67,8 +79,7 @@ def test_one_process_with_evaluations_and_a_callback_is_the_unsharded_run():
     assert model.lm_head.weight is model.tok_emb.weight
 
 
-@pytest.mark.parametrize("extra, named", [(dict(ema_decay=0.9), "ema_decay"), (dict(compile=True), "compile"),
-                                          (dict(accumulation="vectorized"), "vectorized")])
+@pytest.mark.parametrize("extra, named", [(dict(compile=True), "compile"), (dict(accumulation="vectorized"), "vectorized")])
 def test_what_the_mode_does_not_take_is_refused_by_the_config(extra, named):
     with pytest.raises(ConfigError, match=f"sharding='parameters' does not take .*{named}"):
         config(sharding="parameters", **extra)
@@ -247,3 +258,128 @@ def test_a_callback_that_runs_the_model_still_reads_whole_parameters():
 
     lt.train_samples(runner, config(sharding="parameters"), GPT.samples(7), log=None, callback=callback)
     assert seen[0::2] == [True] * 4 and all(v == v for v in seen[1::2])
+
+
+def _cnn():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                               torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 3))
+
+
+@pytest.mark.parametrize("sharding", ["optimizer", "gradients", "parameters"])
+def test_one_item_per_update_with_buffers_gives_the_unsharded_bits(sharding):
+    model = _cnn()
+    ref = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(8, 1, 8, 8, generator=g), torch.randint(0, 3, (8,), generator=g)) for _ in range(4)]
+    runs = []
+    for m, kw in ((model, {"sharding": sharding}), (ref, {})):
+        runner = lt.Runner.from_module(m, "cross_entropy")
+        report, _ = lt.train_loader(runner, lt.LoaderTrainConfig(epochs=2, optimizer=optim.adam(1e-2), log_every=1,
+                                                                 **kw), data, log=None)
+        runs.append(report)
+    assert runs[0].losses == runs[1].losses and (runs[0].before, runs[0].after) == (runs[1].before, runs[1].after)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), ref.state_dict().values()))
+
+
+def test_the_digits_cnn_preset_trains_under_parameter_sharding_with_the_unsharded_parameters(tmp_path, capsys):
+    for name, extra in (("sharded", ["--sharding", "parameters"]), ("plain", [])):
+        assert main(["train", "--preset", "digits-cnn", "--epochs", "1", "--out", str(tmp_path / name), *extra]) == 0
+    capsys.readouterr()
+    sharded = lt.read_checkpoint(tmp_path / "sharded" / "checkpoint.ckpt")[1]
+    plain = lt.read_checkpoint(tmp_path / "plain" / "checkpoint.ckpt")[1]
+    keys = [k for k in plain if k.startswith(("storage.", "state."))]
+    assert len(keys) > 16 and all(torch.equal(sharded[k], plain[k]) for k in keys)
+
+
+class ReadsOutside(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.norm, self.b = torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.b(self.norm(self.a(x)) + self.a.weight.sum())  # a.weight outside a's forward
+
+
+@pytest.mark.parametrize("measure_loss", [True, False])
+def test_a_parameter_read_outside_its_module_is_a_config_error_naming_the_slot(measure_loss):
+    model = ReadsOutside()
+    before = copy.deepcopy(model.state_dict())
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(3, 4, generator=g), torch.randn(3, 2, generator=g)) for _ in range(3)]
+    cfg = lt.LoaderTrainConfig(epochs=1, optimizer=optim.sgd(0.1), sharding="parameters", measure_loss=measure_loss,
+                               log_every=0)
+    with pytest.raises(lt.ConfigError, match=r"train_loader: sharding='parameters': slot 0 \(a.weight\) was read "
+                                             r"outside the forward of the module that holds it"):
+        lt.train_loader(lt.Runner.from_module(model, "mse"), cfg, data, log=None)
+    assert all(torch.equal(a, b) for a, b in zip(before.values(), model.state_dict().values()))
+
+
+def test_the_collective_error_types_are_public():
+    from leantrain.training.parallel import distributed
+
+    assert lt.CollectiveError is distributed.CollectiveError and issubclass(lt.CollectiveError, RuntimeError)
+    assert lt.ReplicaError is distributed.ReplicaError and issubclass(lt.ReplicaError, lt.LeantrainError)
+
+
+def _ema_run(sharding, tmp_path=None, **kw):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(3, 4, generator=g), torch.randn(3, 2, generator=g)) for _ in range(5)]
+    runner = lt.Runner.from_module(model, "mse")
+    ck = {} if tmp_path is None else {"checkpoint_path": tmp_path / "ck", "checkpoint_every": 1}
+    cfg = lt.LoaderTrainConfig(epochs=2, optimizer=optim.adamw(1e-2), sharding=sharding, log_every=1, ema_decay=0.9,
+                               eval_data=data[:2], eval_ema=True, **ck, **kw)
+    report, _ = lt.train_loader(runner, cfg, data, log=None)
+    with runner.ema.applied(runner.params):
+        averaged = [p.detach().clone() for p in model.parameters()]
+    return report, [t.clone() for t in model.state_dict().values()], averaged
+
+
+def test_a_moving_average_under_parameter_sharding_is_the_unsharded_ones_bits_and_resumes(tmp_path):
+    plain = _ema_run(None)
+    sharded = _ema_run("parameters")
+    assert sharded[0].evals == plain[0].evals and sharded[0].losses == plain[0].losses
+    assert all(torch.equal(a, b) for a, b in zip(sharded[1] + sharded[2], plain[1] + plain[2]))
+    _ema_run("parameters", tmp_path, max_steps=3)
+    resumed = _ema_run("parameters", tmp_path, resume_from=tmp_path / "ck")
+    assert resumed[0].evals == plain[0].evals
+    assert all(torch.equal(a, b) for a, b in zip(resumed[1] + resumed[2], plain[1] + plain[2]))
+
+
+def _same_run(make, loss, data, eval_data):
+    results = []
+    for sharding in ("parameters", None):
+        model = make()
+        runner = lt.Runner.from_module(model, loss)
+        report, _ = lt.train_loader(runner, lt.LoaderTrainConfig(epochs=2, optimizer=optim.adamw(1e-2), log_every=1,
+                                                                 sharding=sharding, eval_data=eval_data), data, log=None)
+        results.append((report.losses, report.evals, [t.clone() for t in model.state_dict().values()], model))
+    (losses, evals, values, model), (plain_losses, plain_evals, plain_values, _) = results
+    assert losses == plain_losses and evals == plain_evals
+    assert all(torch.equal(a, b) for a, b in zip(values, plain_values))
+    return model
+
+
+def test_torch_transformer_layers_train_under_parameter_sharding_with_the_unsharded_bits():
+    entry = zoo_models.BY_NAME["torch_encoder"]
+    data = entry.samples(4)
+    _same_run(lambda: entry.model(0), entry.loss, data, data[:2])  # evaluation: the layers' fast path too
+
+
+def test_a_hugging_face_llama_trains_under_parameter_sharding_with_the_unsharded_bits_and_its_tie():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                   tie_word_embeddings=True)
+    g = torch.Generator().manual_seed(1)
+    data = [{"input_ids": ids, "labels": ids} for ids in (torch.randint(0, 64, (2, 12), generator=g) for _ in range(4))]
+
+    def make():
+        torch.manual_seed(0)
+        return transformers.LlamaForCausalLM(cfg)
+
+    model = _same_run(make, "model", data, data[:2])
+    assert model.lm_head.weight is model.model.embed_tokens.weight

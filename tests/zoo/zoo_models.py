@@ -75,6 +75,23 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+class TorchEncoder(nn.Module):
+    """torch's own transformer layers: nn.TransformerEncoderLayer (its self-attention reads
+    out_proj.weight without calling out_proj) and a bare nn.MultiheadAttention."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(6, 16)
+        layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.mha = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = self.enc(self.inp(x))
+        return self.head(self.mha(h, h, h, need_weights=False)[0].mean(1))
+
+
 class ConvNet(nn.Module):
     """Conv, BatchNorm2d, ReLU, Dropout, linear head: (B, 1, 6, 6) -> (B, 3)."""
 
@@ -230,3 +247,6 @@ ZOO = [
     Entry("constant_buffer", ConstantBuffer, lambda g, r: torch.randn(r, 4, generator=g), _reals(3), "mse"),
 ]
 BY_NAME = {e.name: e for e in ZOO}
+# outside the zoo's table (which every zoo test runs): for the tests that name it
+BY_NAME["torch_encoder"] = Entry("torch_encoder", TorchEncoder, lambda g, r: torch.randn(r, 5, 6, generator=g),
+                                 _classes(3), "cross_entropy")

@@ -50,7 +50,7 @@ def _common(op: str, cfg, records: dict) -> None:
     check_bool(op, "compile", cfg.compile)
     check_run_options(op, cfg)
     if cfg.sharding == "parameters":
-        for what, bad in (("ema_decay", cfg.ema_decay is not None), ("compile=True", cfg.compile),
+        for what, bad in (("compile=True", cfg.compile),
                           ("accumulation='vectorized'", cfg.accumulation == "vectorized")):
             if bad:
                 raise ConfigError(f"{op}: sharding='parameters' does not take {what} yet (the parameters are "

@@ -8,6 +8,11 @@ values are the unsharded run's bits. Where the whole average is needed (an evalu
 with ``eval_ema``) it is all-gathered (every rank evaluates, so every rank joins);
 ``whole()`` gives an ``EMA`` again (the loop hands that to the runner when it ends);
 a checkpoint stores each rank's ranges as pieces (``checkpoint.py``).
+
+Under ``sharding="parameters"`` (``shards`` given) the weights between updates are this
+rank's ranges only: the average reads them there (``ParameterShards.values``, the ranges
+the optimizer just updated), and an evaluation of the average puts the average in their
+place for its duration, so the units gather it as they gather the weights.
 """
 
 from __future__ import annotations
@@ -29,17 +34,17 @@ class ShardedEMA(EMA):
     update)."""
 
     def __init__(self, params, decay: float, plan: ShardPlan, rank: int, count: int = 0,
-                 values: Optional[list] = None) -> None:
+                 values: Optional[list] = None, shards=None) -> None:
         super().__init__(params, decay, count, values)
-        self.plan, self.rank = plan, rank
+        self.plan, self.rank, self.shards = plan, rank, shards
         index = {id(s): k for k, s in enumerate(params.storages())}
         self.ranges = {index[id(params[r.slot].storage)]: r for r in plan.owned(rank)}  # storage -> range
 
     @classmethod
-    def cut(cls, params, saved: dict, plan: ShardPlan, rank: int) -> "ShardedEMA":
+    def cut(cls, params, saved: dict, plan: ShardPlan, rank: int, shards=None) -> "ShardedEMA":
         """A checkpoint's whole average (``Checkpoint.ema``, in host memory) cut to this
         rank's ranges, each copied to its storage's device."""
-        out = cls(params, saved["decay"], plan, rank, saved["count"])
+        out = cls(params, saved["decay"], plan, rank, saved["count"], shards=shards)
         storages = params.storages()
         for k, r in out.ranges.items():
             if k in saved["values"]:
@@ -51,7 +56,10 @@ class ShardedEMA(EMA):
         """Average in this rank's ranges of the current weights (device-side only)."""
         storages = params.storages()
         with torch.no_grad():
-            pairs = [(k, storages[k].newest().detach().view(-1)[r.start: r.stop]) for k, r in self.ranges.items()]
+            if self.shards is not None:  # the parameters' memory is released: this rank's ranges are the weights
+                pairs = [(k, self.shards.values[r]) for k, r in self.ranges.items()]
+            else:
+                pairs = [(k, storages[k].newest().detach().view(-1)[r.start: r.stop]) for k, r in self.ranges.items()]
             if self.count == 0:
                 for k, w in pairs:
                     self.values[k] = w.clone()
@@ -83,5 +91,24 @@ class ShardedEMA(EMA):
 
     @contextlib.contextmanager
     def applied(self, params) -> Iterator[None]:
-        with self.whole(params).applied(params):
+        if self.shards is None:
+            with self.whole(params).applied(params):
+                yield
+            return
+        # parameter sharding: the average takes the place of this rank's ranges, which every
+        # unit's gather reads, so the evaluation gathers it unit by unit (memory as in training)
+        shards, saved = self.shards, []
+        shards.release(shards.sharded)  # nothing resident keeps the trained values
+        with torch.no_grad():
+            for k, r in self.ranges.items():
+                if self.values[k] is not None:
+                    mine = shards.values[r]
+                    saved.append((mine, mine.clone()))
+                    mine.copy_(self.values[k])
+        try:
             yield
+        finally:
+            shards.release(shards.sharded)
+            with torch.no_grad():
+                for mine, old in saved:
+                    mine.copy_(old)

@@ -4,7 +4,11 @@ module's parameters are gathered into the user's own Parameter objects around it
 Between uses a trained Parameter's memory is released: its storage is resized to nothing,
 so the Parameter object, its shape, its ties and every tensor autograd saved from it stay
 what they are, only without bytes. The *units* are the modules that hold trained
-Parameters directly. A unit's forward pre-hook resizes its storages and all-gathers the
+Parameters directly, except inside a module whose own forward reads its submodules'
+Parameters without calling them (``WHOLE_UNITS``: torch's attention and transformer
+layers, whose forwards pass ``out_proj.weight``, ``linear1.weight``, ... to fused
+functions): the outermost such module is one unit with every Parameter beneath it,
+gathered for its whole forward (as FSDP2 gathers a wrapped block). A unit's forward pre-hook resizes its storages and all-gathers the
 owners' ranges into them (``fetch.py``); its forward hook releases them again (but the
 forward's last unit's, whose backward comes next), and (when a gradient will be taken)
 registers a hook on the unit's outputs that gathers them once more just before the
@@ -56,6 +60,30 @@ def _tensors(output) -> list:
     return []
 
 
+# Modules whose forward reads their submodules' Parameters without calling those
+# submodules (F.multi_head_attention_forward takes out_proj.weight; the transformer layers'
+# fast paths take every weight of the layer): gathered whole, as one unit.
+WHOLE_UNITS = (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer, torch.nn.TransformerDecoderLayer)
+
+
+def whole_units(root: torch.nn.Module) -> dict:
+    """``id(module) -> the unit that gathers its Parameters`` for every module inside an
+    outermost ``WHOLE_UNITS`` module (that module included); other modules are absent
+    (each is its own unit)."""
+    out: dict = {}
+
+    def walk(module: torch.nn.Module, unit) -> None:
+        if unit is None and isinstance(module, WHOLE_UNITS):
+            unit = module
+        if unit is not None:
+            out.setdefault(id(module), unit)
+        for child in module.children():
+            walk(child, unit)
+
+    walk(root, None)
+    return out
+
+
 def make_releasable(op: str, params, plan: ShardPlan) -> None:
     """Every trained representative's tensor must be its storage's only contents. Memory
     torch cannot resize (shared with NumPy, mapped from a file) is first copied into
@@ -94,10 +122,12 @@ class ParameterShards:
         self.tracking = False  # an item's backward follows its forward (its occurrences are counted)
         self.held = False  # every storage held whole for the user's code (``whole``)
         units: dict = {}
+        unit_of = whole_units(runner.module)
         for i, loc in enumerate(runner.locations):
             if loc.is_parameter and i < len(self.slots_map) and self.slots_map[i] is not None \
                     and self.slots_map[i] in self.resident:
-                units.setdefault(id(loc.owner), (loc.owner, []))[1].append(i)
+                owner = unit_of.get(id(loc.owner), loc.owner)
+                units.setdefault(id(owner), (owner, []))[1].append(i)
         self.world = plan.world
         self.unit_slots = [sorted({self.slots_map[i] for i in slots}) for _, slots in units.values()]
         self.landing: dict = {}  # slot -> its Fetch in flight

@@ -81,12 +81,14 @@ class ShardedStrategy(DataParallelStrategy):
         if r.shards is not None:
             r.shards.close(failed)
             r.shards = None
+            if isinstance(runner.ema, ShardedEMA):
+                runner.ema.shards = None  # closed: the module holds its weights again
 
     def ema(self, runner: Runner, decay: float, saved=None):
         r = self.reduction
         if saved is None:
-            return ShardedEMA(runner.params, decay, r.plan, r.rank)
-        return ShardedEMA.cut(runner.params, saved, r.plan, r.rank)  # cut from host memory
+            return ShardedEMA(runner.params, decay, r.plan, r.rank, shards=r.shards)
+        return ShardedEMA.cut(runner.params, saved, r.plan, r.rank, r.shards)  # cut from host memory
 
     def check_shared(self, op: str, checkpoint_path) -> None:
         # every rank writes its shard into the folder: one per node would save, and never load
