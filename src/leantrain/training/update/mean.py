@@ -25,6 +25,7 @@ import torch
 
 from ...errors import ConfigError, DataError
 from ...samples import LossSum, add_losses
+from ..runner.backward import taken
 from ..runner.binding import set_rng_state
 from ..runner.runner import Runner, Sample
 from .vectorized import stacked_loss_and_gradients
@@ -179,8 +180,51 @@ def item_gradients(runner: Runner, batch: Sequence[Sample], leaves, scratch,
 
 def sum_items(runner: Runner, batch: Sequence[Sample], leaves, scratch,
               states: Optional[list] = None) -> tuple[torch.Tensor, Pack]:
-    """``fold`` over the items' gradients, differentiated one by one."""
-    return fold(item_gradients(runner, batch, leaves, scratch, states))
+    """``fold`` over the items' gradients, differentiated one by one. From the second item
+    on, each leaf's gradient is added into the sums as the backward produces it (a hook
+    per leaf, ``accumulating``), so no item's whole gradient is ever held besides the sums,
+    as ``.grad`` accumulation holds none; what a hook leaves (a slot the first item did not
+    reach, a sparse or one-element gradient) is folded after the backward. The additions
+    are the fold's (``sum.add_(g)``, in item order): the same bits."""
+    pairs = item_gradients(runner, batch, leaves, scratch, states)
+    loss, grads = next(pairs)
+    if len(batch) == 1:
+        return loss, grads
+    handles = [] if runner.reentrant else accumulating(leaves, grads)  # a reentrant checkpoint's .grad route: fold
+    try:
+        for loss_k, grads_k in pairs:
+            loss = add_losses(loss, loss_k)
+            add_into(grads, grads_k)
+            del grads_k  # gone before the next item is differentiated
+    finally:
+        for h in handles:
+            h.remove()
+    return loss, grads
+
+
+def accumulating(leaves, sums: Pack) -> list:
+    """Hooks adding each leaf's gradient into ``sums`` (its slots') as it is produced; the
+    hook hands autograd a ``taken`` stand-in, which the item's result reads as ``None``.
+    One hook per leaf tensor (tied slots sharing a leaf each get the gradient), only where
+    every slot of the leaf has a dense sum to add into; a sparse or one-element gradient is
+    returned as it is, for the fold."""
+    by_leaf: dict = {}
+    for k, t in enumerate(leaves):
+        if t is not None:
+            by_leaf.setdefault(id(t), (t, []))[1].append(k)
+    handles = []
+    for t, slots in by_leaf.values():
+        if any(sums[k] is None or sums[k].layout is not torch.strided for k in slots):
+            continue
+
+        def add(g: torch.Tensor, slots=slots) -> torch.Tensor:
+            if g.layout is not torch.strided or g.numel() <= 1:
+                return g
+            for k in slots:
+                sums[k].add_(g)
+            return taken(g)
+        handles.append(t.register_hook(add))
+    return handles
 
 
 def draws(runner: Runner, states: Optional[list], j: int) -> None:
