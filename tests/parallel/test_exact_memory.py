@@ -1,7 +1,11 @@
 """The exact reduction in bounded memory (#40, item 2): with 16 items per update, a rank's
-peak resident memory under ``exact_reduction`` on 2 gloo processes is no higher than one
-process's peak for the same updates (plus a stated slack of 0.25 P for measuring noise);
-gathering every item on every rank, as before, peaked at 48 P per rank here. Peaks are
+peak resident memory under ``exact_reduction`` on 2 gloo processes is at most one item's
+gradient (1 P) above one process's peak for the same updates (plus a stated slack of
+0.25 P for measuring noise): one process adds each item's gradient into its sums as the
+backward produces it (#55), where an exact rank still holds one item's whole gradient
+while it sends its ranges (measured 1.92 P per rank against one process's 1.22 P; 2.09 P
+before one process's hooks); gathering every item on every rank, as before, peaked at 48 P
+per rank here. Peaks are
 above the memory held once the model exists, in units of the parameter bytes P, each
 process fresh, with glibc's mmap threshold fixed at 64 KiB: its default threshold grows
 as large blocks are freed, after which freed mid-size blocks stay in the heap and the
@@ -20,14 +24,14 @@ pytestmark = [pytest.mark.skipif(not torch.distributed.is_available(), reason="n
               pytest.mark.slow]
 
 
-def test_an_exact_ranks_peak_is_no_higher_than_one_process(tmp_path, monkeypatch):
+def test_an_exact_ranks_peak_is_one_item_at_most_above_one_process(tmp_path, monkeypatch):
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")  # read by each spawned interpreter's allocator
     mp.spawn(cases.measure, args=(1, str(tmp_path / "init1"), str(tmp_path)), nprocs=1, join=True)
     mp.spawn(cases.measure, args=(2, str(tmp_path / "init2"), str(tmp_path)), nprocs=2, join=True)
     one = float((tmp_path / "peak0-of-1.txt").read_text())
     ranks = [float((tmp_path / f"peak{r}-of-2.txt").read_text()) for r in (0, 1)]
     assert 1.0 < one < 6.0, one  # the measure is sound: a gradient sum, an item's gradients, scratch
-    assert max(ranks) <= one + 0.25, (ranks, one)
+    assert max(ranks) <= one + 1.0 + 0.25, (ranks, one)
 
 
 def sharded_peaks(tmp_path, mode: str, world: int) -> tuple[float, float]:
@@ -53,7 +57,10 @@ def test_gradient_sharding_holds_less_than_optimizer_sharding_and_falls_with_the
     optimizer, optimizer_held = sharded_peaks(tmp_path, "optimizer", 2)
     assert 3.0 < one < 8.0, one  # sound: a gradient sum, an item's gradients, 2 P of state
     assert 1.2 < gradients_held <= optimizer_held - 0.35, (gradients_held, optimizer_held)
-    assert gradients <= one - 0.75, (gradients, one)
+    # one process adds each item's gradient into its sums as the backward produces it (#55),
+    # so its peak fell: the fall with the world measured 0.73 P (3.15 against 3.88), under
+    # the 0.75 this bound had; 0.6 keeps the claim (it falls) with room for noise
+    assert gradients <= one - 0.6, (gradients, one)
     assert optimizer <= one - 0.5, (optimizer, one)
 
 

@@ -65,15 +65,6 @@ class OptState:
             check_rate("OptState.with_rates", f"lr of group {g}", r)
         return replace(self, lr=lrs[0], lrs=lrs, momenta=momenta)
 
-    def advanced(self, records) -> "OptState":
-        """The state after one update: its new records, one more step."""
-        return replace(self, slots=tuple(records), steps=self.steps + 1)
-
-    def rate(self, setting) -> float:
-        """The rate of a slot with ``setting`` (a ``per_slot.SlotSetting``) at the next step."""
-        lr = self.lrs[setting.group] if self.lrs else self.lr
-        return lr if setting.scale == 1.0 else lr * setting.scale
-
     def cycled(self, hyper: Hyper, group: int) -> Hyper:
         """``hyper`` with its group's momentum (or first beta) where a schedule cycles it."""
         if not self.momenta:

@@ -289,7 +289,7 @@ class LoaderTrainConfig(LoopOptions):
     def accumulate_at(self, epoch: int) -> int:
         """Loader batches per update in epoch ``epoch`` (from 0): ``accumulate``, or the
         schedule's factor from its latest first epoch at or before ``epoch`` (1 before its first)."""
-        if not isinstance(self.accumulate, Mapping):
+        if isinstance(self.accumulate, int):  # asked per loader batch: not typing.Mapping's slow check
             return self.accumulate
         k = 1
         for first, factor in self.accumulate.items():

@@ -169,7 +169,9 @@ def own_gradients(grads: Sequence, wrt: Sequence[torch.Tensor], strides=None) ->
                 out[k] = g.clone()
             continue
         want = kernel_strides(wrt[k]) if strides is None else strides[k]
-        if shared or (g.stride() != want and not same_layout(g, want)):
-            # a stand-in (stride 0) is checked here only, off the usual path
-            out[k] = None if was_taken(g) else to_layout(g, wrt[k])  # fresh memory: nothing else points at it
+        if shared or g.stride() != want:  # off the usual path
+            if was_taken(g):  # a stand-in (stride 0): its hook's owner holds the gradient
+                out[k] = None
+            elif shared or not same_layout(g, want):
+                out[k] = to_layout(g, wrt[k])  # fresh memory: nothing else points at it
     return out

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ....optim import OptState, Optimizer
+from ....optim.optimizer import advanced, group_rate
 from ....optim.rules import rule_for
 from .. import data_parallel as dp
 from . import comm
@@ -207,7 +208,7 @@ def apply(runner, opt: Optimizer, state: OptState, plan: ShardPlan, rank: int, g
                           (st, []))[1].append(r)
     with torch.no_grad():
         for st, rs in groups.values():
-            lr, h = state.rate(st), state.cycled(st.hyper, st.group)
+            lr, h = group_rate(state, st), state.cycled(st.hyper, st.group)
             ws = [views[r] for r in rs]
             gs = [torch.zeros_like(views[r]) if sums[r] is None else sums[r].reshape(-1) for r in rs]
             recs = [records[r.slot] for r in rs]
@@ -228,4 +229,4 @@ def apply(runner, opt: Optimizer, state: OptState, plan: ShardPlan, rank: int, g
     for v in params.storages():
         if v.mirror is not None and v.working() is v.mirror:
             v.host_current = False  # the mirror was written
-    return state.advanced(records)
+    return advanced(state, records)
