@@ -126,20 +126,13 @@ def test_every_optimizer_gives_its_named_torch_paths_bits_and_moves_what_torch_m
     assert moved > 0 or kind == "adadelta", "the elements-moved check saw no element move"
 
 
+_MANTISSA = {torch.float32: 23, torch.float64: 52, torch.float16: 10, torch.bfloat16: 7}  # stored bits
+
+
 def _ulp(t: torch.Tensor) -> torch.Tensor:
     """The spacing of ``t``'s dtype at each element (as float64)."""
-    x = t.double().abs()
-    info = torch.finfo(t.dtype)
-    e = torch.floor(torch.log2(torch.clamp(x, min=info.tiny)))
-    return torch.pow(2.0, e - (info.nmant if hasattr(info, "nmant") else _MANTISSA[t.dtype]))
-
-
-_MANTISSA = {torch.float32: 23, torch.float64: 52, torch.float16: 10, torch.bfloat16: 7}
-if not hasattr(torch.finfo(torch.float32), "nmant"):
-    def _ulp(t: torch.Tensor) -> torch.Tensor:  # noqa: F811 - torch's finfo names no mantissa width
-        x = t.double().abs()
-        e = torch.floor(torch.log2(torch.clamp(x, min=torch.finfo(t.dtype).tiny)))
-        return torch.pow(2.0, e - _MANTISSA[t.dtype])
+    e = torch.floor(torch.log2(torch.clamp(t.double().abs(), min=torch.finfo(t.dtype).tiny)))
+    return torch.pow(2.0, e - _MANTISSA[t.dtype])
 
 
 def test_sgd_in_half_precision_on_cpu_trains_every_element():
@@ -193,14 +186,7 @@ def test_off_the_fused_devices_the_default_is_torchs_foreach_form(kind, monkeypa
     ours = [p.clone() for p in start]
     torch_opt = _torch(kind, theirs, {"lr": 0.01, **opts}, "foreach")
     opt = CONSTRUCTORS[kind](0.01, **opts)
-    state = opt.init(ours)
-    for _ in range(20):
-        grads = [torch.randn(s, generator=gen) for s in SHAPES]
-        for p, g in zip(theirs, grads):
-            p.grad = g.clone()
-        torch_opt.step()
-        state = opt.step(state, ours, grads)
-    assert all(torch.equal(a, b.detach()) for a, b in zip(ours, theirs))
+    _same_steps(torch_opt, opt, opt.init(ours), theirs, ours, 20, lambda p: torch.randn(p.shape, generator=gen))
 
 
 @pytest.mark.parametrize("name, flags, kind, dtype", [
@@ -224,13 +210,7 @@ def test_from_torch_runs_the_implementation_torch_runs(name, flags, kind, dtype)
     ours = [p.detach().clone() for p in theirs]
     assert opt.hyper.implementation == kind
     assert state.steps == (0 if name in ("SGD", "RMSprop") else 2)  # records that keep no step count
-    for _ in range(3):
-        grads = [torch.randn(p.shape, generator=gen).to(dtype) for p in theirs]
-        for p, g in zip(theirs, grads):
-            p.grad = g.clone()
-        torch_opt.step()
-        state = opt.step(state, ours, grads)
-    assert all(torch.equal(a, b.detach()) for a, b in zip(ours, theirs))
+    _same_steps(torch_opt, opt, state, theirs, ours, 3, lambda p: torch.randn(p.shape, generator=gen).to(dtype))
 
 
 @pytest.mark.parametrize("make, message", [
@@ -259,3 +239,15 @@ def test_fused_sgd_on_a_cpu_half_parameter_is_refused_before_anything_changes():
     with pytest.raises(lt.ConfigError, match="writes only each tensor's scalar tail"):
         optim.sgd(0.1, fused=True).init([p])
     assert torch.equal(p, before)
+
+
+def _same_steps(torch_opt, opt, state, theirs, ours, steps, gradient) -> None:
+    """``steps`` updates of both with the same gradients (``gradient(p)`` per parameter):
+    leantrain's parameters equal torch's, bit for bit."""
+    for _ in range(steps):
+        grads = [gradient(p) for p in theirs]
+        for p, g in zip(theirs, grads):
+            p.grad = g.clone()
+        torch_opt.step()
+        state = opt.step(state, ours, grads)
+    assert all(torch.equal(a, b.detach()) for a, b in zip(ours, theirs))

@@ -323,6 +323,27 @@ def test_the_collective_error_types_are_public():
     assert lt.ReplicaError is distributed.ReplicaError and issubclass(lt.ReplicaError, lt.LeantrainError)
 
 
+def test_the_average_evaluated_in_the_users_callback_is_the_unsharded_ones():
+    """A step callback runs with every Parameter whole; evaluating the average there
+    (``evaluate(..., ema=True)``) reads the average, not the trained weights."""
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(3, 4, generator=g), torch.randn(3, 2, generator=g)) for _ in range(5)]
+    seen = {}
+    for sharding in ("parameters", None):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+        runner = lt.Runner.from_module(model, "mse")
+        losses = seen[sharding] = []
+
+        def on_step(event, runner=runner, losses=losses):
+            losses.append((lt.evaluate(runner, data[:2], ema=True)["loss"], lt.evaluate(runner, data[:2])["loss"]))
+        lt.train_loader(runner, lt.LoaderTrainConfig(epochs=1, optimizer=optim.adamw(1e-2), sharding=sharding,
+                                                     ema_decay=0.5, log_every=0, measure_loss=False),
+                        data, log=None, callback=on_step)
+    assert seen["parameters"] == seen[None] and len(seen[None]) == 5
+    assert all(avg != trained for avg, trained in seen[None][1:])  # the average is not the weights
+
+
 def _ema_run(sharding, tmp_path=None, **kw):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(), torch.nn.Linear(8, 2))

@@ -25,6 +25,7 @@ def check_alpha(op: str, alpha: object) -> None:
 def _hook(alpha: float):
     def noisy(module: torch.nn.Module, inputs, output: torch.Tensor) -> torch.Tensor:
         if module.training:
+            # transformers' arithmetic, for its bits: a float32 scalar on the host (no device sync)
             dims = torch.tensor(output.size(1) * output.size(2))
             mag_norm = alpha / torch.sqrt(dims)
             output = output + torch.zeros_like(output).uniform_(-mag_norm, mag_norm)

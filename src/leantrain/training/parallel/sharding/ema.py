@@ -91,7 +91,7 @@ class ShardedEMA(EMA):
 
     @contextlib.contextmanager
     def applied(self, params) -> Iterator[None]:
-        if self.shards is None:
+        if self.shards is None or self.shards.held:  # the module whole (the user's code): into its storages
             with self.whole(params).applied(params):
                 yield
             return

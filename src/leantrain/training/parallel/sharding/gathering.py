@@ -167,7 +167,9 @@ class ParameterShards:
                     self.landing.pop(c, None)
         except LeantrainError:
             raise
-        except Exception as e:  # only collectives run here: a peer died, stopped or timed out
+        except Exception as e:  # with peers, a failed collective: one died, stopped or timed out
+            if self.world == 1:
+                raise  # one process gathers nothing from anyone: not a collective's failure
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise CollectiveError(f"the all-gather of parameters {sorted(slots)} failed ({first})") from e
 
