@@ -17,7 +17,8 @@ import torch.multiprocessing as mp
 # Imported once by the server (a module that fails to import is skipped by it).
 PRELOAD = ["torch", "torch.distributed", "leantrain", "safetensors.torch", "crash_child", "shard_crash_child",
            "shard_cases", "dist_cases", "rank_cases", "rank_data_cases", "rank_loader_cases", "token_cases",
-           "folder_cases", "overlap_worker"]
+           "folder_cases", "overlap_worker", "meta_cases",
+           "item_seed_cases"]
 
 
 def context():

@@ -3,6 +3,7 @@
 writes its peak resident memory above the baseline taken once the model exists, in units
 of the parameter bytes P, to ``peak{rank}.txt``."""
 
+import contextlib
 import gc
 from pathlib import Path
 
@@ -156,3 +157,64 @@ def measure_finish(rank: int, world: int, init_file: str, out: str) -> None:
         if world > 1:
             dist.destroy_process_group()
 
+
+
+def _sharded_mlp_run(rank: int, world: int, init_file: str, bucket_bytes: int, meta: bool, result: Path,
+                     **settings) -> None:
+    """The MLP (built on meta, or whole) trained under ``sharding="parameters"`` on
+    ``world`` gloo ranks with ``settings``; ``result`` gets the peaks above what the
+    process held before the model existed, in P: when its first update begins, and when
+    the run has ended (its end and final checkpoint included)."""
+    from leantrain.training.parallel import overlap
+    from leantrain.training.parallel.sharding import overlap as shard_overlap
+
+    overlap.FIRST_BUCKET_BYTES = overlap.BUCKET_BYTES = shard_overlap.IN_FLIGHT = bucket_bytes  # as measure_whole
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        import leantrain as lt
+        from leantrain.training.loops.session import Session
+
+        gc.collect()
+        start = high_water()
+        torch.manual_seed(0)
+        with torch.device("meta") if meta else contextlib.nullcontext():
+            model = torch.nn.Sequential(*[torch.nn.Linear(D, D) for _ in range(LAYERS)])
+        p_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        g = torch.Generator().manual_seed(1)
+        data = [(torch.randn(2, D, generator=g), torch.randn(2, D, generator=g)) for _ in range(4)]
+        runner = lt.Runner.from_module(model, "mse")
+        begun = []
+        update = Session.update
+
+        def first(self, *args, **kwargs):
+            if not begun:
+                begun.append(high_water() - start)
+            return update(self, *args, **kwargs)
+
+        Session.update = first  # this spawned process's class only
+        cfg = lt.TrainConfig(batch_size=4, optimizer=lt.optim.adamw(1e-3), log_every=0, measure_loss=False,
+                             sharding="parameters", replica_check=False, **settings)
+        lt.train_samples(runner, cfg, data, log=None)
+        result.write_text(f"{begun[0] / p_bytes} {(high_water() - start) / p_bytes}")
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+def measure_meta(rank: int, world: int, init_file: str, out: str, meta: bool = True, bucket_bytes: int = 4 << 20
+                 ) -> None:
+    """Two AdamW updates of 4 items of the MLP built on torch's meta device and filled by
+    each Linear's own ``reset_parameters`` (``meta=False``: built whole, as ``measure_whole``),
+    the checkpoint in ``meta-<meta>-<world>``; the peaks to ``meta{rank}-{meta}-of-{world}.txt``."""
+    extra = dict(init_weights="reset_parameters") if meta else dict(gather_at_end=False)
+    _sharded_mlp_run(rank, world, init_file, bucket_bytes, meta, Path(out) / f"meta{rank}-{meta}-of-{world}.txt",
+                     steps=2, checkpoint_path=Path(out) / f"meta-{meta}-{world}", **extra)
+
+
+def measure_resume(rank: int, world: int, init_file: str, out: str, source: str, bucket_bytes: int = 4 << 20) -> None:
+    """The meta-built MLP resumed from the folder ``source`` (``measure_meta``'s, saved after
+    its 2 updates on any world size) for 2 more updates; the peaks to ``resume{rank}-of-{world}.txt``."""
+    _sharded_mlp_run(rank, world, init_file, bucket_bytes, True, Path(out) / f"resume{rank}-of-{world}.txt",
+                     steps=4, checkpoint_path=Path(out) / f"resumed-{world}", resume_from=source)

@@ -71,7 +71,10 @@ RESUME_CASES = ["wide-adam-exact-gradients", "wide-momentum-exact-optimizer", "l
 def make(case, sharding="auto"):
     model, o, red, sh, *extra = case.split("-")
     sharding = sh if sharding == "auto" else sharding
+    # item_seeds=False: dropout draws the plain loop's numbers on any world (the replay), as the
+    # one-process runs and the plain PyTorch references do
     common = dict(optimizer=TABLE[o].make(), log_every=1, exact_reduction=red == "exact", sharding=sharding,
+                  item_seeds=False,
                   shard_by="slot" if "slot" in extra else "range")
     if sh == "parameters":  # no before/after passes: the loss is watched only inside the loop's updates
         common.update(measure_loss=False)

@@ -199,6 +199,9 @@ FIELDS = (
           "one-process run with this same flag on any number of processes (it cuts each minibatch into --pieces "
           "items, so it is not the bits of a run without it: BatchNorm then sees smaller batches)",
           _boolean, SWITCH),
+    Field("item_seeds", False, "under torchrun: each item's random draws (dropout) from a generator seeded for "
+          "it, so a rank runs only its own items' forwards (without: every rank replays every item's forward to "
+          "draw what one process draws); the bits of a one-process run with this same flag", _boolean, SWITCH),
     Field("sharding", None, "under torchrun: optimizer (ZeRO-1: each rank keeps its share of the optimizer "
           "state), gradients (ZeRO-2: of the reduced gradients too) or parameters (ZeRO-3: of the parameters too, "
           "each module's gathered around its use); the checkpoint becomes a folder",

@@ -183,7 +183,7 @@ def build_job(plan: Plan) -> Job:
         epochs=cfg.epochs, optimizer=cfg.make_optimizer(), scheduler=cfg.make_schedule(steps_per_epoch),
         log_every=cfg.log_every, checkpoint_every=cfg.checkpoint_every, checkpoint_path=plan.checkpoint,
         resume_from=("auto" if managed(cfg) else plan.checkpoint) if plan.resuming else None,
-        exact_reduction=cfg.exact_reduction,
+        exact_reduction=cfg.exact_reduction, item_seeds=cfg.item_seeds,
         collective_timeout=None,  # the process group itself was made with --collective-timeout
         clip_grad_norm=cfg.clip_grad_norm, accumulate=cfg.accumulate, ema_decay=cfg.ema,
         autocast=PRECISIONS[cfg.precision], compile=cfg.compile, schedule_per=cfg.schedule_per,

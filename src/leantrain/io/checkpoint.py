@@ -33,11 +33,12 @@ from ..optim import OptState
 from ..optim import rules as R
 from ..params.paramlist import ParamList, params_of
 
-def read_checked(path: PathLike, op: str):
+def read_checked(path: PathLike, op: str, wanted=None):
     """A checkpoint read whole and checked (``checkfile.read_checked``): a file, or a
-    sharded folder (``sharded.read_folder``: its pieces verified and put together)."""
+    sharded folder (``sharded.read_folder``: its pieces verified and put together, or
+    only the ranges ``wanted`` names)."""
     path = checked_path(op, path)
-    return read_folder(path, op) if path.is_dir() else checkfile.read_checked(path, op)
+    return read_folder(path, op, wanted) if path.is_dir() else checkfile.read_checked(path, op)
 
 
 def read_checkpoint(path: PathLike, op: str = "read_checkpoint") -> tuple[dict, dict[str, torch.Tensor]]:

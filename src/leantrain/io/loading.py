@@ -35,6 +35,8 @@ class Checkpoint:
     loader_state: Optional[dict] = None
     ema: Optional[dict] = None  # {"decay", "count", "values": {storage index: CPU tensor}}
     averaged: Optional[dict] = None  # a torch AveragedModel's state: {name: CPU tensor}
+    # storage index -> its values with only the reader's ranges read in (``wanted``): not installed
+    ranged: dict = field(default_factory=dict)
 
 
 def _fit_problems(manifest: dict, tensors: dict, checked, params: ParamList, optimizer, follow: bool = False
@@ -101,7 +103,7 @@ def _fit_problems(manifest: dict, tensors: dict, checked, params: ParamList, opt
 def load_checkpoint(
     path: PathLike, target, *, optimizer=None, restore_rng: bool = True,
     accept: Optional[Callable[[dict, dict], list[str]]] = None, follow_trainable: bool = False,
-    host_state: bool = False,
+    host_state: bool = False, wanted: Optional[Callable] = None,
 ) -> Checkpoint:
     """Validate everything, then install the parameters and return the rest. A rejected
     load leaves parameters, mirrors, any optimizer state and the random generators
@@ -120,6 +122,10 @@ def load_checkpoint(
             are set as saved); otherwise a different frozen mask is an error.
         host_state: keep the optimizer state in host memory even for a history on the
             device (a sharded resume moves only this rank's ranges there).
+        wanted: of a sharded folder, read only the ranges of the pieced tensors this
+            function names (``io/sharded.py``: a sharded resume's own ranges); the
+            parameters so read are not installed but handed back (``Checkpoint.ranged``),
+            the state's records hold the tensors as read (no copy).
 
     Returns:
         A ``Checkpoint``: the optimizer state, progress, loader state and moving average.
@@ -130,7 +136,7 @@ def load_checkpoint(
     op = "load_checkpoint"
     path = Path(path)
     params = params_of(op, target)
-    manifest, tensors, checked = read_checked(path, op)  # the file, whole: format, manifest, tensors, checksums
+    manifest, tensors, checked = read_checked(path, op, wanted)  # format, manifest, tensors, checksums
     follow = follow_trainable and callable(getattr(target, "follow_requires_grad", None))
     problems, saved_opt = _fit_problems(manifest, tensors, checked, params, optimizer, follow)  # the destination, once
     if accept is not None and not problems:
@@ -139,14 +145,19 @@ def load_checkpoint(
     # ---- everything checked; install
     if follow and list(checked.schema.requires_grad) != params.requires_grad_array():
         target.follow_requires_grad(checked.schema.requires_grad)
+    ranged = set(manifest.get("ranged", ()))
+    kept_out = {}
     for k, s in enumerate(params.storages()):
+        if f"storage.{k}" in ranged:  # only the reader's ranges were read: handed back, not installed
+            kept_out[k] = tensors[f"storage.{k}"]
+            continue
         device = s.mirror.device if s.mirror is not None else None
         s.write_host(tensors[f"storage.{k}"])
         if device is not None:
             s.make_mirror(device)
     state = None
     if saved_opt is not None:
-        state = _rebuild_state(manifest["optimizer"], tensors, params, saved_opt, host_state)
+        state = _rebuild_state(manifest["optimizer"], tensors, params, saved_opt, host_state, ranged)
     rng = manifest.get("rng", {})
     if restore_rng and rng.get("torch"):
         torch.set_rng_state(tensors["rng.torch"])
@@ -168,7 +179,7 @@ def load_checkpoint(
     averaged = None
     if manifest.get("averaged") is not None:
         averaged = {name: tensors[f"averaged.{name}"] for name in manifest["averaged"]}
-    return Checkpoint(path, manifest, state, manifest.get("progress", {}), loader_state, ema, averaged)
+    return Checkpoint(path, manifest, state, manifest.get("progress", {}), loader_state, ema, averaged, kept_out)
 
 
 def _py_numpy_problems(rng: dict, tensors: dict) -> list[str]:
@@ -204,7 +215,8 @@ def loader_record(manifest: dict, tensors: dict) -> Optional[dict]:
     return dict(saved, order=tensors["loader.order"].tolist())
 
 
-def _rebuild_state(entry: dict, tensors: dict, params: ParamList, opt, host: bool = False) -> OptState:
+def _rebuild_state(entry: dict, tensors: dict, params: ParamList, opt, host: bool = False,
+                   ranged: frozenset = frozenset()) -> OptState:
     native = entry["path"] == NATIVE
     reps = params.canonical_slot_indices()
     slots: list = [None] * len(params)
@@ -215,7 +227,9 @@ def _rebuild_state(entry: dict, tensors: dict, params: ParamList, opt, host: boo
             like = s.mirror if native and s.mirror is not None and not host else s.host
             # the file holds logical values; the state takes the parameter's kernel layout
             kind = R.RECORDS[rec["type"]]
-            fields = {n: to_layout(tensors[f"state.{i}.{n}"], like) if R.parameter_shaped(kind, n)
+            # (a ranged tensor, read in part, is kept as read: its reader cuts its ranges from it)
+            fields = {n: tensors[f"state.{i}.{n}"] if f"state.{i}.{n}" in ranged
+                      else to_layout(tensors[f"state.{i}.{n}"], like) if R.parameter_shaped(kind, n)
                       else tensors[f"state.{i}.{n}"].to(like.device, copy=True).contiguous() for n in rec["tensors"]}
             slots[i] = R.RECORDS[rec["type"]](**fields, **rec["scalars"])
         elif c is not None and not native:

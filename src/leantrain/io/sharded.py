@@ -26,7 +26,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from safetensors.torch import save_file
@@ -212,9 +212,19 @@ def index_problems(index: dict) -> list[str]:
     return []
 
 
-def read_folder(folder: Path, op: str):
+def read_folder(folder: Path, op: str, wanted: Optional[Callable] = None):
     """``(manifest, tensors, checked)`` of a sharded checkpoint, as ``read_checked`` gives
-    a file's: every file and piece verified, the pieces put together."""
+    a file's: every file and piece verified, the pieces put together.
+
+    ``wanted(checked)``, asked once the manifest is read, gives ``None`` (read everything)
+    or a function ``name -> None or [(start, stop), ...]``: the element ranges of a pieced
+    tensor this reader needs (a resuming rank's own ranges, ``parallel/sharding/resume.py``),
+    ``None`` for all of it. Each tensor given ranges is then memory the
+    operating system backs only where written (``torch.empty``), with only those ranges read
+    into it from the files (``pread``, no mapping), and only the pieces they overlap
+    verified (read through one buffer); a pieced tensor given ``None`` is read
+    whole. The manifest lists those tensors under ``"ranged"`` (their whole checksums are
+    not computed: ``None``)."""
     index = read_index(folder, op)
     manifest, checked = manifest_of(index.get("manifest"), op, folder)
     files = index["files"]
@@ -227,7 +237,6 @@ def read_folder(folder: Path, op: str):
         if SCRATCH.fullmatch(entry.name) or MARKER.fullmatch(entry.name):
             continue  # a writer's scratch or in-flight marker (removed by the next save)
         problems.append(f"stray file {entry.name!r} (the index does not name it)")
-    stored: dict = {}
     for f in files:
         p = folder / f["name"]
         if p.is_symlink():
@@ -237,36 +246,44 @@ def read_folder(folder: Path, op: str):
         elif p.stat().st_size != f["bytes"]:
             problems.append(f"file {f['name']!r} is {p.stat().st_size} bytes, the index says {f['bytes']}")
     raise_all(op, folder, problems)
-    for f in files:
-        with TensorFile(folder / f["name"], op) as tf:
-            for key in tf.entries:
-                stored[key] = tf.read(key)  # a view of the file's private mapping (valid after close)
-    want = expected_tensors(manifest)
-    tensors: dict = {}
-    pieces = index.get("pieces", {})
-    for name, parts in pieces.items():
-        whole = _assembled(name, parts, stored, want, problems)
-        if whole is not None:
-            tensors[name] = whole
+    ranges_of = wanted(checked) if wanted is not None else None
+    with contextlib.ExitStack() as stack:
+        opened = {f["name"]: stack.enter_context(TensorFile(folder / f["name"], op)) for f in files}
+        entries = {key: (name, e) for name, tf in opened.items() for key, e in tf.entries.items()}
+        want = expected_tensors(manifest)
+        tensors: dict = {}
+        pieces = index.get("pieces", {})
+        ranged = {n: r for n in pieces if ranges_of is not None and (r := ranges_of(n)) is not None}
+        stored = {}  # views of the files' private mappings (valid after close): what is read whole
+        for key, (name, _) in entries.items():
+            if "@" not in key:
+                tensors[key] = opened[name].read(key)
+            elif key.rpartition("@")[0] not in ranged:
+                stored[key] = opened[name].read(key)
+        for name, parts in pieces.items():
+            if name in ranged:
+                whole = _ranged(name, parts, opened, entries, want, ranged[name], problems)
+            else:
+                whole = _assembled(name, parts, stored, entries, want, problems)
+            if whole is not None:
+                tensors[name] = whole
     listed = {piece_key(n, p.get("start")) for n, parts in pieces.items() for p in parts}
-    for key, t in stored.items():
-        if "@" not in key:
-            tensors[key] = t
-        elif key not in listed:
-            problems.append(f"unexpected piece {key!r} (the index does not name it)")
+    problems += [f"unexpected piece {key!r} (the index does not name it)" for key in entries
+                 if "@" in key and key not in listed]
     for name in sorted(set(tensors) & set(manifest["checksums"])):
         if checksum(tensors[name], manifest["version"]) != manifest["checksums"][name]:
             problems.append(f"tensor {name!r} fails its checksum (the file is corrupt)")
     raise_all(op, folder, problems)
     manifest = dict(manifest, checksums=dict(manifest["checksums"], **{
-        n: checksum(tensors[n], manifest["version"]) for n in pieces}))
+        n: None if n in ranged else checksum(tensors[n], manifest["version"]) for n in pieces}), ranged=sorted(ranged))
     problems = tensor_list_problems(manifest, want, {n: (t.dtype, tuple(t.shape)) for n, t in tensors.items()})
     raise_all(op, folder, problems)
     return manifest, tensors, checked
 
 
-def _assembled(name: str, parts: list, stored: dict, want: dict, problems: list) -> Optional[torch.Tensor]:
-    """One tensor from its pieces, which must pass their checksums and tile it."""
+def _tiled(name: str, parts: list, entries: dict, want: dict, problems: list) -> Optional[tuple]:
+    """``(dtype, shape, numel, parts in order)`` when the pieces of ``name`` (their
+    headers: nothing read) tile it exactly, each of the dtype and length it must have."""
     if name not in want:
         problems.append(f"unexpected tensor {name!r} (the manifest does not describe it)")
         return None
@@ -274,29 +291,71 @@ def _assembled(name: str, parts: list, stored: dict, want: dict, problems: list)
     numel = 1
     for d in shape or ():
         numel *= d
-    at, checked = 0, []
-    for p in sorted(parts, key=lambda x: x["start"]):  # every piece checked before anything is allocated
-        t = stored.get(piece_key(name, p["start"]))
+    at, ordered = 0, sorted(parts, key=lambda x: x["start"])
+    for p in ordered:
+        found = entries.get(piece_key(name, p["start"]))
         if p["start"] != at:
             problems.append(f"tensor {name!r}: pieces leave a gap or overlap at element {at} "
                             f"(the next piece starts at {p['start']})")
             return None
-        if t is None or t.dtype != dtype or t.dim() != 1 or t.numel() != p["stop"] - at:
+        e = found[1] if found is not None and found[0] == p["file"] else None
+        if e is None or e.dtype != dtype or len(e.shape) != 1 or e.shape[0] != p["stop"] - at:
             problems.append(f"tensor {name!r}: piece [{at}, {p['stop']}) is missing or of the wrong size or dtype "
                             f"in {p['file']!r}")
             return None
-        if checksum(t) != p["crc32c"]:
-            problems.append(f"tensor {name!r}: piece [{at}, {p['stop']}) in {p['file']!r} fails its "
-                            f"checksum (the file is corrupt)")
-            return None
-        checked.append((at, t))
         at = p["stop"]
-    if at != numel:  # the pieces are in memory: a shape they do not cover is refused before an allocation
+    if at != numel:
         problems.append(f"tensor {name!r}: its pieces cover {at} of its {numel} elements")
         return None
+    return dtype, shape, numel, ordered
+
+
+def _ranged(name: str, parts: list, opened: dict, entries: dict, want: dict, ranges: list,
+            problems: list) -> Optional[torch.Tensor]:
+    """Tensor ``name`` with only ``ranges`` read in (see ``read_folder``)."""
+    tiled = _tiled(name, parts, entries, want, problems)
+    if tiled is None:
+        return None
+    dtype, shape, numel, ordered = tiled
+    flat = torch.empty(numel, dtype=dtype)  # backed only where a range is read in
+    for p in ordered:
+        spans = [(max(lo, p["start"]), min(hi, p["stop"])) for lo, hi in ranges if lo < p["stop"] and hi > p["start"]]
+        if not spans:
+            continue
+        tf, key = opened[p["file"]], piece_key(name, p["start"])
+        if tf.crc32c_of(key) != p["crc32c"]:
+            problems.append(f"tensor {name!r}: piece [{p['start']}, {p['stop']}) in {p['file']!r} fails its "
+                            f"checksum (the file is corrupt)")
+            return None
+        for lo, hi in spans:
+            tf.read_into(key, lo - p["start"], hi - p["start"], flat[lo:hi])
+    flat = flat.view(shape) if shape is not None else flat
+    flat._read_in_part = True  # noqa: SLF001 (``read_in_part``: a reader's slices of it need no copy)
+    return flat
+
+
+def read_in_part(t) -> bool:
+    """Whether ``t`` was read in part (``wanted``): memory backed only where its reader's
+    ranges were read, so a slice of those ranges is as small as a copy of it, and kept
+    as it is (a copy would hold those bytes twice)."""
+    return getattr(t, "_read_in_part", False)
+
+
+def _assembled(name: str, parts: list, stored: dict, entries: dict, want: dict, problems: list
+               ) -> Optional[torch.Tensor]:
+    """One tensor from its pieces, which must tile it and pass their checksums."""
+    tiled = _tiled(name, parts, entries, want, problems)  # every piece checked before anything is allocated
+    if tiled is None:
+        return None
+    dtype, shape, numel, ordered = tiled
+    for p in ordered:
+        if checksum(stored[piece_key(name, p["start"])]) != p["crc32c"]:
+            problems.append(f"tensor {name!r}: piece [{p['start']}, {p['stop']}) in {p['file']!r} fails its "
+                            f"checksum (the file is corrupt)")
+            return None
     flat = torch.empty(numel, dtype=dtype)
-    for start, t in checked:
-        flat[start: start + t.numel()] = t
+    for p in ordered:
+        flat[p["start"]: p["stop"]] = stored[piece_key(name, p["start"])]
     return flat.view(shape) if shape is not None else flat
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+import crc32c
 import torch
 
 from ..errors import CheckpointError
@@ -168,6 +169,33 @@ class TensorFile:
             raise bad(f"tensor {name!r}: bytes [{begin}, {end}) do not hold {shape} {e['dtype']} "
                       f"within the {data_len} data bytes")
         return Entry(dtype, tuple(shape), begin, end)
+
+    def crc32c_of(self, name: str, chunk: int = 8 << 20) -> int:
+        """CRC-32C of tensor ``name``'s bytes, read through one buffer of ``chunk`` bytes
+        (nothing of the file stays in this process's memory)."""
+        e = self.entries[name]
+        n, crc, done = e.end - e.begin, 0, 0
+        buf = bytearray(min(chunk, n))
+        while done < n:
+            k = min(len(buf), n - done)
+            view = memoryview(buf)[:k]
+            self._pread(k, self.data_start + e.begin + done, view)
+            crc = crc32c.crc32c(view, crc)
+            done += k
+        return crc
+
+    def read_into(self, name: str, start: int, stop: int, out: torch.Tensor) -> None:
+        """Elements ``[start, stop)`` of tensor ``name`` (flat) read from the file into
+        ``out`` (a contiguous CPU tensor of that many elements and its dtype): only those
+        bytes are read, into memory the caller holds."""
+        e = self.entries[name]
+        size = out.element_size()
+        n = (stop - start) * size
+        if not (0 <= start <= stop and e.begin + stop * size <= e.end and out.dtype == e.dtype
+                and out.is_contiguous() and out.numel() == stop - start):
+            raise self._fail(f"tensor {name!r}: elements [{start}, {stop}) asked outside it or into a wrong buffer")
+        if n:
+            self._pread(n, self.data_start + e.begin + start * size, out.view(torch.uint8).numpy())
 
     def read(self, name: str) -> torch.Tensor:
         """Tensor ``name``, on the CPU, owning its memory."""

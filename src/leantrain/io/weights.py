@@ -30,7 +30,7 @@ from .checkfile import dtype_name
 from .checkpoint import current_value, model_config_text
 from ..errors import CheckpointError, shape_str, slot_label
 
-__all__ = ["export_state_dict", "import_state_dict", "save_weights", "load_weights"]
+__all__ = ["export_state_dict", "import_state_dict", "save_weights", "load_weights", "read_weights"]
 
 
 def export_state_dict(target, *, ema: bool = False) -> dict[str, torch.Tensor]:
@@ -107,6 +107,14 @@ def load_weights(path: PathLike, target, *, strict: bool = True) -> list[str]:
     (a folder with ``model.safetensors.index.json``, or that index file)."""
     op = "load_weights"
     path = checked_path(op, path)
+    return import_state_dict(target, read_weights(op, path), strict=strict, op=f"load_weights: {path}")
+
+
+def read_weights(op: str, path: PathLike) -> dict[str, torch.Tensor]:
+    """``{name: tensor}`` of a weights file or folder (see ``load_weights``), each a view
+    of its file's mapping: nothing is read until used, and then only the pages used. A
+    name the alias metadata gives is its representative's tensor."""
+    path = checked_path(op, path)
     weights, aliases = {}, {}
     for file in _weight_files(op, path):
         with TensorFile(file, op) as f:
@@ -125,7 +133,7 @@ def load_weights(path: PathLike, target, *, strict: bool = True) -> list[str]:
     for alias, name in aliases.items():
         if name in weights:
             weights[alias] = weights[name]
-    return import_state_dict(target, weights, strict=strict, op=f"load_weights: {path}")
+    return weights
 
 
 HF_SHARD = re.compile(r"model-[0-9]{5}-of-[0-9]{5}\.safetensors")

@@ -34,6 +34,7 @@ from ...io.loading import Checkpoint, load_checkpoint
 from ...io.run_lock import RunLock, lock_path
 from ...io.sharded import check_folder
 from ...optim import OptState, Optimizer
+from ...params.meta import unfilled_outside
 from ...optim.optimizer import GENERIC, NATIVE
 from ...validate import is_int, is_number
 from ..parallel.strategy import Strategy
@@ -152,9 +153,14 @@ class Checkpointer:
         extra = [loader_check] if loader_check is not None else []
         if self.folder is not None:
             extra.append(lambda manifest, tensors: self.folder.problems(manifest["progress"].get("checkpoints", [])))
+        if runner.unfilled:  # a model built on meta: the checkpoint must fill every tensor it has
+            extra.append(lambda manifest, tensors: unfilled_outside(runner))
         fits = resume_check(self.kind, self.cfg, self.expect, want_path, self.scaler is not None, extra)
-        return load_checkpoint(self.resume_from, runner, optimizer=opt, accept=fits, follow_trainable=True,
-                               host_state=self.strategy.host_state)  # sharding moves its ranges only
+        ck = load_checkpoint(self.resume_from, runner, optimizer=opt, accept=fits, follow_trainable=True,
+                             host_state=self.strategy.host_state,  # sharding moves its ranges only
+                             wanted=self.strategy.resume_ranges(runner, self.cfg))
+        self.strategy.resumed(runner, ck.ranged)
+        return ck
 
     def restore(self, ck: Checkpoint) -> None:
         """Take back what a resumed checkpoint carries besides the parameters and the

@@ -149,7 +149,10 @@ class LoopOptions:
     ``parallel/sharding/step.py``, or ``"parameters"`` (stage 3: its ranges of the parameters too,
     each module's gathered into its own Parameters around its use, gathering.py);
     ``None``: every rank holds everything; ``shard_by``: ``"range"``
-    (each slot cut at multiples of 64 elements) or ``"slot"`` (whole slots per rank).
+    (each slot cut at multiples of 64 elements) or ``"slot"`` (whole slots per rank);
+    ``init_weights``/``init_from``/``gather_at_end``: a model built on torch's meta device
+    under ``"parameters"``; ``item_seeds``: each item's random draws under data parallel,
+    see ``ParallelOptions``.
     """
 
     accumulation: str = "exact"
@@ -177,6 +180,10 @@ class LoopOptions:
     compile: bool = False
     sharding: Optional[str] = None
     shard_by: str = "range"
+    init_weights: Union[None, str, Callable] = None
+    init_from: Optional[PathArg] = None
+    gather_at_end: Optional[bool] = None
+    item_seeds: Optional[bool] = None
     keep_last: Optional[int] = None
     keep_best: Optional[int] = None
     monitor: str = "loss"

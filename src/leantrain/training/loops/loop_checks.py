@@ -18,6 +18,7 @@ from ...optim.rules import elementwise
 
 from .callbacks import Callback, EarlyStopping, PlateauFeed, ProgressBar
 from .evaluation import result_names
+from ...params.meta import refuse_unfilled
 from ..runner.runner import Runner
 from ..parallel.sharding.state import check_shardable
 
@@ -34,6 +35,7 @@ def check_inputs(op: str, runner: object, cfg: object, kind: type) -> None:
                 f"{op}: sharding={cfg.sharding!r} cuts each slot's optimizer state into ranges, but "
                 f"{cfg.optimizer.kind} updates a whole matrix at a time (Newton-Schulz needs it whole); "
                 f"train it unsharded, or with data parallelism alone")
+    check_filling(op, runner, cfg)
     if cfg.autocast == "float16":  # as torch's GradScaler, which refuses to unscale float16 gradients
         for i, (v, c) in enumerate(zip(runner.params, runner.params.canonical_slot_indices())):
             if c == i and v.dtype == torch.float16:
@@ -41,6 +43,27 @@ def check_inputs(op: str, runner: object, cfg: object, kind: type) -> None:
                     f"{op}: autocast='float16' with {runner.params.label(i)} in float16: loss scaling needs "
                     f"float32 parameters (their gradients are unscaled in float32); keep the parameters in "
                     f"float32 (autocast computes in float16), or use autocast='bfloat16'")
+
+
+def check_filling(op: str, runner: Runner, cfg) -> None:
+    """A model built on torch's meta device (``params/meta.py``) is filled by a
+    ``"parameters"`` run's ``init_weights``/``init_from`` or by a resumed checkpoint; the
+    two options fill only such a model; a run that ends with the module released keeps its
+    result in its checkpoint, so it needs one."""
+    fills = cfg.init_weights is not None or cfg.init_from is not None
+    resumes = cfg.resume_from is not None and cfg.resume_from != "auto"
+    if runner.unfilled and not fills and not resumes:
+        refuse_unfilled(op, runner.unfilled)
+    if fills and not runner.unfilled:
+        raise ConfigError(f"{op}: init_weights/init_from fill a model built on torch's meta device, but this "
+                          f"model's tensors all have values (nothing to fill): build the model under "
+                          f"torch.device('meta'), or drop the option")
+    ends_released = cfg.sharding == "parameters" and not (
+        cfg.gather_at_end if cfg.gather_at_end is not None else not runner.built_on_meta)
+    if ends_released and cfg.checkpoint_path is None:
+        raise ConfigError(f"{op}: this sharding='parameters' run ends with the module released (a model built on "
+                          f"meta, or gather_at_end=False): its result is its sharded checkpoint; set "
+                          f"checkpoint_path, or gather_at_end=True")
 
 
 def check_start(op: str, cfg, runner: Runner, one_process: bool) -> None:

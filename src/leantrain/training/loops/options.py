@@ -134,16 +134,34 @@ EVAL_DRAWS = ("restore", "advance")
 class ParallelOptions:
     """How the ranks share a run under ``torch.distributed`` (see ``LoopOptions``):
     ``sharding``, ``shard_by``, ``exact_reduction``, ``collective_timeout`` (seconds, or
-    ``None``: the process group's own), ``replica_check``."""
+    ``None``: the process group's own), ``replica_check``. Under ``sharding="parameters"``,
+    a model built on torch's meta device is filled on each rank, its own ranges only, unit
+    by unit: ``init_weights`` (a function called on every module in ``module.apply``'s
+    order, or ``"reset_parameters"``: each module's own) and/or ``init_from`` (a weights
+    file or Hugging Face folder, read by name after ``init_weights``); ``gather_at_end``:
+    the module gathered whole when the run ends (``None``: when it started whole; a run
+    started on meta ends with its result in its sharded checkpoint, the module released).
+    ``item_seeds``: each item's random draws (dropout) from a generator of its own, seeded
+    by one draw of the run's generator per update and the item's index, so any number of
+    ranks draws alike at the cost of that draw (``None``: with several processes; one
+    process keeps the plain loop's draws); ``False``: every rank replays every item's
+    forward to draw what one process draws (the plain loop's bits on any number of ranks,
+    one no-gradient forward per item per rank)."""
 
     sharding: Optional[str] = None
     shard_by: str = "range"
     exact_reduction: bool = False
     collective_timeout: Optional[float] = 300.0
     replica_check: bool = True
+    init_weights: Union[None, str, Callable] = None
+    init_from: Optional[PathArg] = None
+    gather_at_end: Optional[bool] = None
+    item_seeds: Optional[bool] = None
 
     FLAT: ClassVar[dict] = {"sharding": "sharding", "shard_by": "shard_by", "exact_reduction": "exact_reduction",
-                            "collective_timeout": "collective_timeout", "replica_check": "replica_check"}
+                            "collective_timeout": "collective_timeout", "replica_check": "replica_check",
+                            "init_weights": "init_weights", "init_from": "init_from",
+                            "gather_at_end": "gather_at_end", "item_seeds": "item_seeds"}
     OP: ClassVar[str] = "ParallelOptions"
 
     def __post_init__(self) -> None:
@@ -156,6 +174,19 @@ class ParallelOptions:
         if self.sharding is not None and self.sharding not in SHARDING_MODES:
             raise ConfigError(f"{op}: sharding must be one of {SHARDING_MODES} or None, got {self.sharding!r}")
         check_choice(op, "shard_by", self.shard_by, SHARD_BY)
+        w = self.init_weights
+        if not (w is None or w == "reset_parameters" or callable(w) and not isinstance(w, str)):
+            raise ConfigError(f"{op}: init_weights must be a function of a module, 'reset_parameters' or None, "
+                              f"got {w!r:.60}")
+        if self.init_from is not None and not isinstance(self.init_from, (str, os.PathLike)):
+            raise ConfigError(f"{op}: init_from must be a path or None, got {type(self.init_from).__name__}")
+        for name in ("gather_at_end", "item_seeds"):
+            if getattr(self, name) is not None:
+                check_bool(op, name, getattr(self, name))
+        for name in ("init_weights", "init_from", "gather_at_end"):
+            if getattr(self, name) is not None and self.sharding != "parameters":
+                raise ConfigError(f"{op}: {name} is for sharding='parameters' (a model filled and kept in ranges "
+                                  f"per rank), got sharding={self.sharding!r}")
 
 
 RECORDS = {"checkpoints": CheckpointOptions, "evaluation": EvalOptions, "parallel": ParallelOptions}

@@ -276,14 +276,15 @@ class Session:
 
     # ---------------------------------------------------------------- finish
     def finish(self, measure: Callable[[], Optional[float]], steps: int, seen: int) -> TrainReport:
-        """The final checkpoint (unless the newest update is saved), the ``after`` loss
-        (``measure()``), the module synced to the trained values, and the report."""
+        """The final checkpoint, the ``after`` loss (``measure()``), the module's values, the report."""
         self.checkpoints.finish(self.runner)
         if self.profiler is not None:
             self.profiler.close()  # the run ended inside the profiled updates: write what was recorded
+        early = self.cfg.measure_loss and not self.strategy.ends_whole  # the module ends released: measure first
+        after = measure() if early else None
         self.strategy.finish(self.runner)
         best = self.checkpoints.load_best(self.runner)
-        after = measure() if self.cfg.measure_loss else None
+        after = measure() if self.cfg.measure_loss and not early else after
         self.runner.sync()  # intentional, once: the module shows the trained values
         skipped = 0 if self.skipped is None else int(self.skipped.item())  # intentional, end of run
         r, resumed_from = self.record, self.checkpoints.resume_from

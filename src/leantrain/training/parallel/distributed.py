@@ -105,25 +105,38 @@ def my_items(batch: Sequence, rank: int, world: int) -> list:
     return list(batch[rank::world])
 
 
-def broadcast_parameters(params) -> None:
-    """Copy rank 0's values into every rank's working tensors (host or mirror)."""
+def everyone(value) -> list:
+    """``value`` from every rank, in rank order (a collective; one process: ``[value]``)."""
+    if active() is None:
+        return [value]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value, group=_group)
+    return out
+
+
+def broadcast_parameters(params, skip: frozenset = frozenset()) -> None:
+    """Copy rank 0's values into every rank's working tensors (host or mirror); storages
+    whose host tensor's id is in ``skip`` (unfilled: no values yet) are left alone."""
     with torch.no_grad():
         for s in params.storages():
+            if id(s.host) in skip:
+                continue
             w = s.working()
             dist.broadcast(w, src=0, group=_group)
             if w is s.mirror:
                 s.host_current = False  # the mirror was written: the host copy may be stale
 
 
-def check_replicas(params, op: str = "check_replicas") -> None:
-    """Raise ``ReplicaError`` unless every rank holds bit-identical parameters.
+def check_replicas(params, op: str = "check_replicas", skip: frozenset = frozenset()) -> None:
+    """Raise ``ReplicaError`` unless every rank holds bit-identical parameters (but the
+    unfilled storages in ``skip``).
 
     Reads every value to the host once (a sync on CUDA): run at start and after resume.
     """
     from ...io.checkfile import checksum
     from ...io.checkpoint import current_value
 
-    sums = [checksum(current_value(s)) for s in params.storages()]
+    sums = [None if id(s.host) in skip else checksum(current_value(s)) for s in params.storages()]
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, sums, group=_group)
     for rank, other in enumerate(gathered):
@@ -201,9 +214,10 @@ def start_replicas(runner, check: bool = True) -> None:
     """At the start of a loop (and after a resume): broadcast from rank 0, then verify."""
     if active() is None:
         return
-    broadcast_parameters(runner.params)
+    skip = frozenset(runner.unfilled)  # a model built on meta: filled on every rank alike (sharding/fill.py)
+    broadcast_parameters(runner.params, skip)
     if check:
-        check_replicas(runner.params, "distributed start")
+        check_replicas(runner.params, "distributed start", skip)
 
 
 def init_from_env(device: str = "cpu", timeout: Optional[float] = DEFAULT_TIMEOUT) -> bool:

@@ -44,11 +44,22 @@ class Strategy:
     host_state = False
     #: the strategy checks each update's batch or guards its model calls (one process: neither)
     watches_updates = False
+    #: the run ends with the module whole (parameter sharding may end it released: gather_at_end)
+    ends_whole = True
 
     def __init__(self, reduction: Reduction = ONE_PROCESS) -> None:
         self.reduction = reduction
 
     # ------------------------------------------------------------------ start
+
+    def resume_ranges(self, runner, cfg):
+        """What of a resumed checkpoint this process reads (``None``: all of it)."""
+        return None
+
+    def resumed(self, runner, ranged: dict) -> None:
+        """A resume's load installed the slots (``ranged``: those it handed back instead)."""
+        runner.unfilled = {}
+
     def agree_on_start(self, op: str, what: dict) -> None:
         """Every rank starts the same run, or every rank raises: ``what["refused"]`` (why
         the run cannot start, on the rank that found it) as a ``CheckpointError``, or ranks

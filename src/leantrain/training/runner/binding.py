@@ -203,7 +203,8 @@ class Binding:
         return wrote
 
     def advance_buffers(
-        self, op: str, batch: Sequence, force: bool = False, states: Optional[list] = None, probe: bool = False
+        self, op: str, batch: Sequence, force: bool = False, states: Optional[list] = None, probe: bool = False,
+        seeded: bool = False,
     ) -> tuple[bool, Optional[BufferSnapshot]]:
         """The buffer pass: one no-gradient forward per item, in order (train mode).
 
@@ -213,7 +214,8 @@ class Binding:
         compute an update: every rank runs every item, so every rank learns the same), or
         when ``force``d. A model error restores the buffers and the generators and raises.
         ``states``: a list that receives the generators' state before each item and after
-        the last (what data parallel needs to draw each item's numbers, see ``draw_states``).
+        the last (what data parallel needs to draw each item's numbers, see ``draw_states``);
+        with ``seeded``, the states each item starts from, given (``item_seeds.py``).
         """
         runner = self.runner
         if not runner.has_buffer_updates or not (
@@ -228,8 +230,10 @@ class Binding:
         reassigned = False
         try:
             with torch.no_grad():
-                for sample in batch:
-                    if states is not None:
+                for k, sample in enumerate(batch):
+                    if seeded:
+                        set_rng_state(runner.device, states[k])
+                    elif states is not None:
                         states.append(rng_state(runner.device))
                     self._forward(op, sample)
                     reassigned |= self._adopt_reassigned(op, bufs, tensors)
@@ -237,7 +241,7 @@ class Binding:
             snapshot.restore()
             set_rng_state(runner.device, rng)
             raise
-        if states is not None:
+        if states is not None and not seeded:
             states.append(rng_state(runner.device))
         set_rng_state(runner.device, rng)  # replay: the gradient passes draw the same numbers
         written = [t for t, v in zip(tensors, versions) if t._version != v]
@@ -266,6 +270,14 @@ class Binding:
         finally:
             set_rng_state(runner.device, states[0])  # the gradient passes draw from here
         return states if runner.learned_draws(states) else None
+
+    def draws_numbers(self, op: str, batch: Sequence) -> bool:
+        """Whether the model's train-mode forward draws random numbers, learned once from a
+        no-gradient forward of the batch's first item (every rank runs the same item, so
+        every rank learns alike); nothing else moves."""
+        if self.runner.draws is None:
+            self.draw_states(op, batch[:1])
+        return bool(self.runner.draws)
 
     def item_states(self, op: str, batch: Sequence, recorded: Optional[list]) -> Optional[list]:
         """Each item's generator states for a step that needs them: those the buffer pass

@@ -27,6 +27,7 @@ from ...samples import (  # noqa: F401  (re-exported: LOSSES, LossFn)
     LOSSES, LossFn, LossSum, model_loss_of, Sample, call_model, check_sample, checked_loss, describe, loss_target, to_device,
 )
 from ...errors import ConfigError, DataError, LeantrainError
+from ...params.meta import give_memory, refuse_unfilled
 from ...params.paramlist import ParamList
 from ...params.storage import canonical_device
 
@@ -46,6 +47,9 @@ class Runner:
             loss_fn = loss
         else:
             raise ConfigError(f"Runner: loss must be a name or a callable, got {type(loss).__name__}")
+        # a module built on torch's meta device: memory of its own, unfilled until a run fills it (params/meta.py)
+        self.unfilled: dict[int, str] = give_memory("Runner", module)
+        self.built_on_meta = bool(self.unfilled)  # its "parameters" runs end released by default (gather_at_end)
         self.params = ParamList.from_module(module)  # validates the module first
         self.module = module
         self.loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom")
@@ -285,6 +289,7 @@ class Runner:
         return self._bind(op)
 
     def _bind(self, op: str) -> Binding:
+        refuse_unfilled(op, self.unfilled)
         binding = self.view.bind(self, op)
         self.stats.bindings += 1
         return binding

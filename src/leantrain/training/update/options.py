@@ -30,7 +30,8 @@ class StepOptions:
     device); clipping by norm or by value (at most one); ``skipped``: a device counter the
     skipped steps are added to; ``scaler``: float16 loss scaling (its steps skip an
     overflow). ``reduction`` (required): how the processes share the update
-    (``reduction.py``; ``parallel.strategy.choose`` picks it)."""
+    (``reduction.py``; ``parallel.strategy.choose`` picks it); ``item_seeds``: each item
+    draws from a generator seeded for it (``runner/item_seeds.py``)."""
 
     reduction: Any  # a Reduction (reduction.py, which reads this record)
     native: bool = False
@@ -40,6 +41,7 @@ class StepOptions:
     clip_grad_value: Optional[float] = None
     skipped: Optional[torch.Tensor] = None
     scaler: Optional[LossScaler] = None
+    item_seeds: bool = False  # each item draws from a generator seeded for it (runner/item_seeds.py)
     # derived in __post_init__: the path's name, whether clipping, whether skipping
     path: str = field(init=False, default=GENERIC)
     clipping: bool = field(init=False, default=False)
@@ -47,8 +49,10 @@ class StepOptions:
 
     @classmethod
     def checked(cls, op: str, **kw) -> "StepOptions":
-        """Options from a public call's arguments, each checked (``op`` names the call)."""
-        options = cls(**kw)
+        """Options from a public call's arguments, each checked (``op`` names the call);
+        each item's draws seeded with peers, as a loop's by default."""
+        r = kw["reduction"]
+        options = cls(**dict(kw, item_seeds=r.ranks and not r.local))
         check_choice(op, "accumulation", options.accumulation, ACCUMULATION_MODES)
         check_choice(op, "nonfinite", options.nonfinite, NONFINITE_MODES)
         check_clip(op, options.clip_grad_norm, options.clip_grad_value)
@@ -58,8 +62,9 @@ class StepOptions:
     def of(cls, cfg, reduction, native: bool, skipped: Optional[torch.Tensor] = None,
            scaler: Optional[LossScaler] = None) -> "StepOptions":
         """A loop's options, from its (already validated) config and its chosen reduction."""
+        seeds = cfg.item_seeds if cfg.item_seeds is not None else reduction.ranks  # with peers, by default
         return cls(reduction, native, cfg.accumulation, cfg.nonfinite, cfg.clip_grad_norm, cfg.clip_grad_value,
-                   skipped, scaler)
+                   skipped, scaler, seeds and not reduction.local)
 
     def __post_init__(self) -> None:
         # Read by every update: plain fields, computed once (not properties).

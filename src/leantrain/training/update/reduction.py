@@ -69,7 +69,7 @@ class Reduction:
         n = len(batch)
         if o.accumulation == "vectorized":
             return Mean(*stacked_loss_and_gradients(runner, batch, leaves, scale=1.0 / n))
-        return Mean.of_sums(*sum_items(runner, batch, leaves, scratch), n, o.scaler is None)
+        return Mean.of_sums(*sum_items(runner, batch, leaves, scratch, None if states is None else states[:-1]), n, o.scaler is None)
 
     def agree(self, found: torch.Tensor, o: StepOptions) -> None:
         """Make the non-finite flag one verdict for every rank (one process: its own)."""

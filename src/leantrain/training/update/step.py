@@ -28,6 +28,7 @@ from ...optim import OptState, Optimizer
 from ...samples import check_alike
 from ..runner.binding import BufferSnapshot, rng_state, set_rng_state
 from ..runner.runner import Runner, Sample, check_sample
+from ..runner.item_seeds import seeded_states
 from .mean import Mean
 from .options import StepOptions
 from .vectorized import check_stackable
@@ -126,7 +127,8 @@ def batch_mean(op: str, runner: Runner, batch: list[Sample], o: StepOptions, wan
         check_stackable(runner, batch)  # before the buffers move
     reduction = o.reduction
     with runner.binding(op) as bound:
-        if len(batch) == 1 and o.accumulation == "exact" and runner.has_buffer_updates and reduction.direct:
+        if len(batch) == 1 and o.accumulation == "exact" and runner.has_buffer_updates and reduction.direct \
+                and not o.item_seeds:
             loss, grads, snapshot = bound.one_item(op, batch[0])  # one forward, as plain PyTorch
             return Mean.of_sums(loss, grads, 1, o.scaler is None), snapshot
         rng = rng_state(runner.device) if runner.has_buffer_updates else None
@@ -151,10 +153,13 @@ def _buffers_then_mean(op: str, runner: Runner, bound, batch: list[Sample], o: S
     the buffers held fixed. Also returns whether the buffer pass ran and whether a
     gradient pass wrote a buffer (without the pass: the step must be redone with it)."""
     reduction = o.reduction
-    states = reduction.draw_states(runner)  # where each item's random draws start (data parallel)
-    ran, snapshot = bound.advance_buffers(op, batch, states=states, probe=reduction.probes)  # every item first
+    seeded = o.item_seeds and runner.mode == "train" and bound.draws_numbers(op, batch)
+    # where each item's random draws start: seeded per item, or as one process draws them (data parallel)
+    states = seeded_states(runner.device, len(batch)) if seeded else reduction.draw_states(runner)
+    ran, snapshot = bound.advance_buffers(op, batch, states=states, probe=reduction.probes,
+                                          seeded=seeded)  # every item first
     runner.counted_buffer_pass(ran)
-    if states is not None:
+    if states is not None and not seeded:
         states = bound.item_states(op, batch, states if ran else None)
     try:
         with bound.scratch_buffers() as scratch:  # gradient passes leave buffers be

@@ -25,7 +25,7 @@ import torch
 from . import comm
 from ...runner.ema import EMA
 from .plan import ShardPlan
-from .state import working
+from .state import own_range, working
 
 
 class ShardedEMA(EMA):
@@ -48,8 +48,7 @@ class ShardedEMA(EMA):
         storages = params.storages()
         for k, r in out.ranges.items():
             if k in saved["values"]:
-                out.values[k] = saved["values"][k].reshape(-1)[r.start: r.stop].to(storages[k].newest().device,
-                                                                                    copy=True)
+                out.values[k] = own_range(saved["values"][k], r, storages[k].newest().device)
         return out
 
     def update(self, params) -> None:

@@ -106,15 +106,19 @@ def make_releasable(op: str, params, plan: ShardPlan) -> None:
 class ParameterShards:
     """This rank's ranges of the trained parameters, and the hooks that gather them."""
 
-    def __init__(self, op: str, runner, plan: ShardPlan, rank: int) -> None:
+    def __init__(self, op: str, runner, plan: ShardPlan, rank: int, fill=None) -> None:
         params = runner.params
         make_releasable(op, params, plan)
         self.plan, self.rank, self.names = plan, rank, [v.name for v in params]
         self.slots_map = plan.slots_map
         self.full = working(params)  # per slot: the tensor whose storage is released between uses
         self.sharded = sorted({r.slot for r in plan.ranges})
-        # this rank's values: the ranges the optimizer updates, owned copies
-        self.values = {r: self.full[r.slot].view(-1)[r.start: r.stop].clone() for r in plan.owned(rank)}
+        # this rank's values: the ranges the optimizer updates, owned copies (where a model built on
+        # meta or a resume's ranges give them, ``fill`` does: fill.py, resume.py)
+        fresh = {c for c in self.sharded if id(params[c].storage.host) in runner.unfilled}  # given by ``fill``
+        self.values = {r: torch.empty(r.size, dtype=self.full[r.slot].dtype, device=self.full[r.slot].device)
+                       if r.slot in fresh else self.full[r.slot].view(-1)[r.start: r.stop].clone()
+                       for r in plan.owned(rank)}
         self.nbytes = {c: self.full[c].numel() * self.full[c].element_size() for c in self.sharded}
         self.resident = {c: True for c in self.sharded}
         self.active = {c: 0 for c in self.sharded}  # forwards of units running that use the storage
@@ -146,6 +150,12 @@ class ParameterShards:
         self.handles.append(root.register_forward_hook(self._ended))
         self.last_units: set = set()  # units that ended a forward: kept for the backward that follows
         self.release(self.sharded)
+        if fill is not None:
+            try:
+                fill(self)  # every rank's ranges of a model built on meta, unit by unit
+            except BaseException:
+                self.close(failed=True)  # the hooks go, the memory comes back (this rank's values in place)
+                raise
 
     # ------------------------------------------------------------ gather and release
     def _storage_view(self, c: int) -> torch.Tensor:
@@ -312,6 +322,21 @@ class ParameterShards:
             self.landing.clear()
             for r, v in self.values.items():
                 self._storage_view(r.slot)[r.start: r.stop].copy_(v)
+
+    def end_released(self, runner) -> None:
+        """The run ends without gathering (``gather_at_end=False``): the hooks go, the
+        memory stays released and this rank's ranges are dropped; the module's trained
+        Parameters are unfilled again (a use is refused by name), the run's result is its
+        sharded checkpoint."""
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.tracking = False
+        self.gather(list(self.landing))  # a prefetch in flight lands (a collective) before the memory goes
+        self.held = False
+        self.release(self.sharded)
+        self.values.clear()
+        runner.unfilled = {id(self.full[c]): self.names[c] for c in self.sharded}
 
     def _chunks(self) -> list[list[int]]:
         """The sharded slots in order, in runs of at most ``CLOSE_CHUNK`` bytes (a larger

@@ -46,6 +46,10 @@ class Sharded(DataParallel):
         self.shards: Optional[ParameterShards] = None  # sharding="parameters": this rank's values, the hooks
         self.guard_next = False  # until the first update is applied: no released Parameter read (guard)
 
+    def draw_states(self, runner: Runner) -> Optional[list]:
+        # one process runs the items in order: they draw as the plain loop's, nothing to line up
+        return super().draw_states(runner) if self.ranks else None
+
     # ------------------------------------------------------------ one update
     def mean(self, runner: Runner, leaves, scratch, batch, o, want_loss: bool, states: Optional[list]) -> Mean:
         if self.shards is not None:  # item by item, whatever the reduction: the one-process fold (rounds.py)

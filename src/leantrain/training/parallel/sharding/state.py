@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from ....errors import ConfigError
+from ....io.sharded import read_in_part
 from ....optim import OptState, Optimizer
 from ....optim.layout import GENERIC, NATIVE
 from ....optim.per_slot import plain
@@ -70,9 +71,15 @@ def sharded(state: OptState, plan: ShardPlan, rank: int, params) -> OptState:
         rec = state.slots[r.slot]
         if rec is not None:
             device = like[r.slot].device
-            records[r.slot] = replace(rec, **{k: t.reshape(-1)[r.start: r.stop].to(device, copy=True)
-                                              for k, t in rec.tensors().items()})
+            records[r.slot] = replace(rec, **{k: own_range(t, r, device) for k, t in rec.tensors().items()})
     return replace(state, slots=tuple(records))
+
+
+def own_range(t: torch.Tensor, r, device) -> torch.Tensor:
+    """Range ``r`` of ``t`` (flat) as memory of its own on ``device``: a copy, or, of a
+    tensor a resume read in part (only this rank's ranges backed), the slice itself."""
+    v = t.reshape(-1)[r.start: r.stop]
+    return v if read_in_part(t) and v.device == torch.device(device) else v.to(device, copy=True)
 
 
 def loop_start(op: str, cfg, runner, opt: Optimizer, native: bool,

@@ -18,6 +18,8 @@ from .. import distributed
 from ..data_parallel import DataParallelStrategy
 from .checkpoint import save_sharded
 from .ema import ShardedEMA
+from .fill import fill
+from .resume import installed, take, wanted_ranges
 from .gathering import ParameterShards
 from .reduction import Sharded
 from .state import check_plan, loop_start
@@ -48,6 +50,7 @@ class ShardedStrategy(DataParallelStrategy):
         reduction = Sharded(exact, local)
         super().__init__(exact, reduction.local, reduction)
         self.name = reduction.name
+        self.ranged: dict = {}  # a resume's ranges of the parameters (under "parameters"), until the start takes them
 
     def start(self, op: str, cfg, runner: Runner, opt, native: bool, whole=None):
         r = self.reduction
@@ -58,10 +61,26 @@ class ShardedStrategy(DataParallelStrategy):
                                   f"rank's own items would give the ranks different numbers of forwards, and "
                                   f"the gathers are collectives); give the loop the whole data, or shard "
                                   f"'gradients'")
-            r.shards = ParameterShards(op, runner, plan, r.rank)  # the parameters' memory released from here
+            filling, ranged = None, self.ranged
+            if ranged:  # a resume read this rank's ranges of the parameters (resume.py)
+                def filling(shards):
+                    take(shards, ranged, runner.params)
+            elif runner.unfilled:  # a model built on meta: each rank fills its ranges (fill.py)
+                def filling(shards):
+                    fill(op, shards, runner, cfg.init_weights, cfg.init_from)
+            self.ends_whole = cfg.gather_at_end if cfg.gather_at_end is not None else not runner.built_on_meta
+            r.shards = ParameterShards(op, runner, plan, r.rank, filling)  # the parameters' memory released from here
+            runner.unfilled, self.ranged = {}, {}
             r.guard_next = True
         r.plan = plan
         return state
+
+    def resume_ranges(self, runner: Runner, cfg):
+        return wanted_ranges(cfg, runner)  # each rank reads its own ranges of a sharded folder
+
+    def resumed(self, runner: Runner, ranged: dict) -> None:
+        installed(runner, ranged)
+        self.ranged = ranged
 
     def guard(self, op: str):
         """Until the run's first update is applied, a read of a released Parameter is
@@ -110,6 +129,12 @@ class ShardedStrategy(DataParallelStrategy):
                      values=None if r.shards is None else r.shards.values, identity=identity)
 
     def finish(self, runner: Runner) -> None:
+        r = self.reduction
+        if r.shards is not None and not self.ends_whole:  # the result is the sharded checkpoint
+            r.shards.end_released(runner)
+            r.shards = None
+            runner.keep_ema(None)
+            return
         self.close(runner, failed=False)  # the module whole again (parameter sharding)
         if isinstance(runner.ema, ShardedEMA):
             runner.keep_ema(runner.ema.whole(runner.params))  # every rank: the whole average
