@@ -30,7 +30,10 @@ tensor-sized block and returns it when freed, so resident memory follows what is
 (by default its threshold grows with the blocks freed and later blocks come from a heap
 that is not given back, which adds allocator history to every figure).
 
-Run: .venv/bin/python benchmarks/sharding.py [--rounds 7 --steps 6 --width 1024] [--memory 1 2 4 8]
+``--model gpt``: a tied-head GPT of 10 blocks, 512 wide (35.7M parameters; FSDP2 wraps each
+block, as its examples do), items of 2 sequences of 32 tokens.
+
+Run: .venv/bin/python benchmarks/sharding.py [--rounds 7 --steps 6 --width 1024] [--model gpt] [--memory 1 2 4 8]
 [--only TEXT...] (the contenders whose names contain one of the texts)
 """
 
@@ -58,22 +61,78 @@ from leantrain import optim
 WIDTH, LAYERS, BATCH = int(os.environ.get("LEANTRAIN_BENCH_WIDTH", 1024)), 4, 4
 ITEMS = int(os.environ.get("LEANTRAIN_BENCH_ITEMS", 2))
 LR, WD = 1e-3, 0.01
+# --model gpt: a tied-head GPT of GPT_LAYERS blocks, WIDTH wide (512: 35.7M parameters), items
+# of GPT_BATCH sequences of GPT_T tokens
+MODEL = os.environ.get("LEANTRAIN_BENCH_MODEL", "mlp")
+VOCAB, GPT_LAYERS, HEADS, GPT_T, GPT_BATCH = 8192, 10, 8, 32, 2
+
+
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = (z.view(b, t, HEADS, d // HEADS).transpose(1, 2) for z in self.qkv(self.ln1(x)).split(d, dim=2))
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.out(nn.functional.gelu(self.fc(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, d)
+        self.pos = nn.Embedding(GPT_T, d)
+        self.blocks = nn.ModuleList([Block(d) for _ in range(GPT_LAYERS)])
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, VOCAB, bias=False)
+        self.head.weight = self.tok.weight  # tied
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
 
 
 def model() -> nn.Module:
     torch.manual_seed(0)
+    if MODEL == "gpt":
+        return GPT(WIDTH)
     return nn.Sequential(*[m for _ in range(LAYERS) for m in (nn.Linear(WIDTH, WIDTH), nn.Tanh())])
+
+
+def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if MODEL == "gpt":
+        return nn.functional.cross_entropy(out.reshape(-1, VOCAB), y.reshape(-1))
+    return nn.functional.mse_loss(out, y)
 
 
 def data():
     g = torch.Generator().manual_seed(1)
+    if MODEL == "gpt":
+        return [(torch.randint(0, VOCAB, (GPT_BATCH, GPT_T), generator=g),
+                 torch.randint(0, VOCAB, (GPT_BATCH, GPT_T), generator=g)) for _ in range(ITEMS)]
     return [(torch.randn(BATCH, WIDTH, generator=g), torch.randn(BATCH, WIDTH, generator=g)) for _ in range(ITEMS)]
 
 
-def leantrain_round(sharding, steps: int, exact: bool = False):
-    runner = lt.Runner.from_module(model(), "mse")
+def described(width: int) -> str:
+    params = sum(p.numel() for p in model().parameters())
+    if MODEL == "gpt":
+        return (f"GPT {GPT_LAYERS} blocks x {width} wide, tied head, vocabulary {VOCAB} ({params / 1e6:.1f}M "
+                f"parameters), {ITEMS} items of {GPT_BATCH} x {GPT_T} tokens per update")
+    return f"MLP {LAYERS} x {width}x{width} ({params / 1e6:.1f}M parameters), {ITEMS} items of {BATCH} per update"
+
+
+def leantrain_round(sharding, steps: int, exact: bool = False, units=None):
+    runner = lt.Runner.from_module(model(), loss_fn)
     cfg = lt.TrainConfig(steps=steps, batch_size=ITEMS, optimizer=optim.adamw(LR, WD), log_every=0,
-                         measure_loss=False, replica_check=False, sharding=sharding, exact_reduction=exact)
+                         measure_loss=False, replica_check=False, sharding=sharding, exact_reduction=exact,
+                         shard_units=units)
     marks, held = [], {}
 
     def callback(event):
@@ -104,20 +163,20 @@ def timed_updates(opt, steps: int, item) -> list:
 
 
 def fsdp_round(steps: int):
-    """FSDP2: every Linear its own ``fully_shard`` unit, then the root; fused AdamW over
-    the sharded parameters (torch's parameter sharding, ZeRO-3)."""
+    """FSDP2: every Linear (the GPT: every block) its own ``fully_shard`` unit, then the
+    root; AdamW over the sharded parameters (torch's parameter sharding, ZeRO-3)."""
     from torch.distributed.fsdp import fully_shard
 
     net = model()
-    for m in net:
-        if isinstance(m, nn.Linear):
+    for m in (net.blocks if MODEL == "gpt" else net):
+        if isinstance(m, (nn.Linear, Block)):
             fully_shard(m)
     fully_shard(net)
     opt = torch.optim.AdamW(net.parameters(), lr=LR, weight_decay=WD)
 
     def item(j: int, last: bool, x, y) -> None:
         net.set_requires_gradient_sync(last)
-        (nn.functional.mse_loss(net(x), y) * (1.0 / ITEMS)).backward()
+        (loss_fn(net(x), y) * (1.0 / ITEMS)).backward()
 
     times = timed_updates(opt, steps, item)
     held = sum(t.to_local().numel() * t.element_size() if hasattr(t, "to_local") else t.numel() * t.element_size()
@@ -134,7 +193,7 @@ def ddp_round(zero: bool, steps: int):
 
     def item(j: int, last: bool, x, y) -> None:
         with net.no_sync() if not last else torch.enable_grad():
-            (nn.functional.mse_loss(net(x), y) * (1.0 / ITEMS)).backward()
+            (loss_fn(net(x), y) * (1.0 / ITEMS)).backward()
 
     times = timed_updates(opt, steps, item)
     state = opt.optim.state if zero else opt.state
@@ -148,7 +207,8 @@ CONTENDERS = {
     "leantrain sharding=optimizer": lambda steps: leantrain_round("optimizer", steps),
     "leantrain sharding=gradients": lambda steps: leantrain_round("gradients", steps),
     "leantrain gradients, exact": lambda steps: leantrain_round("gradients", steps, exact=True),
-    "leantrain sharding=parameters": lambda steps: leantrain_round("parameters", steps),
+    "leantrain sharding=parameters": lambda steps: leantrain_round("parameters", steps),  # the GPT: block units
+    "leantrain parameters, module units": lambda steps: leantrain_round("parameters", steps, units=()),
     "DDP + ZeroRedundancyOptimizer": lambda steps: ddp_round(True, steps),
     "DDP + AdamW(fused)": lambda steps: ddp_round(False, steps),
     "FSDP2 (fully_shard) + AdamW": fsdp_round,
@@ -237,7 +297,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--width", type=int, default=WIDTH, help="the layers' width (4 layers)")
+    ap.add_argument("--width", type=int, default=WIDTH, help="the layers' width (4 layers; the GPT: 512 by default)")
+    ap.add_argument("--model", choices=("mlp", "gpt"), default="mlp")
     ap.add_argument("--memory", type=int, nargs="*", metavar="W",
                     help="only the peak-memory table, at these world sizes (e.g. --memory 1 2 4 8)")
     ap.add_argument("--only", nargs="*", metavar="TEXT",
@@ -247,7 +308,12 @@ def main() -> None:
         for name in [n for n in CONTENDERS if not any(t in n for t in args.only)]:
             del CONTENDERS[name]
         os.environ["LEANTRAIN_BENCH_ONLY"] = "\n".join(CONTENDERS)  # the spawned processes run the same ones
-    os.environ["LEANTRAIN_BENCH_WIDTH"] = str(args.width)  # the spawned processes build the same model
+    global MODEL
+    MODEL = os.environ["LEANTRAIN_BENCH_MODEL"] = args.model  # the spawned processes build the same model
+    if args.model == "gpt" and args.width == WIDTH:
+        args.width = 512
+    os.environ["LEANTRAIN_BENCH_WIDTH"] = str(args.width)
+    globals()["WIDTH"] = args.width
     if args.memory:
         global ITEMS
         ITEMS = max(ITEMS, max(args.memory))  # every rank has an item
@@ -259,10 +325,10 @@ def main() -> None:
     mp.spawn(worker, args=(2, init, args.rounds, args.steps, q), nprocs=2, join=True)
     times, held = q.get()
     peak = peaks(args.steps)
-    params = LAYERS * (args.width * args.width + args.width)
+    params = sum(p.numel() for p in model().parameters())
     base = "DDP + ZeroRedundancyOptimizer" if "DDP + ZeroRedundancyOptimizer" in times else next(iter(times))
-    print(f"MLP {LAYERS} x {args.width}x{args.width} ({params / 1e6:.1f}M parameters), {ITEMS} items of {BATCH} per update, "
-          f"AdamW, 2 processes x 1 thread, {args.rounds} rounds of {args.steps} updates, {os.cpu_count()} cores")
+    print(f"{described(args.width)}, AdamW, 2 processes x 1 thread, {args.rounds} rounds of {args.steps} updates, "
+          f"{os.cpu_count()} cores")
     print(f"{'contender':32s} {'best ms':>8s} {'median ms':>10s} {'vs ZeRO best':>13s} {'median':>7s} "
           f"{'state MB/rank (rank 0, 1)':>27s} {'peak MiB/rank':>14s}")
     for n, ts in times.items():

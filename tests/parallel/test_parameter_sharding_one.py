@@ -138,6 +138,31 @@ def test_a_parameter_read_outside_its_modules_forward_is_refused_and_the_module_
         assert torch.equal(v, before[k]), k
 
 
+def test_shard_units_gather_a_block_whole_so_a_block_reading_its_childs_weight_trains():
+    """``shard_units=(Reaches,)``: each instance is one unit gathered for its whole
+    forward and backward (FSDP2's ``fully_shard`` on a block), so the read the default
+    units refuse trains, with the unsharded bits; the zoo GPT with its blocks as units (the
+    default: each element of an ``nn.ModuleList``; and named) and with every module its own."""
+    for build, samples, loss, units in ((Reaches, data(), "mse", (Reaches,)),
+                                        (lambda: GPT.model(0), GPT.samples(7), GPT.loss, None),
+                                        (lambda: GPT.model(0), GPT.samples(7), GPT.loss, (zoo_models.Block,)),
+                                        (lambda: GPT.model(0), GPT.samples(7), GPT.loss, ())):
+        torch.manual_seed(0)
+        sharded = lt.Runner.from_module(build(), loss)
+        torch.manual_seed(0)
+        plain = lt.Runner.from_module(build(), loss)
+        torch.manual_seed(3)
+        lt.train_samples(sharded, config(sharding="parameters", batch_size=2, shard_units=units), samples, log=None)
+        torch.manual_seed(3)
+        lt.train_samples(plain, config(batch_size=2), samples, log=None)
+        for (k, a), b in zip(sharded.module.state_dict().items(), plain.module.state_dict().values()):
+            assert torch.equal(a, b), k
+    with pytest.raises(ConfigError, match=r"shard_units is for sharding='parameters'"):
+        config(sharding="gradients", shard_units=(Reaches,))
+    with pytest.raises(ConfigError, match=r"shard_units must be a tuple of torch.nn.Module classes"):
+        config(sharding="parameters", shard_units=("Block",))
+
+
 def test_a_run_that_fails_in_the_users_callback_leaves_the_module_whole():
     def boom(event):
         if event.step == 2:

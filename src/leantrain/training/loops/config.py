@@ -151,8 +151,8 @@ class LoopOptions:
     ``None``: every rank holds everything; ``shard_by``: ``"range"``
     (each slot cut at multiples of 64 elements) or ``"slot"`` (whole slots per rank);
     ``init_weights``/``init_from``/``gather_at_end``: a model built on torch's meta device
-    under ``"parameters"``; ``item_seeds``: each item's random draws under data parallel,
-    see ``ParallelOptions``.
+    under ``"parameters"``; ``item_seeds``: each item's random draws under data parallel;
+    ``shard_units``: the modules gathered whole under ``"parameters"``, see ``ParallelOptions``.
     """
 
     accumulation: str = "exact"
@@ -184,6 +184,7 @@ class LoopOptions:
     init_from: Optional[PathArg] = None
     gather_at_end: Optional[bool] = None
     item_seeds: Optional[bool] = None
+    shard_units: Optional[tuple] = None
     keep_last: Optional[int] = None
     keep_best: Optional[int] = None
     monitor: str = "loss"

@@ -18,6 +18,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Mapping, Optional, Union
 
+from torch import nn
+
 from ...errors import ConfigError
 from ...validate import check_bool, check_choice, check_count
 from ..parallel.sharding.plan import SHARD_BY, SHARDING_MODES
@@ -146,7 +148,12 @@ class ParallelOptions:
     ranks draws alike at the cost of that draw (``None``: with several processes; one
     process keeps the plain loop's draws); ``False``: every rank replays every item's
     forward to draw what one process draws (the plain loop's bits on any number of ranks,
-    one no-gradient forward per item per rank)."""
+    one no-gradient forward per item per rank). ``shard_units``: module classes whose
+    instances are each gathered whole for their forward and backward under ``"parameters"``
+    (FSDP2's ``fully_shard`` on each transformer block): fewer, larger gathers than one per
+    module holding parameters, for one block's memory at a time (``None``: every element of
+    an ``nn.ModuleList``, as a transformer's blocks; ``()``: every module holding parameters
+    its own unit)."""
 
     sharding: Optional[str] = None
     shard_by: str = "range"
@@ -157,11 +164,12 @@ class ParallelOptions:
     init_from: Optional[PathArg] = None
     gather_at_end: Optional[bool] = None
     item_seeds: Optional[bool] = None
+    shard_units: Optional[tuple] = None
 
     FLAT: ClassVar[dict] = {"sharding": "sharding", "shard_by": "shard_by", "exact_reduction": "exact_reduction",
                             "collective_timeout": "collective_timeout", "replica_check": "replica_check",
                             "init_weights": "init_weights", "init_from": "init_from",
-                            "gather_at_end": "gather_at_end", "item_seeds": "item_seeds"}
+                            "gather_at_end": "gather_at_end", "item_seeds": "item_seeds", "shard_units": "shard_units"}
     OP: ClassVar[str] = "ParallelOptions"
 
     def __post_init__(self) -> None:
@@ -183,7 +191,12 @@ class ParallelOptions:
         for name in ("gather_at_end", "item_seeds"):
             if getattr(self, name) is not None:
                 check_bool(op, name, getattr(self, name))
-        for name in ("init_weights", "init_from", "gather_at_end"):
+        units = self.shard_units
+        if units is not None and not (isinstance(units, (tuple, list)) and all(
+                isinstance(u, type) and issubclass(u, nn.Module) for u in units)):
+            raise ConfigError(f"{op}: shard_units must be a tuple of torch.nn.Module classes (e.g. your transformer "
+                              f"block's), got {units!r:.60}")
+        for name in ("init_weights", "init_from", "gather_at_end", "shard_units"):
             if getattr(self, name) is not None and self.sharding != "parameters":
                 raise ConfigError(f"{op}: {name} is for sharding='parameters' (a model filled and kept in ranges "
                                   f"per rank), got sharding={self.sharding!r}")

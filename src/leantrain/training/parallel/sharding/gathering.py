@@ -4,11 +4,13 @@ module's parameters are gathered into the user's own Parameter objects around it
 Between uses a trained Parameter's memory is released: its storage is resized to nothing,
 so the Parameter object, its shape, its ties and every tensor autograd saved from it stay
 what they are, only without bytes. The *units* are the modules that hold trained
-Parameters directly, except inside a module whose own forward reads its submodules'
+Parameters directly, except inside a block: a module whose own forward reads its submodules'
 Parameters without calling them (``WHOLE_UNITS``: torch's attention and transformer
 layers, whose forwards pass ``out_proj.weight``, ``linear1.weight``, ... to fused
-functions): the outermost such module is one unit with every Parameter beneath it,
-gathered for its whole forward (as FSDP2 gathers a wrapped block). A unit's forward pre-hook resizes its storages and all-gathers the
+functions) and the run's ``shard_units`` (by default every element of an ``nn.ModuleList``,
+as a transformer's blocks): the outermost such module is one unit with every Parameter
+beneath it, gathered for its whole forward (as FSDP2 gathers a wrapped block): fewer,
+larger gathers. A unit's forward pre-hook resizes its storages and all-gathers the
 owners' ranges into them (``fetch.py``); its forward hook releases them again (but the
 forward's last unit's, whose backward comes next), and (when a gradient will be taken)
 registers a hook on the unit's outputs that gathers them once more just before the
@@ -39,9 +41,9 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from ....errors import CollectiveError, ConfigError, LeantrainError
+from .guard import Guard
 from .fetch import Fetch
 from .plan import ShardPlan
 from .state import working
@@ -66,14 +68,18 @@ def _tensors(output) -> list:
 WHOLE_UNITS = (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer, torch.nn.TransformerDecoderLayer)
 
 
-def whole_units(root: torch.nn.Module) -> dict:
+def whole_units(root: torch.nn.Module, extra=None) -> dict:
     """``id(module) -> the unit that gathers its Parameters`` for every module inside an
-    outermost ``WHOLE_UNITS`` module (that module included); other modules are absent
-    (each is its own unit)."""
+    outermost ``WHOLE_UNITS`` module or block (the run's ``shard_units``: instances of
+    ``extra``'s classes; ``None``: every element of an ``nn.ModuleList``, as a transformer's
+    blocks), that module included; other modules are absent (each is its own unit)."""
     out: dict = {}
+    kinds = WHOLE_UNITS + tuple(extra or ())
+    blocks = set() if extra is not None else {id(m) for lst in root.modules() if isinstance(lst, torch.nn.ModuleList)
+                                               for m in lst}
 
     def walk(module: torch.nn.Module, unit) -> None:
-        if unit is None and isinstance(module, WHOLE_UNITS):
+        if unit is None and (isinstance(module, kinds) or id(module) in blocks):
             unit = module
         if unit is not None:
             out.setdefault(id(module), unit)
@@ -106,7 +112,7 @@ def make_releasable(op: str, params, plan: ShardPlan) -> None:
 class ParameterShards:
     """This rank's ranges of the trained parameters, and the hooks that gather them."""
 
-    def __init__(self, op: str, runner, plan: ShardPlan, rank: int, fill=None) -> None:
+    def __init__(self, op: str, runner, plan: ShardPlan, rank: int, fill=None, unit_kinds=None) -> None:
         params = runner.params
         make_releasable(op, params, plan)
         self.plan, self.rank, self.names = plan, rank, [v.name for v in params]
@@ -126,7 +132,7 @@ class ParameterShards:
         self.tracking = False  # an item's backward follows its forward (its occurrences are counted)
         self.held = False  # every storage held whole for the user's code (``whole``)
         units: dict = {}
-        unit_of = whole_units(runner.module)
+        unit_of = whole_units(runner.module, unit_kinds)
         for i, loc in enumerate(runner.locations):
             if loc.is_parameter and i < len(self.slots_map) and self.slots_map[i] is not None \
                     and self.slots_map[i] in self.resident:
@@ -356,42 +362,5 @@ class ParameterShards:
         """The block refused, with the slot named, where the model passes a released
         Parameter to a torch function outside its module's forward (a read that would
         otherwise touch memory that is not there). The loops guard a run's first update."""
-        with _Guard(self, op):
+        with Guard(self, op):
             yield
-
-
-# calls that read a tensor's description, never its memory (a property, its size, a detached alias)
-_METADATA = frozenset({"__get__", "__set__", "size", "dim", "stride", "numel", "data_ptr", "untyped_storage",
-                       "storage_offset", "is_contiguous", "element_size", "detach", "requires_grad_",
-                       "register_hook", "empty_like", "__len__"})
-
-
-class _Guard(TorchFunctionMode):
-    """Refuses a torch call that reads a released Parameter (see ``ParameterShards.guarded``)."""
-
-    def __init__(self, shards: ParameterShards, op: str) -> None:
-        super().__init__()
-        self.shards, self.op = shards, op
-        self.ids = {id(shards.full[c]): c for c in shards.sharded}
-
-    def _check(self, x) -> None:
-        if isinstance(x, torch.Tensor):
-            c = self.ids.get(id(x))
-            if c is not None and not self.shards.resident[c]:
-                raise ConfigError(
-                    f"{self.op}: sharding='parameters': slot {c} ({self.shards.names[c]}) was read outside the "
-                    f"forward of the module that holds it, where its memory is released; use the parameter only "
-                    f"inside its own module's forward (or wrap the use in a module), or shard 'gradients'")
-        elif isinstance(x, (list, tuple)):
-            for y in x:
-                self._check(y)
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if getattr(func, "__name__", None) in _METADATA:
-            return func(*args, **kwargs)
-        for x in args:
-            self._check(x)
-        for x in kwargs.values():
-            self._check(x)
-        return func(*args, **kwargs)

@@ -61,15 +61,16 @@ class ShardedStrategy(DataParallelStrategy):
                                   f"rank's own items would give the ranks different numbers of forwards, and "
                                   f"the gathers are collectives); give the loop the whole data, or shard "
                                   f"'gradients'")
-            filling, ranged = None, self.ranged
+            ranged = self.ranged
             if ranged:  # a resume read this rank's ranges of the parameters (resume.py)
-                def filling(shards):
-                    take(shards, ranged, runner.params)
+                filling = lambda shards: take(shards, ranged, runner.params)  # noqa: E731
             elif runner.unfilled:  # a model built on meta: each rank fills its ranges (fill.py)
-                def filling(shards):
-                    fill(op, shards, runner, cfg.init_weights, cfg.init_from)
+                filling = lambda shards: fill(op, shards, runner, cfg.init_weights, cfg.init_from)  # noqa: E731
+            else:
+                filling = None
             self.ends_whole = cfg.gather_at_end if cfg.gather_at_end is not None else not runner.built_on_meta
-            r.shards = ParameterShards(op, runner, plan, r.rank, filling)  # the parameters' memory released from here
+            r.shards = ParameterShards(op, runner, plan, r.rank, filling,  # the parameters' memory released from here
+                                       cfg.shard_units)
             runner.unfilled, self.ranged = {}, {}
             r.guard_next = True
         r.plan = plan
