@@ -37,6 +37,10 @@ class Steady:
     # (``ModuleView.fingerprint``), and whether user code ran since (``Runner.user_code_ran``).
     fingerprint: Optional[list] = None
     suspect: bool = False
+    # one process: the last update's gradients, let go when the next update begins (as a hand
+    # loop's ``zero_grad(set_to_none=True)`` lets its ``.grad`` go), so the allocator reuses
+    # their memory for the next forward instead of returning it to the system and faulting it in
+    held: Any = None
 
     def clear(self) -> None:
         self.checked = self.slot_map = self.plain = self.binding = self.layout = self.buckets = self.fingerprint = None

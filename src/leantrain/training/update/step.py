@@ -62,6 +62,9 @@ def update(op: str, runner: Runner, opt: Optimizer, state: OptState, batch: Sequ
         raise_if_nonfinite(op, found, snapshot)
     state, norm = reduction.apply(runner, opt, state, mean.gradients(), found, snapshot, o)
     reduction.after(runner, snapshot is not None)
+    steady = runner.loop.steady
+    if steady is not None and not reduction.ranks:
+        steady.held = mean  # let go when the next update begins (loop_state.Steady.held)
     return Update(state, mean.loss, norm)
 
 
@@ -125,6 +128,9 @@ def batch_mean(op: str, runner: Runner, batch: list[Sample], o: StepOptions, wan
     here)."""
     if o.accumulation == "vectorized":
         check_stackable(runner, batch)  # before the buffers move
+    steady = runner.loop.steady
+    if steady is not None:
+        steady.held = None  # the last update's gradients go before this one's forward
     reduction = o.reduction
     with runner.binding(op) as bound:
         if len(batch) == 1 and o.accumulation == "exact" and runner.has_buffer_updates and reduction.direct \
