@@ -299,6 +299,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--width", type=int, default=WIDTH, help="the layers' width (4 layers; the GPT: 512 by default)")
     ap.add_argument("--model", choices=("mlp", "gpt"), default="mlp")
+    ap.add_argument("--world", type=int, default=2, help="processes timed (each one thread)")
     ap.add_argument("--memory", type=int, nargs="*", metavar="W",
                     help="only the peak-memory table, at these world sizes (e.g. --memory 1 2 4 8)")
     ap.add_argument("--only", nargs="*", metavar="TEXT",
@@ -322,12 +323,15 @@ def main() -> None:
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
     init = os.path.join(tempfile.mkdtemp(), "init")
-    mp.spawn(worker, args=(2, init, args.rounds, args.steps, q), nprocs=2, join=True)
+    if args.world > ITEMS:
+        ITEMS = args.world  # every rank has an item
+        os.environ["LEANTRAIN_BENCH_ITEMS"] = str(ITEMS)
+    mp.spawn(worker, args=(args.world, init, args.rounds, args.steps, q), nprocs=args.world, join=True)
     times, held = q.get()
-    peak = peaks(args.steps)
+    peak = peaks(args.steps, args.world)
     params = sum(p.numel() for p in model().parameters())
     base = "DDP + ZeroRedundancyOptimizer" if "DDP + ZeroRedundancyOptimizer" in times else next(iter(times))
-    print(f"{described(args.width)}, AdamW, 2 processes x 1 thread, {args.rounds} rounds of {args.steps} updates, "
+    print(f"{described(args.width)}, AdamW, {args.world} processes x 1 thread, {args.rounds} rounds of {args.steps} updates, "
           f"{os.cpu_count()} cores")
     print(f"{'contender':32s} {'best ms':>8s} {'median ms':>10s} {'vs ZeRO best':>13s} {'median':>7s} "
           f"{'state MB/rank (rank 0, 1)':>27s} {'peak MiB/rank':>14s}")
