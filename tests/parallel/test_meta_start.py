@@ -129,6 +129,8 @@ def test_what_a_meta_start_refuses_changes_nothing(tmp_path):
         mc.config(tmp_path / "e", sharding="gradients", init_weights=mc.gpt_init)
     with pytest.raises(ConfigError, match=r"init_weights must be a function"):
         mc.config(tmp_path / "e", sharding="parameters", init_weights="xavier")
+    with pytest.raises(ConfigError, match=r"Runner.to: 'pos_emb' was built on torch's meta device"):
+        runner.to("meta")  # any device but the CPU: mirrors of an unfilled model are refused
     assert {id(p) for p in runner.module.parameters()} == before
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in runner.module.modules())  # none left behind
     assert not (tmp_path / "a").exists()

@@ -117,7 +117,13 @@ class Runner:
             self.module.train(saved == "train")
 
     def to(self, device: Union[str, torch.device]) -> "Runner":
-        """Compute on ``device``: every storage gets a mirror there (host stays the owner)."""
+        """Compute on ``device``: every storage gets a mirror there (host stays the owner).
+        A model built on meta and not yet filled is refused (its fill runs on the host)."""
+        if self.unfilled and canonical_device(device).type != "cpu":
+            name = next(iter(self.unfilled.values()))
+            raise ConfigError(f"Runner.to: {name!r} was built on torch's meta device and has no values yet; a "
+                              f"'parameters' run fills it in host memory, and device mirrors of a model built on "
+                              f"meta are not supported yet: train it on the CPU device, or build it whole")
         self.device = canonical_device(device)
         self.recheck()
         self.params.to_device(self.device)
