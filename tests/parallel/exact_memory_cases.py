@@ -101,15 +101,7 @@ def measure_whole(rank: int, world: int, init_file: str, out: str, mode: str, bu
     existed (the parameters included: parameter sharding releases them), in units of P,
     to ``whole{rank}-{mode}-of-{world}.txt``. ``bucket_bytes``: the reduce-scatter's
     buckets and its bound in flight set to that many bytes (0: as shipped)."""
-    from leantrain.training.parallel import overlap
-    from leantrain.training.parallel.sharding import overlap as shard_overlap
-
-    if bucket_bytes:
-        overlap.FIRST_BUCKET_BYTES = overlap.BUCKET_BYTES = shard_overlap.IN_FLIGHT = bucket_bytes
-    if world > 1:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    torch.set_num_threads(1)
-    try:
+    with ranks(rank, world, init_file, bucket_bytes):
         import leantrain as lt
 
         gc.collect()
@@ -119,6 +111,23 @@ def measure_whole(rank: int, world: int, init_file: str, out: str, mode: str, bu
                              measure_loss=False, sharding=mode, replica_check=False)
         lt.train_samples(runner, cfg, data, log=None)
         (Path(out) / f"whole{rank}-{mode}-of-{world}.txt").write_text(str((high_water() - start) / p_bytes))
+
+
+@contextlib.contextmanager
+def ranks(rank: int, world: int, init_file: str, bucket_bytes: int = 0):
+    """This process as rank ``rank`` of ``world`` gloo ranks (none for one), one thread; with
+    ``bucket_bytes`` the reduce-scatter's buckets and its bound in flight set to that many bytes
+    (0: as shipped)."""
+    from leantrain.training.parallel import overlap
+    from leantrain.training.parallel.sharding import overlap as shard_overlap
+
+    if bucket_bytes:
+        overlap.FIRST_BUCKET_BYTES = overlap.BUCKET_BYTES = shard_overlap.IN_FLIGHT = bucket_bytes
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        yield
     finally:
         if world > 1:
             dist.destroy_process_group()
@@ -165,14 +174,7 @@ def _sharded_mlp_run(rank: int, world: int, init_file: str, bucket_bytes: int, m
     ``world`` gloo ranks with ``settings``; ``result`` gets the peaks above what the
     process held before the model existed, in P: when its first update begins, and when
     the run has ended (its end and final checkpoint included)."""
-    from leantrain.training.parallel import overlap
-    from leantrain.training.parallel.sharding import overlap as shard_overlap
-
-    overlap.FIRST_BUCKET_BYTES = overlap.BUCKET_BYTES = shard_overlap.IN_FLIGHT = bucket_bytes  # as measure_whole
-    if world > 1:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    torch.set_num_threads(1)
-    try:
+    with ranks(rank, world, init_file, bucket_bytes):  # 4 MiB buckets, as measure_whole
         import leantrain as lt
         from leantrain.training.loops.session import Session
 
@@ -198,9 +200,6 @@ def _sharded_mlp_run(rank: int, world: int, init_file: str, bucket_bytes: int, m
                              sharding="parameters", replica_check=False, **settings)
         lt.train_samples(runner, cfg, data, log=None)
         result.write_text(f"{begun[0] / p_bytes} {(high_water() - start) / p_bytes}")
-    finally:
-        if world > 1:
-            dist.destroy_process_group()
 
 
 def measure_meta(rank: int, world: int, init_file: str, out: str, meta: bool = True, bucket_bytes: int = 4 << 20

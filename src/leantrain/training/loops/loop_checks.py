@@ -21,6 +21,7 @@ from .evaluation import result_names
 from ...params.meta import refuse_unfilled
 from ..runner.runner import Runner
 from ..parallel.sharding.state import check_shardable
+from ..parallel.sharding.strategy import ends_whole
 
 
 def check_inputs(op: str, runner: object, cfg: object, kind: type) -> None:
@@ -58,9 +59,7 @@ def check_filling(op: str, runner: Runner, cfg) -> None:
         raise ConfigError(f"{op}: init_weights/init_from fill a model built on torch's meta device, but this "
                           f"model's tensors all have values (nothing to fill): build the model under "
                           f"torch.device('meta'), or drop the option")
-    ends_released = cfg.sharding == "parameters" and not (
-        cfg.gather_at_end if cfg.gather_at_end is not None else not runner.built_on_meta)
-    if ends_released and cfg.checkpoint_path is None:
+    if cfg.sharding == "parameters" and not ends_whole(cfg, runner) and cfg.checkpoint_path is None:
         raise ConfigError(f"{op}: this sharding='parameters' run ends with the module released (a model built on "
                           f"meta, or gather_at_end=False): its result is its sharded checkpoint; set "
                           f"checkpoint_path, or gather_at_end=True")

@@ -35,6 +35,7 @@ class DataParallel(Reduction):
     ``local``: each rank's batches hold its own items (``rank_data.py``)."""
 
     ranks = True
+    holds_gradients = False  # between updates a rank holds its share only (the sharding figures)
     direct = False  # every item through the shared path, also one
     probes = True  # every rank runs every item's buffer pass: every rank learns alike
 

@@ -137,8 +137,7 @@ def check_replicas(params, op: str = "check_replicas", skip: frozenset = frozens
     from ...io.checkpoint import current_value
 
     sums = [None if id(s.host) in skip else checksum(current_value(s)) for s in params.storages()]
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, sums, group=_group)
+    gathered = everyone(sums)
     for rank, other in enumerate(gathered):
         if other != gathered[0]:
             bad = [k for k, (a, b) in enumerate(zip(gathered[0], other)) if a != b]

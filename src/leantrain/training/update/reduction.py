@@ -55,6 +55,9 @@ class Reduction:
     direct = True
     #: buffer writes are probed on every update until known (every rank learns alike)
     probes = False
+    #: the update's gradients are held until the next update begins (a hand loop's ``.grad``
+    #: lifetime, ``loop_state.Steady.held``); a reduction across ranks lets them go at once
+    holds_gradients = True
 
     def draw_states(self, runner: Runner) -> Optional[list]:
         """A list that receives each item's generator state (an item computed on another
@@ -69,7 +72,8 @@ class Reduction:
         n = len(batch)
         if o.accumulation == "vectorized":
             return Mean(*stacked_loss_and_gradients(runner, batch, leaves, scale=1.0 / n))
-        return Mean.of_sums(*sum_items(runner, batch, leaves, scratch, None if states is None else states[:-1]), n, o.scaler is None)
+        own = None if states is None else states[:-1]  # item seeds (runner/item_seeds.py); else in order
+        return Mean.of_sums(*sum_items(runner, batch, leaves, scratch, own), n, o.scaler is None)
 
     def agree(self, found: torch.Tensor, o: StepOptions) -> None:
         """Make the non-finite flag one verdict for every rank (one process: its own)."""

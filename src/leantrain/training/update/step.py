@@ -63,7 +63,7 @@ def update(op: str, runner: Runner, opt: Optimizer, state: OptState, batch: Sequ
     state, norm = reduction.apply(runner, opt, state, mean.gradients(), found, snapshot, o)
     reduction.after(runner, snapshot is not None)
     steady = runner.loop.steady
-    if steady is not None and not reduction.ranks:
+    if steady is not None and reduction.holds_gradients:
         steady.held = mean  # let go when the next update begins (loop_state.Steady.held)
     return Update(state, mean.loss, norm)
 

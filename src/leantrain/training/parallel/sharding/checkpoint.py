@@ -24,14 +24,6 @@ from ....optim import OptState
 from ....optim.records import record_scalars
 
 
-def _everyone(value, world: int) -> list:
-    if world == 1:
-        return [value]
-    out: list = [None] * world
-    dist.all_gather_object(out, value, group=distributed.group())
-    return out
-
-
 def save_sharded(path, runner, plan: ShardPlan, rank: int, state: OptState, *, progress: dict,
                  loader_state: Optional[dict], ema, values: Optional[dict] = None,
                  identity: Optional[dict] = None) -> Path:
@@ -50,12 +42,12 @@ def save_sharded(path, runner, plan: ShardPlan, rank: int, state: OptState, *, p
 def _save(folder, runner, plan: ShardPlan, rank: int, state: OptState, progress: dict, loader_state, ema,
           proposed: str, values: Optional[dict], identity: Optional[dict] = None) -> None:
     op, world = "save_checkpoint", plan.world
-    generation = _everyone(proposed, world)[0]  # rank 0's, marked in flight before any shard is written
+    generation = distributed.everyone(proposed)[0]  # rank 0's, marked in flight before any shard is written
     owned = [r for r in plan.owned(rank) if state.slots[r.slot] is not None]
     mine = {str(r.slot): {"type": type(state.slots[r.slot]).__name__, "scalars": record_scalars(state.slots[r.slot]),
                           "tensors": sorted(state.slots[r.slot].tensors())} for r in owned}
     records: dict = {}
-    for part in _everyone(mine, world):
+    for part in distributed.everyone(mine):
         for k, entry in part.items():
             records.setdefault(k, entry)
     pieces = {(f"state.{r.slot}.{k}", r.start): t for r in owned for k, t in state.slots[r.slot].tensors().items()}
@@ -75,7 +67,7 @@ def _save(folder, runner, plan: ShardPlan, rank: int, state: OptState, progress:
         if ema is not None:
             manifest["ema"] = {"decay": ema.decay, "count": ema.count, "storages": ema.trainable if ema.count else []}
         manifest["checksums"] = {n: checksum(t) for n, t in whole.items()}
-    files = _everyone(write_shard(folder, generation, rank, world, whole, pieces), world)
+    files = distributed.everyone(write_shard(folder, generation, rank, world, whole, pieces))
     if rank == 0:
         write_index(folder, manifest, world, generation, sorted(files, key=lambda f: f["rank"]))
     if world > 1:

@@ -38,6 +38,7 @@ from torch.overrides import TorchFunctionMode
 from ....errors import ConfigError, ReplicaError
 from ....io.weights import read_weights
 from .. import distributed
+from .guard import METADATA
 
 
 def _calls(module: torch.nn.Module):
@@ -61,9 +62,9 @@ def _key(t: torch.Tensor) -> int:
 
 
 class _Touch(TorchFunctionMode):
-    """While ``init_weights`` runs: a released trained Parameter taken by a torch call is
-    given its memory first (this rank's values, NaN elsewhere); a whole unfilled tensor
-    taken by one is marked given."""
+    """While ``init_weights`` runs: a released trained Parameter taken by a torch call
+    (one that reads more than its description, ``guard.METADATA``) is gathered whole first;
+    a whole unfilled tensor taken by one is marked given."""
 
     def __init__(self, filling: "Filling") -> None:
         super().__init__()
@@ -79,7 +80,7 @@ class _Touch(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if getattr(func, "__name__", None) not in ("size", "dim", "numel", "__get__", "stride", "element_size"):
+        if getattr(func, "__name__", None) not in METADATA:
             for x in args:
                 self._see(x)
             for x in kwargs.values():
@@ -95,8 +96,8 @@ class Filling:
         unfilled = runner.unfilled
         params = runner.params
         self.sharded = {_key(shards.full[c]): c for c in shards.sharded if id(params[c].storage.host) in unfilled}
-        self.whole = {_key(t): unfilled[id(t)] for t in _tensors(runner.module) if id(t) in unfilled
-                      and not any(id(t) == id(shards.full[c]) for c in self.sharded.values())}
+        self.whole = {_key(t): unfilled[id(t)] for t in _tensors(runner.module)
+                      if id(t) in unfilled and _key(t) not in self.sharded}
         self.given: set = set()  # keys of tensors given values
         self.live: set = set()  # sharded slots holding memory during the current call
         self.owned = {}
@@ -118,12 +119,11 @@ class Filling:
         """A call returned: this rank's ranges of what it touched kept, the memory released."""
         s = self.shards
         with torch.no_grad():
-            for c in sorted(self.live):
+            for c in self.live:
                 view = s._storage_view(c)
                 for r in self.owned.get(c, ()):
                     s.values[r].copy_(view[r.start: r.stop])
-                s.full[c].untyped_storage().resize_(0)
-                s.resident[c] = False
+        s.release(sorted(self.live))
         self.live.clear()
 
     def run(self, init_weights, init_from) -> None:

@@ -11,7 +11,7 @@ from ....errors import ConfigError
 
 
 # calls that read a tensor's description, never its memory (a property, its size, a detached alias)
-_METADATA = frozenset({"__get__", "__set__", "size", "dim", "stride", "numel", "data_ptr", "untyped_storage",
+METADATA = frozenset({"__get__", "__set__", "size", "dim", "stride", "numel", "data_ptr", "untyped_storage",
                        "storage_offset", "is_contiguous", "element_size", "detach", "requires_grad_",
                        "register_hook", "empty_like", "__len__"})
 
@@ -38,7 +38,7 @@ class Guard(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if getattr(func, "__name__", None) in _METADATA:
+        if getattr(func, "__name__", None) in METADATA:
             return func(*args, **kwargs)
         for x in args:
             self._check(x)

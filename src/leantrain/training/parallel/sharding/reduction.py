@@ -39,6 +39,7 @@ class Sharded(DataParallel):
     def __init__(self, exact: bool = False, local: bool = False) -> None:
         super().__init__(exact, local)
         self.ranks = self.probes = distributed.active() is not None  # one process: one rank's plan, no probe
+        self.holds_gradients = not self.ranks
         self.local = local and self.ranks
         self.name = "sharded" + (" (exact reduction)" if exact else "")
         self.plan: Optional[ShardPlan] = None  # cut when the loop starts

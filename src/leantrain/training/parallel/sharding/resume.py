@@ -55,10 +55,13 @@ def installed(runner, ranged: dict) -> None:
     back in ranges (``Checkpoint.ranged``) are, for the module, without values until the
     run's start takes its ranges."""
     storages = runner.params.storages()
+    names: dict = {}
+    for v in runner.params:
+        names.setdefault(id(v.storage), v.name)  # a storage's first slot names it
     written = {id(s.host) for k, s in enumerate(storages) if k not in ranged}
     unfilled = {key: name for key, name in runner.unfilled.items() if key not in written}
     for k in ranged:
-        unfilled.setdefault(id(storages[k].host), next(v.name for v in runner.params if v.storage is storages[k]))
+        unfilled.setdefault(id(storages[k].host), names[id(storages[k])])
     runner.unfilled = unfilled
 
 

@@ -25,6 +25,12 @@ from .reduction import Sharded
 from .state import check_plan, loop_start
 
 
+def ends_whole(cfg, runner: Runner) -> bool:
+    """Whether a ``"parameters"`` run gathers the module whole when it ends: ``gather_at_end``,
+    or by default when the module was not built on meta (that one's result is its checkpoint)."""
+    return cfg.gather_at_end if cfg.gather_at_end is not None else not runner.built_on_meta
+
+
 def check_trainable_kept(op: str, runner: Runner) -> None:
     """A sharded run trains the slots trainable at its start: a ``requires_grad`` turned on
     or off since (a callback unfreezing a backbone) is refused before the next update or
@@ -68,7 +74,7 @@ class ShardedStrategy(DataParallelStrategy):
                 filling = lambda shards: fill(op, shards, runner, cfg.init_weights, cfg.init_from)  # noqa: E731
             else:
                 filling = None
-            self.ends_whole = cfg.gather_at_end if cfg.gather_at_end is not None else not runner.built_on_meta
+            self.ends_whole = ends_whole(cfg, runner)
             r.shards = ParameterShards(op, runner, plan, r.rank, filling,  # the parameters' memory released from here
                                        cfg.shard_units)
             runner.unfilled, self.ranged = {}, {}
