@@ -133,13 +133,18 @@ class Mean:
 # ------------------------------------------------------------ the fold
 def add_into(grads: Pack, more: Pack) -> None:
     """``grads[i] += more[i]`` in place (owned sums), taking ``more[i]`` where ``grads[i]``
-    has none yet."""
+    has none yet. A dense gradient after a sparse sum becomes the sum, the sparse one
+    added into it (torch cannot add dense into sparse in place; ``.grad`` accumulation does
+    the same, and float addition commutes: the bits of ``sum + h``)."""
     for i, h in enumerate(more):
         if h is not None:
-            if grads[i] is None:
+            g = grads[i]
+            if g is None:
                 grads[i] = h
+            elif g.layout is not torch.strided and h.layout is torch.strided:
+                grads[i] = h.add_(g)
             else:
-                grads[i].add_(h)
+                g.add_(h)
 
 
 def fold(items: Iterable[tuple[torch.Tensor, Pack]]) -> tuple[torch.Tensor, Pack]:
