@@ -62,7 +62,7 @@ def kernels(request, monkeypatch):
     """Both forms of every rule: torch's fused kernels (what runs on CPU and CUDA float
     tensors) and the foreach/per-tensor fallback (what runs elsewhere), forced here."""
     if request.param == "fallback":
-        monkeypatch.setattr(classic_rules, "fusable", lambda ps: False)
+        monkeypatch.setattr(classic_rules, "fusable", lambda ps, cuda=True: False)
     return request.param
 
 
@@ -380,7 +380,7 @@ def test_the_fallback_forms_agree_with_the_fused_kernels(name, monkeypatch):
         gs = [torch.randn(s, generator=gen) for s in shapes]
         recs_f = rule.update_many(h, 0.05, recs_f, fused, gs)
         with monkeypatch.context() as m:
-            m.setattr(classic_rules, "fusable", lambda ps: False)
+            m.setattr(classic_rules, "fusable", lambda ps, cuda=True: False)
             recs_p = rule.update_many(h, 0.05, recs_p, plain, gs)
     for a, b in zip(fused, plain):
         if h.kind == "sgd" and h.momentum == 0.0:

@@ -219,7 +219,7 @@ class AdagradRule:
 
     @staticmethod
     def init(h: Adagrad, p):
-        check_fused(h, p)
+        check_fused(h, p, cuda=False)
         total = torch.full_like(p, h.initial_accumulator_value, memory_format=torch.preserve_format)
         return AdagradState(total) if h.lr_decay == 0.0 else AdagradStepState(0, total)
 
@@ -227,7 +227,7 @@ class AdagradRule:
     def update_many(h: Adagrad, lr, ss, ps, gs, uniform: bool = False):
         counted = h.lr_decay != 0.0
         news = [AdagradStepState(s.step + 1, s.sum) for s in ss] if counted else ss
-        if h.implementation in (None, "fused") and fusable(ps[:1] if uniform else ps):
+        if h.implementation in (None, "fused") and fusable(ps[:1] if uniform else ps, cuda=False):
             # torch.optim.Adagrad(fused=True)'s kernel: G += g*g; p -= clr * g / (sqrt(G) + eps),
             # clr = lr / (1 + (t-1)*lr_decay) with t the step reached (1 without a decay).
             sums = [s.sum for s in ss]

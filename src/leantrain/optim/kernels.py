@@ -30,18 +30,21 @@ def _fused_devices() -> frozenset:
 FUSED_DEVICES = _fused_devices()
 
 
-def fusable(ps) -> bool:
+def fusable(ps, cuda: bool = True) -> bool:
     """Whether the fused kernels take these tensors (a device type torch's fused kernels
-    take, a float dtype); elsewhere the rules run torch's foreach forms."""
+    take, a float dtype); elsewhere the rules run torch's foreach forms. ``cuda=False``:
+    a kernel torch has no CUDA form of (Adagrad's: ``torch.optim.Adagrad`` refuses
+    ``fused=True`` there and runs its foreach form by default)."""
     for p in ps:  # a plain loop over tensor attributes: this runs every step
-        if not (p.device.type in FUSED_DEVICES and p.dtype in DTYPES):
+        if not (p.device.type in FUSED_DEVICES and p.dtype in DTYPES) or (not cuda and p.device.type == "cuda"):
             return False
     return True
 
 
-def check_fused(h, p: torch.Tensor) -> None:
-    """Refuse ``fused=True`` for a parameter torch's fused kernels do not take (as torch does)."""
-    if h.implementation == "fused" and not fusable([p]):
+def check_fused(h, p: torch.Tensor, cuda: bool = True) -> None:
+    """Refuse ``fused=True`` for a parameter torch's fused kernels do not take (as torch does;
+    ``cuda``: as ``fusable``)."""
+    if h.implementation == "fused" and not fusable([p], cuda):
         from ..errors import ConfigError
 
         raise ConfigError(f"optim.{h.kind}: fused=True, but torch's fused kernels do not take a "

@@ -162,7 +162,11 @@ def loss_row(loss_rows: torch.Tensor, r: int, loss) -> None:
     count (``-1``: a scalar loss), as float64 (exact for every narrower float)."""
     sums_loss = isinstance(loss, LossSum)
     loss_rows[r, 0] = (loss.total if sums_loss else loss).detach().to(torch.float64)
-    loss_rows[r, 1] = torch.as_tensor(loss.count, device=loss_rows.device).to(torch.float64) if sums_loss else -1.0
+    count = loss.count if sums_loss else -1.0
+    if isinstance(count, torch.Tensor):
+        loss_rows[r, 1] = count.to(loss_rows.device, torch.float64)
+    else:  # a number: written by a kernel, never copied from host memory (a sync on a GPU)
+        loss_rows[r, 1].fill_(float(count))
 
 
 def item_losses(loss_rows: torch.Tensor, n: int, world: int, first) -> list:

@@ -10,10 +10,12 @@ from torch.overrides import TorchFunctionMode
 from ....errors import ConfigError
 
 
-# calls that read a tensor's description, never its memory (a property, its size, a detached alias)
+# calls that read a tensor's description, never its memory (a property, its size, a detached alias);
+# and the backward's entry points (``torch.autograd.grad``, which the step calls on a GPU, names
+# the Parameters as the inputs to differentiate: the backward's hooks gather each unit it reads)
 METADATA = frozenset({"__get__", "__set__", "size", "dim", "stride", "numel", "data_ptr", "untyped_storage",
                        "storage_offset", "is_contiguous", "element_size", "detach", "requires_grad_",
-                       "register_hook", "empty_like", "__len__"})
+                       "register_hook", "empty_like", "__len__", "grad", "backward"})
 
 
 class Guard(TorchFunctionMode):
