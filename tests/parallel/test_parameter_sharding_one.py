@@ -341,6 +341,19 @@ def test_a_parameter_read_outside_its_module_is_a_config_error_naming_the_slot(m
     assert all(torch.equal(a, b) for a, b in zip(before.values(), model.state_dict().values()))
 
 
+def test_the_public_autograd_grad_route_is_not_taken_for_a_read_outside_a_forward(monkeypatch):
+    """On a GPU (and for tensor subclasses) the step differentiates through the public
+    ``torch.autograd.grad``, which names the released Parameters as its inputs: the first
+    update's guard lets it through (it refused it as a read outside a forward, seen on an
+    H200). Forced here on the CPU: the run equals the unsharded one."""
+    from leantrain.training.runner import backward
+
+    monkeypatch.setattr(backward, "_ENGINE", None)  # every step through torch.autograd.grad
+    plain, _ = trained(None)
+    sharded, _ = trained("parameters")
+    assert same_values(plain, sharded)
+
+
 def test_the_collective_error_types_are_public():
     from leantrain.training.parallel import distributed
 
