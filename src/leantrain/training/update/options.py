@@ -51,8 +51,7 @@ class StepOptions:
     def checked(cls, op: str, **kw) -> "StepOptions":
         """Options from a public call's arguments, each checked (``op`` names the call);
         each item's draws seeded with peers, as a loop's by default."""
-        r = kw["reduction"]
-        options = cls(**dict(kw, item_seeds=r.ranks and not r.local))
+        options = cls(**dict(kw, item_seeds=seeding(kw["reduction"])))
         check_choice(op, "accumulation", options.accumulation, ACCUMULATION_MODES)
         check_choice(op, "nonfinite", options.nonfinite, NONFINITE_MODES)
         check_clip(op, options.clip_grad_norm, options.clip_grad_value)
@@ -62,9 +61,8 @@ class StepOptions:
     def of(cls, cfg, reduction, native: bool, skipped: Optional[torch.Tensor] = None,
            scaler: Optional[LossScaler] = None) -> "StepOptions":
         """A loop's options, from its (already validated) config and its chosen reduction."""
-        seeds = cfg.item_seeds if cfg.item_seeds is not None else reduction.ranks  # with peers, by default
         return cls(reduction, native, cfg.accumulation, cfg.nonfinite, cfg.clip_grad_norm, cfg.clip_grad_value,
-                   skipped, scaler, seeds and not reduction.local)
+                   skipped, scaler, seeding(reduction, cfg.item_seeds))
 
     def __post_init__(self) -> None:
         # Read by every update: plain fields, computed once (not properties).
@@ -72,3 +70,10 @@ class StepOptions:
         object.__setattr__(self, "clipping", self.clip_grad_norm is not None or self.clip_grad_value is not None)
         # a non-finite step is skipped on the device (float16 scaling always skips)
         object.__setattr__(self, "skips", self.nonfinite == "skip" or self.scaler is not None)
+
+
+def seeding(reduction, asked: Optional[bool] = None) -> bool:
+    """Whether each item draws from a generator seeded for it (``runner/item_seeds.py``):
+    as ``asked``, by default with peers; never with rank-local data (each rank's items are
+    its own: nothing to line up)."""
+    return (asked if asked is not None else reduction.ranks) and not reduction.local
