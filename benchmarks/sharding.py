@@ -34,7 +34,7 @@ that is not given back, which adds allocator history to every figure).
 block, as its examples do), items of 2 sequences of 32 tokens.
 
 Run: .venv/bin/python benchmarks/sharding.py [--rounds 7 --steps 6 --width 1024] [--model gpt] [--memory 1 2 4 8]
-[--only TEXT...] (the contenders whose names contain one of the texts)
+[--only TEXT...] (the contenders whose names contain one of the texts) [--times-only] (no memory table)
 """
 
 from __future__ import annotations
@@ -302,6 +302,7 @@ def main() -> None:
     ap.add_argument("--world", type=int, default=2, help="processes timed (each one thread)")
     ap.add_argument("--memory", type=int, nargs="*", metavar="W",
                     help="only the peak-memory table, at these world sizes (e.g. --memory 1 2 4 8)")
+    ap.add_argument("--times-only", action="store_true", help="no peak-memory processes after the timing")
     ap.add_argument("--only", nargs="*", metavar="TEXT",
                     help="only the contenders whose names contain one of these (e.g. --only parameters FSDP2)")
     args = ap.parse_args()
@@ -326,9 +327,14 @@ def main() -> None:
     if args.world > ITEMS:
         ITEMS = args.world  # every rank has an item
         os.environ["LEANTRAIN_BENCH_ITEMS"] = str(ITEMS)
-    mp.spawn(worker, args=(args.world, init, args.rounds, args.steps, q), nprocs=args.world, join=True)
+    try:
+        mp.spawn(worker, args=(args.world, init, args.rounds, args.steps, q), nprocs=args.world, join=True)
+    except mp.ProcessExitedException as e:  # seen: a process aborting as it exits (FSDP2's), after its results
+        if q.empty():
+            raise
+        print(f"[timing processes: {e}; the times were sent before]", file=sys.stderr, flush=True)
     times, held = q.get()
-    peak = peaks(args.steps, args.world)
+    peak = {n: [float("nan")] * args.world for n in times} if args.times_only else peaks(args.steps, args.world)
     params = sum(p.numel() for p in model().parameters())
     base = "DDP + ZeroRedundancyOptimizer" if "DDP + ZeroRedundancyOptimizer" in times else next(iter(times))
     print(f"{described(args.width)}, AdamW, {args.world} processes x 1 thread, {args.rounds} rounds of {args.steps} updates, "

@@ -131,6 +131,10 @@ def run(case, out: Path, tag: str, sharding="auto", stop=False, resume=False):
         cfg = replace(cfg, resume_from=out / f"{case}.stopped")
     seen = {"loss_held": [], "callback_whole": True}
     module = runner.module
+    uses: dict = {}
+    for _, p in module.named_parameters(remove_duplicate=False):
+        uses[id(p)] = uses.get(id(p), 0) + 1
+    seen["tied"] = [n for n, p in module.named_parameters() if uses[id(p)] > 1]  # used by several modules
     trained = [p for p in module.parameters() if p.requires_grad]
     names = [n for n, p in module.named_parameters() if p.requires_grad]
     objects = [id(p) for p in module.parameters()]

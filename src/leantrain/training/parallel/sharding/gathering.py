@@ -16,11 +16,16 @@ forward's last unit's, whose backward comes next), and (when a gradient will be 
 registers a hook on the unit's outputs that gathers them once more just before the
 unit's backward runs. While a unit computes, the gather of the unit that followed it in
 the previous forward (or backward) is started: a prefetch, learned, never across the end
-of a forward. During a backward a storage is released as soon as the
+of a forward; a unit of less than ``PREFETCH_BYTES`` (a layer norm, a position
+embedding, whose compute hides nothing) is looked through: the units after it are started
+too, up to the first larger one. During a backward a storage is released as soon as the
 gradient of every occurrence the forward used has been handed over (the occurrences are
 known from the units' forwards), and whatever is still held when an item's backward ends
-is released then. A tie is gathered once per use and its gradient summed once, per slot,
-as everywhere. Frozen slots and buffers are not cut: every rank keeps them whole.
+is released then. A Parameter that several units use (a tied embedding and head) stays
+gathered from its first use in a forward that takes a gradient until its gradient is
+handed over, as the forward's last unit does (FSDP2 keeps its root's so): one gather
+where it would take one per use; its gradient is summed once, per slot, as everywhere.
+Frozen slots and buffers are not cut: every rank keeps them whole.
 
 Every gather is a collective, so every rank runs the same forwards and backwards in the
 same order (a rank without an item runs a stand-in, ``rounds.py``): the model's graph must
@@ -49,6 +54,7 @@ from .plan import ShardPlan
 from .state import working
 
 CLOSE_CHUNK = 16 << 20  # bytes of storages gathered together when a run ends (a larger slot alone)
+PREFETCH_BYTES = 1 << 20  # a unit holding less is prefetched together with the units after it
 
 
 def _tensors(output) -> list:
@@ -140,6 +146,12 @@ class ParameterShards:
                 units.setdefault(id(owner), (owner, []))[1].append(i)
         self.world = plan.world
         self.unit_slots = [sorted({self.slots_map[i] for i in slots}) for _, slots in units.values()]
+        self.unit_bytes = [sum(self.nbytes[c] for c in canon) for canon in self.unit_slots]
+        uses: dict = {}
+        for canon in self.unit_slots:
+            for c in canon:
+                uses[c] = uses.get(c, 0) + 1
+        self.shared = {c for c, k in uses.items() if k > 1}  # used by several units (ties across modules)
         self.landing: dict = {}  # slot -> its Fetch in flight
         # which unit followed which, in the last forwards and backwards (what is prefetched)
         self.next_forward: dict = {}
@@ -214,9 +226,13 @@ class ParameterShards:
         """Start gathering the unit that followed ``unit`` last time (``order``: the
         forwards' or the backwards' succession), while ``unit`` computes."""
         if self.world > 1:
-            following = order.get(unit)
-            if following is not None and following != unit:
+            seen, following = {unit}, order.get(unit)
+            while following is not None and following not in seen:
+                seen.add(following)
                 self.fetch(self.unit_slots[following])
+                if self.unit_bytes[following] >= PREFETCH_BYTES:
+                    break
+                following = order.get(following)  # a small unit hides nothing: the next one too
 
     def _started(self, *args) -> None:
         self.last_forward = None
@@ -261,14 +277,16 @@ class ParameterShards:
         def after_forward(module, args, output):
             for c in canon:
                 self.active[c] -= 1
-            if self.tracking and torch.is_grad_enabled():
+            taking = self.tracking and torch.is_grad_enabled()
+            if taking:
                 outs = [t for t in _tensors(output) if t.requires_grad]
                 if outs:  # gathered again just before the unit's backward
                     torch.autograd.graph.register_multi_grad_hook(outs, lambda grads: self._before_backward(unit),
                                                                   mode="any")
                 if unit in self.last_units:
                     return  # the forward's last unit: its backward comes next, it stays (released once handed over)
-            self.release([c for c in canon if not self.active[c]])  # the backward gathers its own
+            # the backward gathers its own; a tie other units use stays until its gradient is handed over
+            self.release([c for c in canon if not self.active[c] and not (taking and c in self.shared)])
         return after_forward
 
     def handed_over(self, i: int) -> None:

@@ -11,12 +11,15 @@ summed over the ranks in rank order (``shard_comm``'s rule): the ranges
 ``shard_comm.reduce_scatter`` gives, bit for bit, with the communication under the
 backward.
 
-Memory: the partial sums are this step's own (the fold's), so ``partial + g`` is written
-into them (``add_``: the same bits), and a bucket's sums are let go once its send buffer
-holds them. At most ``IN_FLIGHT`` bytes of sends are outstanding: past that the oldest
-bucket is awaited and summed (in bucket order, as ``finish`` would) and its buffers let
-go, so the reduce-scatter's buffers stay bounded whatever the model's size, while the
-backward still runs ahead of the transfers.
+Memory: each slot's sum (``partial + g``, the fold's addition, or the gradient alone) is
+written by its hook straight into the bucket's send buffer, every rank's range at its
+place, and the gradient and the partial sum are let go at once: nothing is concatenated
+when the bucket is complete. At most ``IN_FLIGHT`` bytes of sends are outstanding: past
+that the oldest bucket is awaited and summed (in bucket order, as ``finish`` would) and
+its buffers let go, so the reduce-scatter's buffers stay bounded whatever the model's
+size, while the backward still runs ahead of the transfers. A parameter-sharding round's
+first two items are summed in one pass (``g0 + g1``: the same bits as a copy of ``g0``
+and ``+= g1``).
 """
 
 from __future__ import annotations
@@ -52,46 +55,65 @@ class ShardReducer:
         self.kinds = [(device, dtype) for device, dtype, *_ in buckets]
         self.bucket_of = {i: b for b, ms in enumerate(self.members) for i in ms}
         self.missing = [len(ms) for ms in self.members]
-        self.sums: dict = {}
+        self.filled: set = set()  # slots written into their bucket's send buffer
+        self.sends: dict = {}  # bucket -> (send buffer, places per slot, elements per rank), until sent
         self.sent: list = []  # per bucket in order: (work, received, this rank's size, bytes sent)
         self.done = 0  # buckets awaited and summed, in order
         self.out: list = [None] * len(self.leaves)  # this rank's summed ranges, per slot
 
     def fill(self, i: int, g: Optional[torch.Tensor]) -> None:
-        """Slot ``i``'s summed gradient (``partial[i] + g`` written into the partial sum,
-        or the one that exists)."""
-        if i in self.sums:
+        """Slot ``i``'s summed gradient (``partial[i] + g``, or the one that exists, or
+        zeros), written straight into its places in the bucket's send buffer, rank after
+        rank: the gradient goes at once and nothing is concatenated when the bucket is sent."""
+        if i in self.filled:
             return
-        before = None if self.partial is None else self.partial[i]
-        with torch.no_grad():
-            self.sums[i] = before.add_(g) if g is not None and before is not None else (g if g is not None else before)
+        self.filled.add(i)
         b = self.bucket_of[i]
+        send, places = self._buffer(b)
+        before = None if self.partial is None else self.partial[i]
+        size = self.plan.sizes[i]
+        with torch.no_grad():
+            for own, at in places[i]:
+                into = send[at: at + own.size]
+                if g is not None and before is not None:
+                    torch.add(piece(before, own, size), piece(g.detach(), own, size), out=into)  # the fold's addition
+                elif g is not None or before is not None:
+                    into.copy_(piece((g if g is not None else before).detach(), own, size))
+                else:
+                    into.zero_()
+        if self.partial is not None:
+            self.partial[i] = None
         self.missing[b] -= 1
         while len(self.sent) < len(self.members) and self.missing[len(self.sent)] == 0:
             self._send(len(self.sent))
 
+    def _buffer(self, b: int) -> tuple:
+        """Bucket ``b``'s send buffer (made when its first slot arrives) and, per member
+        slot, where each rank's range of it goes."""
+        if b not in self.sends:
+            device, dtype = self.kinds[b]
+            places: dict = {i: [] for i in self.members[b]}
+            splits, at = [], 0
+            for r in range(self.plan.world):
+                sent = 0
+                for i in self.members[b]:
+                    own = self.plan.range_of(i, r)
+                    if own is None or own.size == 0:
+                        continue
+                    places[i].append((own, at + sent))
+                    sent += own.size
+                splits.append(sent)
+                at += sent
+            self.sends[b] = (torch.empty(at, dtype=dtype, device=device), places, splits)
+        return self.sends[b][:2]
+
     def _send(self, b: int) -> None:
         device, dtype = self.kinds[b]
-        parts, splits = [], []
-        for r in range(self.plan.world):
-            sent = 0
-            for i in self.members[b]:
-                own = self.plan.range_of(i, r)
-                if own is None or own.size == 0:
-                    continue
-                g = self.sums[i]
-                parts.append(torch.zeros(own.size, dtype=dtype, device=device) if g is None
-                             else piece(g.detach(), own, self.plan.sizes[i]))
-                sent += own.size
-            splits.append(sent)
+        if not self.members[b]:
+            self._buffer(b)
+        send, _, splits = self.sends.pop(b)
         mine = splits[self.rank]
         received = torch.empty(mine * self.plan.world, dtype=dtype, device=device)
-        send = torch.cat(parts) if parts else torch.zeros(0, dtype=dtype, device=device)
-        del parts
-        for i in self.members[b]:  # the send buffer holds them now: let the sums go
-            self.sums[i] = None
-            if self.partial is not None:
-                self.partial[i] = None
         work = dist.all_to_all_single(received, send, [mine] * self.plan.world, splits, group=distributed.group(),
                                       async_op=True)
         self.sent.append((work, received, mine, send.numel() * send.element_size()))
@@ -109,7 +131,7 @@ class ShardReducer:
         """Fill what the hooks did not (from ``grads``, or zeros without items), send the
         rest in order, wait, and sum each range over the ranks in rank order."""
         for i, t in enumerate(self.leaves):
-            if t is not None and i not in self.sums:
+            if t is not None and i not in self.filled:
                 self.fill(i, grads[i] if grads is not None else None)
         while self.done < len(self.sent):
             self._complete(self.done)
@@ -124,12 +146,14 @@ class ShardReducer:
         work.wait()
         chunks = received.split(mine) if mine else [received] * self.plan.world
         if self.into is not None:
-            summed = self.into.get(b)
-            for q in self.present:  # this round's items, in item order
-                if summed is None:
-                    summed = self.into[b] = chunks[q].clone()  # the first item's own values
-                else:
-                    summed.add_(chunks[q])  # the fold's additions: g0 + g1, then + g2
+            summed, present = self.into.get(b), list(self.present)
+            if summed is None and len(present) > 1:  # the first two items' sum, written once
+                summed = self.into[b] = chunks[present[0]] + chunks[present[1]]
+                present = present[2:]
+            elif summed is None and present:
+                summed = self.into[b] = chunks[present.pop(0)].clone()  # the first item's own values
+            for q in present:  # this round's other items, in item order
+                summed.add_(chunks[q])  # the fold's additions: g0 + g1, then + g2
         else:
             summed = chunks[0] + chunks[1] if mine else received
             for c in chunks[2:] if mine else ():
