@@ -35,6 +35,11 @@ block, as its examples do), items of 2 sequences of 32 tokens.
 
 Run: .venv/bin/python benchmarks/sharding.py [--rounds 7 --steps 6 --width 1024] [--model gpt] [--memory 1 2 4 8]
 [--only TEXT...] (the contenders whose names contain one of the texts) [--times-only] (no memory table)
+
+It ends with a line per leantrain contender, ``... ratio best X, median Y`` against FSDP2
+(where it ran; otherwise DDP + ZeRO): ``../shared/tools/ab_bench.py`` A/Bs those, e.g.
+``python ../shared/tools/ab_bench.py BASE --rounds 3 --bench benchmarks/sharding.py -- --model gpt
+--only sharding=parameters FSDP2 --times-only``.
 """
 
 from __future__ import annotations
@@ -349,6 +354,13 @@ def main() -> None:
         print(f"{n:32s} {min(ts) * 1e3:8.1f} {statistics.median(ts) * 1e3:10.1f} {ratio_best:13.2f} "
               f"{ratio_med:7.2f} {mb:>27s} {rss:>14s}")
     print(f"unsharded AdamW state: {2 * 4 * params / 1e6:.1f} MB per rank")
+    # one line per leantrain contender against torch's nearest (FSDP2 where it ran): ab_bench's form
+    ref = "FSDP2 (fully_shard) + AdamW" if "FSDP2 (fully_shard) + AdamW" in times else base
+    for n, ts in times.items():
+        if n.startswith("leantrain"):
+            ratio_med = statistics.median(a / b for a, b in zip(ts, times[ref]))
+            print(f"{n} {statistics.median(ts) * 1e3:.1f} ms vs {ref}: ratio best {min(ts) / min(times[ref]):.2f}, "
+                  f"median {ratio_med:.2f}")
 
 
 if __name__ == "__main__":
