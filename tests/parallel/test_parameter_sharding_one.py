@@ -242,11 +242,12 @@ def test_on_device_mirrors_the_mirrors_are_released_and_the_run_is_the_unsharded
     (a, la), (b, lb) = out
     assert all(torch.equal(x, y) for x, y in zip(a, b)) and la == lb
     assert all(len(names) == 8 for names in held[None])  # every trained slot, the tie's both occurrences
-    # the sharded run's mirrors, at the loss: released but the last module's (kept for its backward; the
-    # first forward has not learned which that is)
-    # and the b/c tie's (two units: gathered once per forward, kept until its gradient is handed over)
+    # the sharded run's mirrors, at the loss: released but the last module's (kept for its backward)
+    # and the b/c tie's (two units: gathered once per forward, kept until its gradient is handed
+    # over); in the first update, under the guard, the tie goes between its units (and the first
+    # forward has not learned the last module yet)
     tie = ["b.weight", "c.weight"]
-    assert all(names in ([], tie, tie + ["head.weight"]) for names in held["parameters"]), held["parameters"]
+    assert all(names in ([], ["head.weight"], tie + ["head.weight"]) for names in held["parameters"]), held["parameters"]
     assert tie + ["head.weight"] in held["parameters"], held["parameters"]
 
 
@@ -343,6 +344,37 @@ def test_a_parameter_read_outside_its_module_is_a_config_error_naming_the_slot(m
                                              r"outside the forward of the module that holds it"):
         lt.train_loader(lt.Runner.from_module(model, "mse"), cfg, data, log=None)
     assert all(torch.equal(a, b) for a, b in zip(before.values(), model.state_dict().values()))
+
+
+class TieReadOutside(torch.nn.Module):
+    """A tie two units use (``a`` and ``c``), read between them outside either's forward."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.c, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+        self.c.weight = self.a.weight
+
+    def forward(self, x):
+        return self.b(self.c(self.a(x) + self.a.weight.sum()))
+
+
+def test_a_tie_read_between_its_units_is_refused_though_training_keeps_it_gathered():
+    """Training keeps a tie two units use gathered from its first use to its gradient, so
+    the read between them would pass there and touch released memory in a forward without
+    a gradient (an evaluation): the first update releases it between its units, and the
+    guard names it."""
+    model = TieReadOutside()
+    before = copy.deepcopy(model.state_dict())
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(3, 4, generator=g), torch.randn(3, 2, generator=g)) for _ in range(3)]
+    cfg = lt.LoaderTrainConfig(epochs=1, optimizer=optim.sgd(0.1), sharding="parameters", log_every=0,
+                               measure_loss=False)  # no loss before the first update: its forward is the one guarded
+    with pytest.raises(lt.ConfigError, match=r"train_loader: sharding='parameters': slot 0 \(a.weight\) was read "
+                                             r"outside the forward of the module that holds it"):
+        lt.train_loader(lt.Runner.from_module(model, "mse"), cfg, data, log=None)
+    assert all(torch.equal(a, b) for a, b in zip(before.values(), model.state_dict().values()))
+    assert model.c.weight is model.a.weight
 
 
 def test_the_public_autograd_grad_route_is_not_taken_for_a_read_outside_a_forward(monkeypatch):

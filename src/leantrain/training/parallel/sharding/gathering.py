@@ -24,7 +24,8 @@ known from the units' forwards), and whatever is still held when an item's backw
 is released then. A Parameter that several units use (a tied embedding and head) stays
 gathered from its first use in a forward that takes a gradient until its gradient is
 handed over, as the forward's last unit does (FSDP2 keeps its root's so): one gather
-where it would take one per use; its gradient is summed once, per slot, as everywhere.
+where it would take one per use (not in the run's first update, whose guard must see a
+read of it outside its units' forwards); its gradient is summed once, per slot, as everywhere.
 Frozen slots and buffers are not cut: every rank keeps them whole.
 
 Every gather is a collective, so every rank runs the same forwards and backwards in the
@@ -44,6 +45,7 @@ rather than a read of memory that is not there.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 
 import torch
 
@@ -147,11 +149,9 @@ class ParameterShards:
         self.world = plan.world
         self.unit_slots = [sorted({self.slots_map[i] for i in slots}) for _, slots in units.values()]
         self.unit_bytes = [sum(self.nbytes[c] for c in canon) for canon in self.unit_slots]
-        uses: dict = {}
-        for canon in self.unit_slots:
-            for c in canon:
-                uses[c] = uses.get(c, 0) + 1
+        uses = Counter(c for canon in self.unit_slots for c in canon)
         self.shared = {c for c, k in uses.items() if k > 1}  # used by several units (ties across modules)
+        self.guarding = False  # the run's first update: a tie is released between its units (the guard sees reads)
         self.landing: dict = {}  # slot -> its Fetch in flight
         # which unit followed which, in the last forwards and backwards (what is prefetched)
         self.next_forward: dict = {}
@@ -285,8 +285,10 @@ class ParameterShards:
                                                                   mode="any")
                 if unit in self.last_units:
                     return  # the forward's last unit: its backward comes next, it stays (released once handed over)
-            # the backward gathers its own; a tie other units use stays until its gradient is handed over
-            self.release([c for c in canon if not self.active[c] and not (taking and c in self.shared)])
+            # the backward gathers its own; a tie other units use stays until its gradient is handed
+            # over, but under the first update's guard, which must see a read of it between its units
+            keep = self.shared if taking and not self.guarding else ()
+            self.release([c for c in canon if not self.active[c] and c not in keep])
         return after_forward
 
     def handed_over(self, i: int) -> None:
@@ -380,5 +382,9 @@ class ParameterShards:
         """The block refused, with the slot named, where the model passes a released
         Parameter to a torch function outside its module's forward (a read that would
         otherwise touch memory that is not there). The loops guard a run's first update."""
-        with Guard(self, op):
-            yield
+        self.guarding = True
+        try:
+            with Guard(self, op):
+                yield
+        finally:
+            self.guarding = False

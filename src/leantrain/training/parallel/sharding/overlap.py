@@ -109,9 +109,7 @@ class ShardReducer:
 
     def _send(self, b: int) -> None:
         device, dtype = self.kinds[b]
-        if not self.members[b]:
-            self._buffer(b)
-        send, _, splits = self.sends.pop(b)
+        send, _, splits = self.sends.pop(b)  # made by the bucket's first fill (a bucket has members)
         mine = splits[self.rank]
         received = torch.empty(mine * self.plan.world, dtype=dtype, device=device)
         work = dist.all_to_all_single(received, send, [mine] * self.plan.world, splits, group=distributed.group(),
