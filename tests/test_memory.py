@@ -28,5 +28,7 @@ def peak(which: str, items: int) -> float:
 @pytest.mark.parametrize("items", [1, 4, 16])
 def test_a_one_process_update_peaks_no_higher_than_the_hand_written_loop(items):
     hand, ours = peak("hand", items), peak("leantrain", items)
-    assert 2.5 < hand < 4.5, hand  # gradients and two moments: the measure itself is sound
+    # gradients and two moments, plus what the backward holds: the measure itself is sound (the hand
+    # loop's own peak at 16 items varies with the allocator's history: 4.53 P seen, #55 measured 4.62)
+    assert 2.5 < hand < 5.0, hand
     assert ours <= hand * 1.05, (ours, hand)
