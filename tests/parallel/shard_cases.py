@@ -64,6 +64,9 @@ CASES += [f"zoo.{name}-adamw-{red}-gradients" for name in ZOO for red in ("exact
 # several slots; the parameters, the moving average and (clipping under "optimizer") the whole gradient;
 # with the default reduction also one bucket in flight at a time (IN_FLIGHT made small)
 CASES += ["wide-adamw-exact-gradients-ema-chunks", "lm-adamw-exact-optimizer-chunks", "wide-adamw-default-gradients-chunks"]
+# vectorized accumulation: each rank's items in one stacked backward, the sums reduce-scattered
+# after it (not under the backward)
+CASES += [f"zoo.shared_twice-adamw-default-{sh}-vec" for sh in ("optimizer", "gradients")]
 RESUME_CASES = ["wide-adam-exact-gradients", "wide-momentum-exact-optimizer", "lm-adamw-exact-gradients",
                 "wide-adamw-exact-gradients-ema"]
 
@@ -80,6 +83,8 @@ def make(case, sharding="auto"):
         common.update(measure_loss=False)
     if "ema" in extra:
         common.update(ema_decay=0.9, eval_data=wide_data()[:2], eval_ema=True)
+    if "vec" in extra:
+        common.update(accumulation="vectorized")
     if "eval" in extra:  # evaluated every other update (every rank evaluates, as data parallel does)
         common.update(eval_data=wide_data()[:2], eval_every=2)
     torch.manual_seed(1)

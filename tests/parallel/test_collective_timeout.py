@@ -26,7 +26,7 @@ g = torch.Generator().manual_seed(1)
 data = [(torch.randn(3, generator=g), torch.randn(1, generator=g)) for _ in range(8)]
 
 def stop_at_3(ev):
-    if rank == 1 and ev.step == 3 + (how == "killed-parameters"):  # killed: after update 4, the checkpoint of 3 kept
+    if rank == 1 and ev.step == 3 + (how in ("killed-parameters", "hung-gradients")):  # after update 4: checkpoint 3 kept
         open(os.path.join(out, "rank1.pid"), "w").write(str(os.getpid()))
         if how == "sigstop":
             os.kill(os.getpid(), signal.SIGSTOP)
@@ -36,7 +36,7 @@ def stop_at_3(ev):
 
 cfg = lt.TrainConfig(steps=10, batch_size=4, log_every=0, checkpoint_every=3, collective_timeout=3,
                      checkpoint_path=os.path.join(out, "run.ckpt"),
-                     sharding="parameters" if how == "killed-parameters" else None)
+                     sharding={"killed-parameters": "parameters", "hung-gradients": "gradients"}.get(how))
 try:
     lt.train_samples(runner, cfg, data, callback=stop_at_3)
 except lt.LeantrainError as e:
@@ -47,11 +47,13 @@ print("finished", flush=True)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["sigstop", "hung", "killed-parameters"])
+@pytest.mark.parametrize("how", ["sigstop", "hung", "killed-parameters", "hung-gradients"])
 def test_a_stopped_rank_is_a_collective_error_in_seconds(tmp_path, how):
     """``killed-parameters``: rank 1 dies under ``sharding="parameters"``; the survivor's
     gather inside the model's forward is a ``CollectiveError`` too (it was reported as the
-    user's bad sample), its message naming the rank, the update and the checkpoint."""
+    user's bad sample), its message naming the rank, the update and the checkpoint.
+    ``hung-gradients``: under ``sharding="gradients"`` the survivor's first wait is on the
+    reduce-scatter's point-to-point transfers, which end at the timeout too."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -63,13 +65,13 @@ def test_a_stopped_rank_is_a_collective_error_in_seconds(tmp_path, how):
         procs[1].kill()  # SIGKILL ends a stopped process too
         procs[1].communicate(timeout=60)
     assert procs[0].returncode == 3, err[-2000:]
-    update = 5 if how == "killed-parameters" else 4
+    update = 5 if how in ("killed-parameters", "hung-gradients") else 4
     assert out.startswith(f"CollectiveError | train_samples: rank 0 of 2, update {update}: a collective operation "
                           f"failed"), out
     assert f"last good checkpoint: {tmp_path / 'run.ckpt'} (step 3)" in out
     runner = lt.Runner.from_module(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)),
                                    "mse")
-    if how == "killed-parameters":
+    if how in ("killed-parameters", "hung-gradients"):
         return  # a sharded folder: its resume is tested with the sharding tests
     ck = lt.load_checkpoint(tmp_path / "run.ckpt", runner)
     assert ck.progress["step"] == 3 and ck.state.steps == 3

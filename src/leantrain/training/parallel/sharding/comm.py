@@ -1,10 +1,9 @@
-"""The collectives of sharding: a reduce-scatter and an all-gather of slot ranges.
+"""The collectives of sharding: the all-gather of slot ranges and small agreements.
 
-Both run on ``all_to_all_single`` (gloo and NCCL have it; gloo has no reduce-scatter)
-with one flat buffer per (device, dtype). The reduce-scatter sums what the ranks send
-for a range **in rank order** on its owner (``((g_0 + g_1) + g_2)``), so the default
-reduction is deterministic for a world size and independent of the backend's
-algorithm. With one process nothing is sent.
+The reduce-scatter is ``overlap.ShardReducer``'s (point to point, each range summed over
+the ranks **in rank order** on its owner, ``((g_0 + g_1) + g_2)``, so the default reduction
+is deterministic for a world size and independent of the backend's algorithm);
+``own_ranges`` is its one-process form, where nothing is sent.
 """
 
 from __future__ import annotations
@@ -33,47 +32,11 @@ def _groups(plan: ShardPlan, slots: Sequence[int], like: Sequence[torch.Tensor])
     return out
 
 
-def reduce_scatter(plan: ShardPlan, rank: int, grads: list, like: Sequence[torch.Tensor]) -> list:
-    """Each trainable slot's range on its owner, summed over the ranks in rank order
-    (aliases cut as their representative); ``None`` at slots this rank owns nothing of.
-    ``grads``: this rank's per-slot sums (``None``: no item used the slot; sent as
-    zeros, as data parallel sends every slot)."""
-    world = plan.world
-    if world == 1:  # nothing to send; a slot no item used keeps no gradient (no update, as torch)
-        return [None if g is None or plan.range_of(i, 0) is None else piece(g, plan.range_of(i, 0), plan.sizes[i])
-                for i, g in enumerate(grads)]
-    slots = [i for i, c in enumerate(plan.slots_map) if c is not None]
-    out: list = [None] * len(grads)
-    for (device, dtype), members in _groups(plan, slots, like).items():
-        parts, splits = [], []  # rank r's ranges of every member slot, rank after rank
-        for r in range(world):
-            sent = 0
-            for i in members:
-                own = plan.range_of(i, r)
-                if own is None or own.size == 0:
-                    continue
-                g = grads[i]
-                parts.append(torch.zeros(own.size, dtype=dtype, device=device) if g is None
-                             else piece(g, own, plan.sizes[i]).to(dtype))
-                sent += own.size
-            splits.append(sent)
-        mine = splits[rank]
-        received = torch.empty(mine * world, dtype=dtype, device=device)
-        send = torch.cat(parts) if parts else torch.zeros(0, dtype=dtype, device=device)
-        dist.all_to_all_single(received, send, [mine] * world, splits, group=distributed.group())
-        chunks = received.split(mine) if mine else [received] * world
-        summed = chunks[0] + chunks[1] if mine else received
-        for c in chunks[2:] if mine else ():
-            summed.add_(c)  # left to right over the ranks
-        offset = 0
-        for i in members:
-            own = plan.range_of(i, rank)
-            if own is not None and own.size:
-                out[i] = summed[offset: offset + own.size]
-                offset += own.size
-            elif own is not None:
-                out[i] = torch.zeros(0, dtype=dtype, device=device)
-    return out
+def own_ranges(plan: ShardPlan, grads: list) -> list:
+    """One process's reduce-scatter: each trainable slot's range (the whole slot, flat),
+    ``None`` where no item used the slot (no gradient, no update, as torch)."""
+    return [None if g is None or plan.range_of(i, 0) is None else piece(g, plan.range_of(i, 0), plan.sizes[i])
+            for i, g in enumerate(grads)]
 
 
 GATHER_BYTES = 25 * 2**20  # an all-gather moves about this much at once (DDP's bucket size)

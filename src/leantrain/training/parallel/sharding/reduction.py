@@ -75,7 +75,7 @@ class Sharded(DataParallel):
                 loss, grads = stacked_loss_and_gradients(runner, mine, leaves, scale=1.0)
             elif mine:
                 loss, grads = sum_items(runner, mine, leaves, scratch, own)
-            grads = shard_step.reduced(plan, rank, runner.params, grads, whole=whole)
+            grads = shard_step.reduced(runner, leaves, plan, rank, grads, whole=whole)
         return Mean.of_sums(shard_step.reduced_loss(runner, loss, want_loss, world), grads, n, o.scaler is None)
 
     def agree(self, found: torch.Tensor, o) -> None:

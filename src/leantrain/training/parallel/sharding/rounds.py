@@ -4,7 +4,7 @@ item's gradient reduce-scattered to the owners while its backward runs.
 Item ``j`` of an update's ``n`` runs on rank ``j mod world`` in round ``j // world``. In a
 round every rank differentiates its item with the parameters gathered unit by unit
 (``gathering.py``); a hook on each leaf hands the gradient to the round's reducer
-(``overlap.ShardReducer``: buckets sent with ``all_to_all_single`` as they complete) and
+(``overlap.ShardReducer``: buckets sent point to point as they complete) and
 lets the storage go, and the owner of each range adds what it receives to its running sum
 in item order: ``g0 + g1``, then ``+ g2``, the one-process fold's additions, so the
 mean has the one-process bits on any number of ranks, exact reduction or not. A rank holds

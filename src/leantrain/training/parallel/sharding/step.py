@@ -31,6 +31,8 @@ from ....optim.rules import rule_for
 from .. import data_parallel as dp
 from . import comm
 from ....samples import LossSum
+from ..overlap import step_buckets
+from .overlap import ShardReducer
 from .plan import ALIGN, ShardPlan
 from .state import slot_settings, working
 
@@ -42,11 +44,14 @@ def keeps_ranges(plan: ShardPlan, clip_grad_norm: Optional[float]) -> bool:
     return plan.mode != "optimizer" or clip_grad_norm is None
 
 
-def reduced(plan: ShardPlan, rank: int, params, grads: list, whole: bool = False) -> list:
-    """The ranks' per-slot sums reduced: this rank's ranges, or (``whole``) whole slots on
-    every rank (the ranges all-gathered back)."""
-    ranges = comm.reduce_scatter(plan, rank, grads, working(params))
-    return whole_of(plan, rank, params, ranges) if whole else ranges
+def reduced(runner, leaves, plan: ShardPlan, rank: int, grads: list, whole: bool = False) -> list:
+    """The ranks' per-slot sums (``grads``, of ``leaves``) reduced: this rank's ranges, or
+    (``whole``) whole slots on every rank (the ranges all-gathered back)."""
+    if plan.world == 1:
+        ranges = comm.own_ranges(plan, grads)
+    else:  # the buckets of the overlapped reduce-scatter, sent one after another now
+        ranges = ShardReducer(plan, rank, step_buckets(runner, leaves)[0], None).finish(grads)
+    return whole_of(plan, rank, runner.params, ranges) if whole else ranges
 
 
 def whole_of(plan: ShardPlan, rank: int, params, ranges: list) -> list:
