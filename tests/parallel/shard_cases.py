@@ -64,6 +64,9 @@ CASES += [f"zoo.{name}-adamw-{red}-gradients" for name in ZOO for red in ("exact
 # several slots; the parameters, the moving average and (clipping under "optimizer") the whole gradient;
 # with the default reduction also one bucket in flight at a time (IN_FLIGHT made small)
 CASES += ["wide-adamw-exact-gradients-ema-chunks", "lm-adamw-exact-optimizer-chunks", "wide-adamw-default-gradients-chunks"]
+# the reduce-scatter's ranges of 256 bytes or more sent alone (``DIRECT``; 64 KiB in a run, which
+# these models' ranges never reach), the smaller ones of the same bucket concatenated
+CASES += ["wide-adamw-default-gradients-direct"]
 # vectorized accumulation: each rank's items in one stacked backward, the sums reduce-scattered
 # after it (not under the backward)
 CASES += [f"zoo.shared_twice-adamw-default-{sh}-vec" for sh in ("optimizer", "gradients")]
@@ -158,13 +161,17 @@ def run(case, out: Path, tag: str, sharding="auto", stop=False, resume=False):
         seen["callback_whole"] &= all(p.untyped_storage().nbytes() == p.numel() * p.element_size() for p in trained)
         return stop and event.step == STOP
 
-    limits = shard_comm.GATHER_BYTES, shard_overlap.IN_FLIGHT, overlap.FIRST_BUCKET_BYTES, overlap.BUCKET_BYTES
+    limits = (shard_comm.GATHER_BYTES, shard_overlap.IN_FLIGHT, overlap.FIRST_BUCKET_BYTES, overlap.BUCKET_BYTES,
+              shard_overlap.DIRECT)
     if "chunks" in case.split("-"):  # buckets of a slot or two, each awaited before the next is sent
         shard_comm.GATHER_BYTES, shard_overlap.IN_FLIGHT, overlap.FIRST_BUCKET_BYTES, overlap.BUCKET_BYTES = 512, 1, 1, 1
+    if "direct" in case.split("-"):  # the reduce-scatter sends ranges of 256 bytes or more alone, beside
+        shard_overlap.DIRECT = 256  # the smaller ones concatenated (both kinds in one bucket)
     try:
         go(cfg, callback)
     finally:
-        shard_comm.GATHER_BYTES, shard_overlap.IN_FLIGHT, overlap.FIRST_BUCKET_BYTES, overlap.BUCKET_BYTES = limits
+        (shard_comm.GATHER_BYTES, shard_overlap.IN_FLIGHT, overlap.FIRST_BUCKET_BYTES, overlap.BUCKET_BYTES,
+         shard_overlap.DIRECT) = limits
     rank = dist.get_rank() if dist.is_initialized() else 0
     (out / f"{case}.{tag}.elements{rank}").write_text(str(seen["elements"]))
     seen.update(objects_kept=objects == [id(p) for p in module.parameters()], tie_kept=tie_kept(module),

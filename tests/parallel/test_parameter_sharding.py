@@ -31,13 +31,14 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="no
 
 RESUMED = "zoo.gpt_persistent_mask-adamw-exact-parameters-frozen"  # a tie, a mask buffer, dropout, a frozen slot
 CASES = [RESUMED, "hf.gpt2-adamw-exact-parameters", "wide-adamw-default-parameters", "lm-adamw-exact-parameters",
-         "wide-adam-default-parameters-eval", "wide-adamw-exact-parameters-ema"]  # ema: the average on the shards
+         "wide-adam-default-parameters-eval", "wide-adamw-exact-parameters-ema",  # ema: the average on the shards
+         "wide-adamw-default-parameters-direct"]  # the reduce-scatter's ranges of 256 bytes or more sent alone
 CASES += [f"zoo.{name}-adamw-default-parameters" for name in ("cnn_batchnorm", "frozen_backbone", "weight_norm",
                                                               "shared_twice", "torch_encoder")]
-# the cases each world size runs: all on 1 and 2 ranks; the GPT, the tied BatchNorm model and
-# the loader loop on 3; the GPT on 4 (GPT-2 there doubled the fixture's time: every spawned
+# the cases each world size runs: all on 1 and 2 ranks; the GPT, the tied BatchNorm model (also
+# with ranges sent alone) and the loader loop on 3; the GPT on 4 (GPT-2 there doubled the fixture's time: every spawned
 # rank imports transformers)
-WORLDS = {1: CASES, 2: CASES, 3: [CASES[0], CASES[2], CASES[3]], 4: CASES[:1]}
+WORLDS = {1: CASES, 2: CASES, 3: [CASES[0], CASES[2], CASES[3], CASES[6]], 4: CASES[:1]}
 RUNS = [(case, world) for world, cases in WORLDS.items() for case in cases]
 
 

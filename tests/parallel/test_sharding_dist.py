@@ -99,6 +99,9 @@ def test_a_run_saved_on_two_ranks_resumes_on_one_and_three(runs, case, tag):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
-def test_bounded_transfers_give_the_same_bits(runs, world):
-    """One bucket in flight and all-gathers of 128 elements: the default run's bits."""
-    same_bits(runs / f"wide-adamw-default-gradients.w{world}", runs / f"wide-adamw-default-gradients-chunks.w{world}")
+@pytest.mark.parametrize("kind", ["chunks", "direct"])
+def test_bounded_transfers_give_the_same_bits(runs, world, kind):
+    """``chunks``: one bucket in flight and all-gathers of 128 elements; ``direct``: the
+    reduce-scatter's larger ranges sent alone beside the smaller ones concatenated. Both:
+    the default run's bits."""
+    same_bits(runs / f"wide-adamw-default-gradients.w{world}", runs / f"wide-adamw-default-gradients-{kind}.w{world}")
