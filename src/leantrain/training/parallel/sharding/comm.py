@@ -24,14 +24,6 @@ def piece(g: torch.Tensor, r: Range, size: int) -> torch.Tensor:
     return flat[r.start: r.stop] if flat.numel() == size else flat
 
 
-def _groups(plan: ShardPlan, slots: Sequence[int], like: Sequence[torch.Tensor]) -> dict:
-    """Slots by the (device, dtype) of ``like[slot]``, in slot order."""
-    out: dict = {}
-    for i in slots:
-        out.setdefault((like[i].device, like[i].dtype), []).append(i)
-    return out
-
-
 def own_ranges(plan: ShardPlan, grads: list) -> list:
     """One process's reduce-scatter: each trainable slot's range (the whole slot, flat),
     ``None`` where no item used the slot (no gradient, no update, as torch)."""
