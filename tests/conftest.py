@@ -1,7 +1,13 @@
 import os
 
-import pytest
-import torch
+# Intel MKL's kernels for AVX-512 give results that depend on the operands' memory
+# alignment unless its conditional numerical reproducibility is on: the same matrix
+# product, run twice on tensors allocated elsewhere, can differ in the last bit, and the
+# suite compares runs bit for bit. Set before torch loads MKL (spawned ranks inherit it).
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 

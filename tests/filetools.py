@@ -36,3 +36,35 @@ def edit_header(data: bytes, edit) -> bytes:
     header, body = split(data)
     body = edit(header, body)
     return join(header, body)
+
+
+def forged_loader_run(tmp_path, edit):
+    """A loader run's checkpoint (3 updates of a ``Linear(3, 2)`` over a shuffled torch
+    DataLoader, checkpointing every update) with ``edit(manifest, tensors)`` applied and
+    every checksum recomputed (a sound file), and a fresh ``(runner, loader, cfg)`` that
+    resumes it."""
+    import torch
+    from safetensors.torch import save_file
+
+    import leantrain as lt
+    from leantrain.io.checkfile import checksum
+
+    x, y = torch.randn(16, 3), torch.randn(16, 2)
+
+    def job(resume=None):
+        torch.manual_seed(0)
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4, shuffle=True,
+                                             generator=torch.Generator().manual_seed(1))
+        runner = lt.Runner.from_module(torch.nn.Linear(3, 2), "mse")
+        cfg = lt.LoaderTrainConfig(epochs=2, log_every=0, max_steps=None if resume else 3, resume_from=resume,
+                                   checkpoint_path=tmp_path / "c.ckpt", checkpoint_every=1)
+        return runner, loader, cfg
+
+    runner, loader, cfg = job()
+    lt.train_loader(runner, cfg, loader)
+    manifest, tensors = lt.read_checkpoint(tmp_path / "c.ckpt")
+    edit(manifest, tensors)
+    for name in tensors:
+        manifest["checksums"][name] = checksum(tensors[name])
+    save_file(tensors, str(tmp_path / "c.ckpt"), metadata={"leantrain": seal(json.dumps(manifest, sort_keys=True))})
+    return job(resume=tmp_path / "c.ckpt")

@@ -382,29 +382,12 @@ def test_a_fitting_resume_still_installs(tmp_path):
 def test_a_generator_state_torch_refuses_is_a_checkpoint_error_before_anything_is_installed(tmp_path, tensor):
     """An all-zero Mersenne Twister state (a sound file, its checksums recomputed) used to
     raise torch's raw "Invalid mt19937 state" after the parameters were installed."""
-    import json as _json
+    from filetools import forged_loader_run
 
-    from safetensors.torch import save_file
-    from leantrain.io.checkfile import checksum, seal
+    def zeroed(manifest, tensors):
+        tensors[tensor] = torch.zeros_like(tensors[tensor])
 
-    x, y = torch.randn(16, 3), torch.randn(16, 2)
-
-    def job(resume=None):
-        torch.manual_seed(0)
-        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4, shuffle=True,
-                                             generator=torch.Generator().manual_seed(1))
-        runner = lt.Runner.from_module(torch.nn.Linear(3, 2), "mse")
-        cfg = lt.LoaderTrainConfig(epochs=2, log_every=0, max_steps=None if resume else 3, resume_from=resume,
-                                   checkpoint_path=tmp_path / "c.ckpt", checkpoint_every=1)
-        return runner, loader, cfg
-
-    runner, loader, cfg = job()
-    lt.train_loader(runner, cfg, loader)
-    manifest, tensors = lt.read_checkpoint(tmp_path / "c.ckpt")
-    tensors[tensor] = torch.zeros_like(tensors[tensor])
-    manifest["checksums"][tensor] = checksum(tensors[tensor])
-    save_file(tensors, str(tmp_path / "c.ckpt"), metadata={"leantrain": seal(_json.dumps(manifest, sort_keys=True))})
-    runner, loader, cfg = job(resume=tmp_path / "c.ckpt")
+    runner, loader, cfg = forged_loader_run(tmp_path, zeroed)
     before = [p.detach().clone() for p in runner.module.parameters()]
     rng = torch.get_rng_state()
     with pytest.raises(lt.CheckpointError, match="cannot be restored|is not a generator state torch takes"):

@@ -113,6 +113,9 @@ def test_a_per_step_schedule_is_indexed_by_update():
     assert report.steps == 10  # 5 updates per epoch (two batches each)
     assert rates == [(k + 1, sched.lr_at(k)) for k in range(10)]
     per_epoch = []
+    with pytest.raises(lt.ConfigError, match="never leave its warm-up"):  # a horizon of 20 updates, per epoch
+        lt.LoaderTrainConfig(epochs=2, log_every=0, scheduler=sched)
+    sched = optim.warmup_cosine(0.1, 0.0, 1, 2)  # a horizon in epochs
     lt.train_loader(runner(), lt.LoaderTrainConfig(epochs=2, log_every=0, scheduler=sched),
                     TorchLoader(ds, batch_size=3, collate_fn=ds.collate),
                     callback=lambda e: per_epoch.append(e.state.lr))

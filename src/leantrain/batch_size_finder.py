@@ -18,6 +18,8 @@ fresh one per trial), so the run that follows starts as it would have.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -79,18 +81,24 @@ def find_batch_size(runner: Runner, make_loader: Callable[[int], object], optimi
             raise ConfigError(f"{op}: on {runner.device.type} give memory_budget (bytes the process's peak resident "
                               f"memory may reach): without a device's free memory there is no limit to find")
         memory_budget = torch.cuda.mem_get_info(runner.device)[0] + torch.cuda.memory_allocated(runner.device)
-    if not (is_number(memory_budget) and memory_budget > 0):
-        raise ConfigError(f"{op}: memory_budget must be a number of bytes > 0, got {memory_budget!r}")
-    for key in ("epochs", "max_steps", "checkpoint_path", "resume_from", "eval_data", "measure_loss"):
-        if key in options:
+    if not (is_number(memory_budget) and 0 < memory_budget < math.inf):  # inf: a doubling that never ends
+        raise ConfigError(f"{op}: memory_budget must be a finite number of bytes > 0, got {memory_budget!r}")
+    known = {f.name for f in dataclasses.fields(LoaderTrainConfig)}
+    for key in options:
+        if key in ("epochs", "max_steps", "checkpoint_path", "resume_from", "eval_data", "measure_loss", "log_every"):
             raise ConfigError(f"{op}: {key} is the finder's own to set")
+        if key not in known:
+            raise ConfigError(f"{op}: {key!r} is not a LoaderTrainConfig option (the finder takes the run's "
+                              f"options: autocast, clip_grad_norm, averaging...; its trials run no callbacks)")
     cfg = LoaderTrainConfig(epochs=None, max_steps=steps, optimizer=optimizer, accumulate=accumulate, log_every=0,
                             measure_loss=False, **options)
     trials, best, size = [], None, start
     with rng_preserved(runner.device):
         while max_batch_size is None or size <= max_batch_size:
             loader = make_loader(size)
-            peak = _trial(op, runner, cfg, loader)
+            # the user's averaged model stays theirs: each trial averages a copy of it
+            trial_cfg = cfg if cfg.averaging is None else dataclasses.replace(cfg, averaging=_copied(op, cfg.averaging))
+            peak = _trial(op, runner, trial_cfg, loader)
             fits = peak is not None and peak <= memory_budget
             trials.append((size, peak, fits))
             if not fits:
@@ -99,6 +107,15 @@ def find_batch_size(runner: Runner, make_loader: Callable[[int], object], optimi
             if _whole(loader):  # one batch holds all the data: a larger size reads the same batch
                 break
     return BatchSizeResult(best, tuple(trials))
+
+
+def _copied(op: str, averaging):
+    """A copy of ``averaging`` (an ``Averaging``, its ``AveragedModel`` copied with it)."""
+    try:
+        return copy.deepcopy(averaging)
+    except Exception as e:  # the user's object: anything it raises when copied
+        raise ConfigError(f"{op}: averaging cannot be copied (copy.deepcopy raised {type(e).__name__}); the finder "
+                          f"averages a copy so that yours stays as it is") from None
 
 
 def _whole(loader) -> bool:

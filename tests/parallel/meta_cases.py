@@ -55,7 +55,7 @@ def built_model() -> nn.Module:
 
 def config(path, **kw) -> lt.TrainConfig:
     base = dict(steps=STEPS, batch_size=BATCH, optimizer=lt.optim.adamw(1e-2, weight_decay=0.1), log_every=1,
-                checkpoint_path=path, item_seeds=True)  # dropout: each item's seeded draws, on any world
+                checkpoint_path=path)  # the defaults: dropout draws one process's numbers on any world
     return lt.TrainConfig(**dict(base, **kw))
 
 

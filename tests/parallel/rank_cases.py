@@ -55,7 +55,7 @@ def dropout_run(bn, exact):
     samples = [(torch.randn(4, 3, generator=g), torch.randn(4, 2, generator=g)) for _ in range(20)]
     torch.manual_seed(7)
     report = lt.train_samples(r, lt.TrainConfig(steps=4, batch_size=5, optimizer=lt.optim.adam(0.01), log_every=1,
-                                                exact_reduction=exact, item_seeds=True), samples, log=lambda s: None)
+                                                exact_reduction=exact), samples, log=lambda s: None)
     return {k: v.clone() for k, v in r.module.state_dict().items()}, list(report.losses), torch.get_rng_state()
 
 
@@ -80,8 +80,7 @@ def dropout_resume_run(out, phase):
     samples = [(torch.randn(4, 3, generator=g), torch.randn(4, 2, generator=g)) for _ in range(20)]
     torch.manual_seed(7)
     ckpt = Path(out, "dropout.ckpt")
-    cfg = dict(batch_size=5, optimizer=lt.optim.adam(0.01), log_every=1, exact_reduction=True, checkpoint_path=ckpt,
-               item_seeds=True)
+    cfg = dict(batch_size=5, optimizer=lt.optim.adam(0.01), log_every=1, exact_reduction=True, checkpoint_path=ckpt)
     if phase == "stop":
         cfg.update(steps=2)
     elif phase == "resume":

@@ -27,12 +27,15 @@ STOP = 3
 
 
 class Wide(nn.Module):
-    """Slots of 180, 1296 (tied twice) and 108 elements, BatchNorm, a frozen bias."""
+    """Slots of 180, 1296 (tied twice) and 108 elements, BatchNorm, dropout, a frozen bias:
+    every table over it (world sizes, resumes across them, kills) runs a model that draws
+    random numbers, with the default settings."""
 
     def __init__(self):
         super().__init__()
         self.a = nn.Linear(5, 36, bias=False)
         self.norm = nn.BatchNorm1d(36)
+        self.drop = nn.Dropout(0.1)
         self.b = nn.Linear(36, 36)
         self.c = nn.Linear(36, 36)
         self.c.weight = self.b.weight
@@ -40,7 +43,7 @@ class Wide(nn.Module):
         self.head.bias.requires_grad_(False)
 
     def forward(self, x):
-        h = torch.tanh(self.norm(self.a(x)))
+        h = self.drop(torch.tanh(self.norm(self.a(x))))
         return self.head(torch.tanh(self.c(torch.tanh(self.b(h)))))
 
 
@@ -71,16 +74,17 @@ CASES += ["wide-adamw-default-gradients-direct"]
 # after it (not under the backward)
 CASES += [f"zoo.shared_twice-adamw-default-{sh}-vec" for sh in ("optimizer", "gradients")]
 RESUME_CASES = ["wide-adam-exact-gradients", "wide-momentum-exact-optimizer", "lm-adamw-exact-gradients",
-                "wide-adamw-exact-gradients-ema"]
+                "wide-adamw-exact-gradients-ema",
+                # the tied GPT with dropout 0.1, the defaults: stopped on 2 ranks, resumed on 1 and 3
+                "zoo.gpt_persistent_mask-adamw-exact-gradients"]
 
 
 def make(case, sharding="auto"):
     model, o, red, sh, *extra = case.split("-")
     sharding = sh if sharding == "auto" else sharding
-    # item_seeds=False: dropout draws the plain loop's numbers on any world (the replay), as the
-    # one-process runs and the plain PyTorch references do
+    # the default settings: dropout draws the plain loop's numbers on any world, as the one-process
+    # runs and the plain PyTorch references do
     common = dict(optimizer=TABLE[o].make(), log_every=1, exact_reduction=red == "exact", sharding=sharding,
-                  item_seeds=False,
                   shard_by="slot" if "slot" in extra else "range")
     if sh == "parameters":  # no before/after passes: the loss is watched only inside the loop's updates
         common.update(measure_loss=False)

@@ -212,3 +212,34 @@ def test_a_meta_start_and_a_resume_hold_a_share_and_stay_within_the_update_bound
         start, whole = peaks("resume", world)
         assert start <= 3 / world + 0.35, (source, world, start)
         assert whole <= trained[world][1] + 0.25, (source, world, whole, trained[world])
+
+
+def _renamed_weights(tmp_path, rename, nan: bool = False):
+    source = lt.Runner(mc.built_model(), mc.ENTRY.loss)
+    state = {rename(k): v.detach().clone() for k, v in source.module.state_dict().items() if k != "mask"}
+    if nan:
+        first = next(iter(state))
+        state[first][0] = float("nan")
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in state.items() if k != "lm_head.weight"}, str(tmp_path / "w.safetensors"))
+    return tmp_path / "w.safetensors"
+
+
+def test_init_from_whose_names_match_none_of_the_model_s_is_refused_even_with_init_weights(tmp_path):
+    """#68 item 4: every name with a ``model.`` prefix was ignored without a word when
+    ``init_weights`` also filled the model: the run trained from the random init."""
+    path = _renamed_weights(tmp_path, lambda k: "model." + k)
+    runner = lt.Runner(mc.meta_model(), mc.ENTRY.loss)
+    refused(runner, mc.config(tmp_path / "a", sharding="parameters", init_weights=mc.gpt_init, init_from=path),
+            r"none of the file's \d+ names is one of the model's \(the file's first: 'model\.")
+    assert not (tmp_path / "a").exists()
+
+
+def test_init_from_holding_nan_is_blamed_on_the_file(tmp_path):
+    """#68 (low): NaN read from ``init_from`` was reported as ``init_weights`` reading an
+    element before writing it."""
+    path = _renamed_weights(tmp_path, lambda k: k, nan=True)
+    runner = lt.Runner(mc.meta_model(), mc.ENTRY.loss)
+    refused(runner, mc.config(tmp_path / "a", sharding="parameters", init_weights=mc.gpt_init, init_from=path),
+            r"w\.safetensors: '.*' holds NaN in the file")

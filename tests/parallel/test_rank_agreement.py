@@ -41,11 +41,11 @@ def test_a_relaunch_whose_ranks_see_different_checkpoints_names_the_nodes_and_th
 
 @pytest.mark.slow
 def test_dropout_draws_follow_the_item_not_the_rank(tmp_path):
-    """Each item starts from the generator state seeded for it (``item_seeds``, the
-    default with peers; one process asks for it), whichever rank computes it: with
-    exact_reduction, two ranks give the one-process bits with dropout (and BatchNorm); the
-    default all-reduce agrees to rounding; the ranks' generators end where one process's
-    does. (The replay, ``item_seeds=False``: ``test_item_seeds.py``.)"""
+    """Each item starts from the generator state it has in one process, whichever rank
+    computes it, with the default settings on both sides (five items on two ranks: uneven
+    shares): with exact_reduction, two ranks give the one-process bits with dropout (and
+    BatchNorm); the default all-reduce agrees to rounding; the ranks' generators end where
+    one process's does. (Seeded items, ``item_seeds=True``: ``test_item_seeds.py``.)"""
     torch.set_num_threads(1)
     spawning.spawn(rank_cases.dropout_worker, (2, str(tmp_path / "init"), str(tmp_path)), 2)
     for bn in (False, True):

@@ -29,8 +29,8 @@ def report_run(plan, job, report: TrainReport) -> int:
     res_ema = evaluate(job.runner, job.test_batches, job.metrics, ema=True) if cfg.ema is not None else None
     reps = job.runner.params.canonical_slot_indices()
     total = samples_through(report.steps, job.n_train, cfg.batch_size, cfg.accumulate)  # --max-steps may stop early
-    result = {
-        "preset": cfg.preset if cfg.model is None else None, "model": cfg.model,
+    result = {  # a key is present when it has a value (no nulls): a preset run names its preset, else its model
+        **({"preset": cfg.preset} if cfg.model is None else {"model": cfg.model}),
         "loss_before": report.before, "loss_after": report.after, "test_loss": res["loss"],
         "steps": report.steps, "samples_seen": total,
         "wall_time_s": round(report.wall_time, 3),
@@ -63,7 +63,8 @@ def report_run(plan, job, report: TrainReport) -> int:
         shown = f"accuracy {res_ema['accuracy']:.4f}" if job.classify else f"loss {res_ema['loss']:.6f}"
         print(f"test {shown} with the moving average (decay {cfg.ema})")
     if "tokens_per_second" in result:
-        shown = f", perplexity {result['test_perplexity']:.2f}" if result["test_perplexity"] is not None else ""
+        ppl = result.get("test_perplexity")  # a model's own loss only (a LossSum of the user's has none)
+        shown = f", perplexity {ppl:.2f}" if ppl is not None else ""
         print(f"tokens per second: {result['tokens_per_second']:,.0f}{shown}")
     print(f"steps: {report.steps}, samples: {total}, wall time: {report.wall_time:.1f} s"
           + (" (this session)" if plan.resuming else ""))

@@ -19,6 +19,11 @@ from .usage import UserError
 RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.ckpt", "checkpoints", "report.json", "loss.png")
 
 
+def is_run_folder(folder: Path) -> bool:
+    """Whether ``folder`` holds a leantrain run (what ``train`` writes besides config.json)."""
+    return any((folder / name).exists() for name in RUN_FILES if name != "config.json") or (folder / LOCK).exists()
+
+
 def partial_start_of(out: Path, cfg: RunConfig) -> bool:
     """Whether ``out`` holds only the start of this very run (its settings, some metrics,
     no checkpoint and no report): what a job killed before its first checkpoint leaves."""

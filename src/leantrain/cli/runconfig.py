@@ -189,8 +189,9 @@ FIELDS = (
           "warmup_steps", _integer(0), natural),
     Field("warmup_ratio", None, "warm-up as a share of the run, in [0, 1): ceil(ratio * indices), as Trainer",
           _finite("expected a number in [0, 1)", lambda v: 0 <= v < 1, optional=True), float,
-          needs=lambda c: None if c.warmup_ratio is None or not c.warmup else "give --warmup or --warmup-ratio, "
-          "not both"),
+          needs=lambda c: None if c.warmup_ratio is None else "give --warmup or --warmup-ratio, not both"
+          if c.warmup else "--warmup-ratio needs a --scheduler (none has no warm-up to give a length)"
+          if c.scheduler == "none" else None),
     Field("schedule_per", "epoch", "index the schedule by epoch (default) or by update (a warm-up over updates)",
           _choice(SCHEDULE_PER)),
     Field("max_steps", None, "stop after N updates (mid-epoch if need be)", _integer(1, optional=True), positive,
@@ -199,9 +200,9 @@ FIELDS = (
           "one-process run with this same flag on any number of processes (it cuts each minibatch into --pieces "
           "items, so it is not the bits of a run without it: BatchNorm then sees smaller batches)",
           _boolean, SWITCH),
-    Field("item_seeds", False, "under torchrun: each item's random draws (dropout) from a generator seeded for "
-          "it, so a rank runs only its own items' forwards (without: every rank replays every item's forward to "
-          "draw what one process draws); the bits of a one-process run with this same flag", _boolean, SWITCH),
+    Field("item_seeds", False, "each item's random draws (dropout) from a generator seeded for it (without: "
+          "every item draws what it draws in one process, on any number of processes); the bits of a one-process "
+          "run with this same flag", _boolean, SWITCH),
     Field("sharding", None, "under torchrun: optimizer (ZeRO-1: each rank keeps its share of the optimizer "
           "state), gradients (ZeRO-2: of the reduced gradients too) or parameters (ZeRO-3: of the parameters too, "
           "each module's gathered around its use); the checkpoint becomes a folder",

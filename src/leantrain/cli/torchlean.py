@@ -17,6 +17,7 @@ from ..io.loading import load_checkpoint
 from ..io.exporting import consolidate, optimizer_of, params_from_checkpoint
 from ..io.weights import save_weights
 from .managed import run_checkpoint
+from .run_folder import is_run_folder
 from .usage import UserError
 
 
@@ -46,11 +47,21 @@ def cmd_export(args) -> int:
     if args.config is not None and not args.weights:
         raise UserError("export: --config gives a Hugging Face config.json for --weights; drop it")
     hf = _model_config(src, args.config) if args.weights else None
-    if hf is not None:
+    as_file = hf is not None and out.suffix == ".safetensors"  # a file, its config.json beside it
+    if as_file and out.is_dir():
+        raise UserError(f"export: -o {out}: is a folder; a path ending in .safetensors names the weights file")
+    if hf is not None and not as_file:
         if out.exists() and not out.is_dir():
-            raise UserError(f"export: -o {out}: is a file; a Hugging Face run exports a folder from_pretrained loads")
-    elif out.is_dir():
+            raise UserError(f"export: -o {out}: is a file; a Hugging Face run exports a folder from_pretrained loads "
+                            f"(or give a path ending in .safetensors: the file, config.json beside it)")
+    elif hf is None and out.is_dir():
         raise UserError(f"export: -o {out}: is a folder; give a file name")
+    if hf is not None:
+        folder = out.parent if as_file else out
+        if is_run_folder(folder):  # its config.json is the run's: resume reads it
+            raise UserError(f"export: -o {out}: {folder} is a leantrain run folder, whose config.json is the run's "
+                            f"settings (train --resume reads it); the model's config.json would replace it: give "
+                            f"a folder outside the run")
     if args.consolidate:
         if args.ema:
             raise UserError("export: --consolidate writes the whole checkpoint (its moving average included); "
@@ -68,6 +79,13 @@ def cmd_export(args) -> int:
                             f"give another file name")
     what = "moving average" if args.ema else "weights"
     params = params_from_checkpoint(src, "export", ema=args.ema)
+    if args.weights and hf is not None and as_file:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        save_weights(out.parent, params, pretrained=True, config=hf, name=out.name)
+        loads = "from_pretrained loads the folder" if out.name == "model.safetensors" else \
+            "from_pretrained loads the folder once the file is named model.safetensors"
+        print(f"wrote {out} and {out.parent / 'config.json'} beside it (the {what}; {loads})")
+        return 0
     if args.weights and hf is not None:
         out.mkdir(parents=True, exist_ok=True)
         save_weights(out, params, pretrained=True, config=hf)

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+import numpy
 import torch
 import torch.distributed as dist
 
@@ -162,6 +164,10 @@ def build_job(plan: Plan) -> Job:
     stacked minibatches (cut into the pieces the ranks share under torchrun) and the loop's config."""
     cfg = plan.cfg
     torch.manual_seed(cfg.seed)
+    # Python's and NumPy's generators too, as the API's seed= does: a data function or collate
+    # drawing from random or numpy repeats between two identical runs
+    random.seed(cfg.seed)
+    numpy.random.seed(cfg.seed if cfg.seed < 2**32 else [cfg.seed & 0xFFFFFFFF, cfg.seed >> 32])
     factory, loss, train, test = build_task(cfg)
     runner = Runner.from_module(factory(), loss)
     if not any(runner.params.requires_grad_array()):

@@ -57,10 +57,13 @@ def model_config_text(op: str, target) -> Optional[str]:
         return None
     try:
         text = config.to_json_string()
-        json.loads(text)
+        data = json.loads(text)
     except Exception as e:  # the config's own code: any failure, before a byte is written
         raise CheckpointError(f"{op}: the model's config cannot be written as JSON ({type(e).__name__}: {e}); "
                               f"nothing was written") from None
+    if isinstance(data, dict) and not data.get("architectures"):  # save_pretrained names the model's class
+        data["architectures"] = [type(target.module).__name__]
+        text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     return text
 
 

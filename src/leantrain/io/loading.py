@@ -186,6 +186,13 @@ def _py_numpy_problems(rng: dict, tensors: dict) -> list[str]:
     """Python's and NumPy's saved states tried on throwaway generators: a state they refuse
     is said before anything is installed."""
     out = []
+    for name, kind in (("python", "Python's random"), ("numpy", "NumPy's generator")):
+        if rng.get(name) is not None:
+            why = _mt_words_problem(tensors[f"rng.{name}"], with_index=name == "python")
+            if why:
+                out.append(f"rng: 'rng.{name}' is not a state {kind} can continue from ({why})")
+    if out:
+        return out
     if rng.get("python") is not None:
         try:
             random.Random().setstate((rng["python"]["version"], tuple(int(v) for v in tensors["rng.python"].tolist()),
@@ -200,6 +207,24 @@ def _py_numpy_problems(rng: dict, tensors: dict) -> list[str]:
         except (ValueError, TypeError) as e:
             out.append(f"rng: 'rng.numpy' is not a state NumPy takes ({e})")
     return out
+
+
+def _mt_words_problem(t: torch.Tensor, with_index: bool) -> Optional[str]:
+    """Why a saved MT19937 state cannot be continued from, or ``None``: 624 words of 32
+    bits (Python's also its index, 0..624, after them), not all zero (an all-zero state
+    gives 0 forever). The generators themselves truncate or wrap a word out of range."""
+    values = t.flatten().tolist()
+    words = values[:624]
+    if len(values) != 624 + with_index:
+        return f"{len(values)} values, expected {624 + with_index}"
+    bad = next((v for v in words if not 0 <= v < 2**32), None)
+    if bad is not None:
+        return f"a word out of the 32-bit range: {bad}"
+    if with_index and not 0 <= values[624] <= 624:
+        return f"its index {values[624]} is outside 0..624"
+    if not any(words):
+        return "every word is zero: it would draw 0 forever"
+    return None
 
 
 def loader_record(manifest: dict, tensors: dict) -> Optional[dict]:

@@ -56,13 +56,13 @@ def export_state_dict(target, *, ema: bool = False) -> dict[str, torch.Tensor]:
 
 
 def save_weights(path: PathLike, target, *, ema: bool = False, pretrained: bool = False,
-                 config: Optional[str] = None) -> Path:
+                 config: Optional[str] = None, name: str = "model.safetensors") -> Path:
     """Write a safetensors weights file: each storage once, aliases in the metadata
     (``ema=True``: the Runner's moving average of the weights). ``pretrained=True``:
     ``path`` is a folder; it gets ``model.safetensors`` and ``config.json`` (``config``,
     the JSON text of a Hugging Face config, or by default the Runner's module's
     ``config`` as ``save_pretrained`` writes it): a folder ``from_pretrained`` loads,
-    ties kept. Whole or nothing: when either file cannot be written, the folder keeps
+    ties kept (``name``: the weights file's name in it, ``model.safetensors`` for that). Whole or nothing: when either file cannot be written, the folder keeps
     what it held. Returns the weights file written."""
     if pretrained:
         op = "save_weights"
@@ -77,7 +77,7 @@ def save_weights(path: PathLike, target, *, ema: bool = False, pretrained: bool 
         if text is not None:
             atomic_write_bytes(folder / "config.json", text.encode(), op)
         try:
-            written = save_weights(folder / "model.safetensors", target, ema=ema)
+            written = save_weights(folder / name, target, ema=ema)
         except BaseException:
             if text is not None:  # the folder as it was: the earlier config (or none) beside the earlier weights
                 if old is None:
@@ -85,7 +85,8 @@ def save_weights(path: PathLike, target, *, ema: bool = False, pretrained: bool 
                 else:
                     atomic_write_bytes(folder / "config.json", old, op)
             raise
-        _remove_replaced_shards(folder)
+        if name == "model.safetensors":
+            _remove_replaced_shards(folder)
         return written
     params = params_of("save_weights", target)
     first: dict[int, str] = {}

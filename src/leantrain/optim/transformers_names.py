@@ -11,7 +11,9 @@ written::
 
 from __future__ import annotations
 
+import inspect
 import math
+from collections.abc import Mapping
 from typing import Optional
 
 from ..errors import ConfigError
@@ -184,13 +186,23 @@ def get_scheduler(name, optimizer, num_warmup_steps: Optional[int] = None, num_t
                   scheduler_specific_kwargs: Optional[dict] = None):
     """transformers' ``get_scheduler``: the schedule Trainer builds for ``lr_scheduler_type=name``."""
     name = getattr(name, "value", name)
-    if name not in SCHEDULER_TYPES:
-        raise ConfigError(f"get_scheduler: {name!r} is not one of transformers' scheduler types "
+    if not isinstance(name, str) or name not in SCHEDULER_TYPES:
+        raise ConfigError(f"get_scheduler: {name!r:.60} is not one of transformers' scheduler types "
                           f"({', '.join(SCHEDULER_TYPES)})")
     fn = SCHEDULER_TYPES[name]
+    if scheduler_specific_kwargs is not None and not (
+            isinstance(scheduler_specific_kwargs, Mapping) and all(isinstance(k, str) for k in scheduler_specific_kwargs)):
+        raise ConfigError(f"get_scheduler: scheduler_specific_kwargs must be a dict of keyword arguments, got "
+                          f"{type(scheduler_specific_kwargs).__name__}")
+    kwargs = dict(scheduler_specific_kwargs or {})
+    params = inspect.signature(fn).parameters
+    own = [p for p in params if p not in ("optimizer", "num_warmup_steps", "num_training_steps")]
+    unknown = sorted(k for k in kwargs if k not in own)
+    if unknown and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        raise ConfigError(f"get_scheduler: {name} takes no keyword {', '.join(map(repr, unknown))} in "
+                          f"scheduler_specific_kwargs (it takes {', '.join(own) or 'none'})")
     if name == "constant":
         return fn(optimizer)
-    kwargs = dict(scheduler_specific_kwargs or {})
     if name in ("reduce_lr_on_plateau", "greedy"):
         return fn(optimizer, **kwargs)
     if num_warmup_steps is None:

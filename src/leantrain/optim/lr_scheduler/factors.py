@@ -66,7 +66,13 @@ class MultiplicativeLR(LRScheduler):
     def get_lr(self, run: Run) -> list:
         if run.initial:
             return current(run)
-        return [g["lr"] * fn(run.last_epoch) for fn, g in zip(self.lr_lambdas, run.groups)]
+        return [g["lr"] * self._factor_at(fn, run.last_epoch) for fn, g in zip(self.lr_lambdas, run.groups)]
+
+    def _factor_at(self, fn, t: int) -> float:
+        value = fn(t)
+        if not is_number(value):
+            raise ConfigError(f"{self.op}: lr_lambda({t}) must return a number (the factor), got {value!r:.60}")
+        return value
 
 
 class StepLR(LRScheduler):
@@ -191,8 +197,8 @@ class PolynomialLR(LRScheduler):
     def __init__(self, optimizer, total_iters: int = 5, power: float = 1.0, last_epoch: int = -1) -> None:
         super().__init__(optimizer, last_epoch)
         self.total_iters = check_count(self.op, "total_iters", total_iters, 1)
-        if not is_number(power):
-            raise ConfigError(f"{self.op}: power must be a number, got {power!r}")
+        if not (is_number(power) and power >= 0):  # a negative power grows to 1/0 at total_iters
+            raise ConfigError(f"{self.op}: power must be a number >= 0, got {power!r}")
         self.power = power
 
     def get_lr(self, run: Run) -> list:

@@ -366,6 +366,10 @@ def resume_check(kind: str, cfg, expect: dict, want_path: str, scaling: bool, ex
                             f"this run has ema_decay={cfg.ema_decay!r}")
         if cfg.averaging is not None and manifest.get("averaged") is None:
             problems.append("averaged: the checkpoint keeps no averaged model, this run has averaging")
+        elif cfg.averaging is not None and not cfg.averaging.fits(
+                {name: tensors[f"averaged.{name}"] for name in manifest["averaged"] if f"averaged.{name}" in tensors}):
+            problems.append("averaged: the checkpoint's averaged model does not fit this run's AveragedModel "
+                            "(names, shapes or dtypes differ)")
         if manifest["optimizer"].get("path") != want_path:
             problems.append(f"the checkpoint's optimizer history is {manifest['optimizer'].get('path')}; "
                             f"resume with parameters on the same kind of device")

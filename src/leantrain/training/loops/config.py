@@ -19,6 +19,7 @@ from .checkpoint_folder import template_fields
 from .evaluation import result_names
 from .options import CheckpointOptions, EvalOptions, ParallelOptions, group
 from .run_options import check_run_options
+from .schedule_index import check_epoch_indexing, epoch_schedule_varies  # noqa: F401 (the loader loop's too)
 from ..update.options import ACCUMULATION_MODES, NONFINITE_MODES
 
 PathArg = Union[str, os.PathLike]
@@ -151,7 +152,8 @@ class LoopOptions:
     ``None``: every rank holds everything; ``shard_by``: ``"range"``
     (each slot cut at multiples of 64 elements) or ``"slot"`` (whole slots per rank);
     ``init_weights``/``init_from``/``gather_at_end``: a model built on torch's meta device
-    under ``"parameters"``; ``item_seeds``: each item's random draws under data parallel;
+    under ``"parameters"``; ``item_seeds``: each item's random draws seeded for it (``False``,
+    the default: one process's draws on any number of ranks);
     ``shard_units``: the modules gathered whole under ``"parameters"``, see ``ParallelOptions``.
     """
 
@@ -183,7 +185,7 @@ class LoopOptions:
     init_weights: Union[None, str, Callable] = None
     init_from: Optional[PathArg] = None
     gather_at_end: Optional[bool] = None
-    item_seeds: Optional[bool] = None
+    item_seeds: bool = False
     shard_units: Optional[tuple] = None
     keep_last: Optional[int] = None
     keep_best: Optional[int] = None
@@ -288,11 +290,7 @@ class LoaderTrainConfig(LoopOptions):
                 check_count(op, name, getattr(self, name), 1)
         check_choice(op, "schedule_per", self.schedule_per, SCHEDULE_PER)
         _common(op, self, {"checkpoints": checkpoints, "evaluation": evaluation, "parallel": parallel})
-        if self.epochs == 1 and self.schedule_per == "epoch" and epoch_schedule_varies(self.scheduler):
-            raise ConfigError(
-                f"{op}: schedule_per='epoch' with epochs=1: the schedule's index is the epoch, which stays 0 for "
-                f"the whole run (every update at the rate {self.scheduler.lr_at(0)!r}); set schedule_per='step' to "
-                f"schedule over updates, or drop the scheduler")
+        check_epoch_indexing(op, self.scheduler, self.epochs, self.schedule_per)
 
     def accumulate_at(self, epoch: int) -> int:
         """Loader batches per update in epoch ``epoch`` (from 0): ``accumulate``, or the
@@ -321,15 +319,6 @@ class LoaderTrainConfig(LoopOptions):
         if self.eval_data is None or (self.eval_every is not None and self.eval_every_epochs is None):
             return False
         return (epoch + 1) % (self.eval_every_epochs or 1) == 0
-
-
-def epoch_schedule_varies(scheduler) -> bool:
-    """Whether a schedule indexed by epoch gives another rate after index 0 (a plateau
-    schedule, fed by evaluations, is not indexed)."""
-    if scheduler is None or getattr(scheduler, "fed_by_evaluations", False):
-        return False
-    first = scheduler.lr_at(0)
-    return any(scheduler.lr_at(t) != first for t in (1, 2, 3, 10, 100, 1000))
 
 
 @dataclass(frozen=True)

@@ -143,12 +143,13 @@ class ParallelOptions:
     file or Hugging Face folder, read by name after ``init_weights``); ``gather_at_end``:
     the module gathered whole when the run ends (``None``: when it started whole; a run
     started on meta ends with its result in its sharded checkpoint, the module released).
-    ``item_seeds``: each item's random draws (dropout) from a generator of its own, seeded
-    by one draw of the run's generator per update and the item's index, so any number of
-    ranks draws alike at the cost of that draw (``None``: with several processes; one
-    process keeps the plain loop's draws); ``False``: every rank replays every item's
-    forward to draw what one process draws (the plain loop's bits on any number of ranks,
-    one no-gradient forward per item per rank). ``shard_units``: module classes whose
+    ``item_seeds``: ``False`` (the default): every item draws the random numbers (dropout)
+    it draws in one process, on any number of ranks, the plain loop's numbers: a rank runs
+    its own items' forwards only, each started where one process starts it (the update's
+    generator state moved ahead by the earlier items' draws, counted once per item shape,
+    ``runner/draw_shift.py``); ``True``: each item draws from a generator of its own,
+    seeded by one draw of the run's generator per update and the item's index (other
+    numbers than the plain loop's, alike on any number of ranks). ``shard_units``: module classes whose
     instances are each gathered whole for their forward and backward under ``"parameters"``
     (FSDP2's ``fully_shard`` on each transformer block): fewer, larger gathers than one per
     module holding parameters, for one block's memory at a time (``None``: every element of
@@ -163,7 +164,7 @@ class ParallelOptions:
     init_weights: Union[None, str, Callable] = None
     init_from: Optional[PathArg] = None
     gather_at_end: Optional[bool] = None
-    item_seeds: Optional[bool] = None
+    item_seeds: bool = False
     shard_units: Optional[tuple] = None
 
     FLAT: ClassVar[dict] = {"sharding": "sharding", "shard_by": "shard_by", "exact_reduction": "exact_reduction",

@@ -82,11 +82,16 @@ class Averaging:
         # Intentional device-to-host reads: saving asks for the averages.
         return {name: t.detach().to("cpu").clone().contiguous() for name, t in self.model.state_dict().items()}
 
-    def load(self, op: str, saved: dict[str, torch.Tensor]) -> None:
-        """Take back what ``tensors`` gave (a resumed run), checked whole first."""
+    def fits(self, saved: dict) -> bool:
+        """Whether a checkpoint's averaged tensors (by name) fit this AveragedModel."""
         want = self.model.state_dict()
-        if set(saved) != set(want) or any(tuple(saved[k].shape) != tuple(v.shape) or saved[k].dtype != v.dtype
-                                           for k, v in want.items()):
+        return set(saved) == set(want) and all(
+            tuple(saved[k].shape) == tuple(v.shape) and saved[k].dtype == v.dtype for k, v in want.items())
+
+    def load(self, op: str, saved: dict[str, torch.Tensor]) -> None:
+        """Take back what ``tensors`` gave (a resumed run); the resume checked the fit
+        (``fits``) before anything was installed, and this checks it again."""
+        if not self.fits(saved):
             raise CheckpointError(f"{op}: the checkpoint's averaged model does not fit this run's AveragedModel "
                                   f"(names, shapes or dtypes differ)")
         self.model.load_state_dict(saved)

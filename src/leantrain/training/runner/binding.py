@@ -39,30 +39,13 @@ import numpy
 import torch
 
 from .backward import all_plain
+from .draw_shift import item_starts, rng_state, same_rng, set_rng_state  # noqa: F401 (the generators' states, here too)
 from ...errors import ConfigError, DataError, LeantrainError, slot_label
 from ...params.dense import kernel_strides
 from ...params.module_slots import bind
 from ...samples import call_model, describe
 
 MODEL_ERRORS = (RuntimeError, ValueError, TypeError, IndexError)
-
-
-def rng_state(device: torch.device):
-    """The generators a forward on ``device`` may draw from (CPU, and the device's)."""
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return torch.get_rng_state(), cuda
-
-
-def same_rng(a, b) -> bool:
-    """Whether two ``rng_state`` results are the same states."""
-    return torch.equal(a[0], b[0]) and ((a[1] is None) == (b[1] is None)) and (a[1] is None or torch.equal(a[1], b[1]))
-
-
-def set_rng_state(device: torch.device, state) -> None:
-    cpu, cuda = state
-    torch.set_rng_state(cpu)
-    if cuda is not None:
-        torch.cuda.set_rng_state(cuda, device)
 
 
 @contextlib.contextmanager
@@ -96,6 +79,8 @@ class Owner(Protocol):
     device: torch.device
     buffer_writes: Optional[bool]
     draws: Optional[bool]
+    draw_shifts: dict
+    replay_said: bool
 
     @property
     def has_buffer_updates(self) -> bool: ...
@@ -105,6 +90,7 @@ class Owner(Protocol):
     def mark_buffers_stale(self) -> None: ...
     def learned_buffer_writes(self, wrote: bool) -> None: ...
     def learned_draws(self, states: list) -> bool: ...
+    def counted_draw_forward(self) -> None: ...
     def entered(self, binding: Optional["Binding"]) -> None: ...
 
 
@@ -281,10 +267,9 @@ class Binding:
 
     def item_states(self, op: str, batch: Sequence, recorded: Optional[list]) -> Optional[list]:
         """Each item's generator states for a step that needs them: those the buffer pass
-        ``recorded``, or a pass of their own (``draw_states``); ``None`` when the model
-        draws nothing."""
+        ``recorded``, else counted (``draw_shift.item_starts``); ``None`` when the model draws nothing."""
         if recorded is None:
-            return self.draw_states(op, batch)
+            return item_starts(self, op, batch)
         return recorded if self.runner.learned_draws(recorded) else None
 
     def one_item(self, op: str, sample) -> tuple[torch.Tensor, list, Optional[BufferSnapshot]]:

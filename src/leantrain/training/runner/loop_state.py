@@ -65,9 +65,11 @@ class RunnerStats:
     by steps (each validates the slots, gradients and records); ``buffer_passes``: no-
     gradient forward passes over a batch that let the buffers advance first;
     ``redone_steps``: steps redone with that pass because the model was first seen
-    writing a buffer."""
+    writing a buffer; ``draw_counts``: no-gradient forwards that counted how far an item
+    shape's forward moves the generators (data parallel, ``draw_shift.py``)."""
 
     bindings: int = 0
     layouts: int = 0
     buffer_passes: int = 0
     redone_steps: int = 0
+    draw_counts: int = 0

@@ -42,7 +42,10 @@ def neftune(op: str, module: torch.nn.Module, alpha: Optional[float]) -> Iterato
         yield
         return
     get = getattr(module, "get_input_embeddings", None)
-    embeddings = get() if callable(get) else None
+    try:
+        embeddings = get() if callable(get) else None
+    except NotImplementedError:  # transformers' base class on a model that does not say which module it is
+        embeddings = None
     if not isinstance(embeddings, torch.nn.Module):
         raise ConfigError(f"{op}: neftune_noise_alpha needs a model with get_input_embeddings() (a Hugging Face "
                           f"model), got {type(module).__name__}")

@@ -67,11 +67,13 @@ class Runner:
         self.loop = LoopState()  # what the running loop installed (``looping``); outside loops, nothing
         self.stats = RunnerStats()
         self._compiled_loss: Optional[Callable] = None  # made by the first compile=True loop, then kept
-        # Facts learned about the model (reported by bindings): whether a train-mode
-        # forward writes any buffer (by the tensors' version counters), and whether it
-        # draws random numbers (dropout; data parallel asks). None until seen.
+        # Facts learned about the model (reported by bindings): whether a train-mode forward writes
+        # any buffer (by the tensors' version counters), whether it draws random numbers. None until seen.
         self.buffer_writes: Optional[bool] = None
         self.draws: Optional[bool] = None
+        # each item shape's draws (None: not countable), whether the replay was said (draw_shift.py)
+        self.draw_shifts: dict = {}
+        self.replay_said = False
         self.sums_losses: Optional[bool] = None  # whether the loss is a LossSum (data parallel agrees on it once)
         hosts = [v.storage.host.device for v in self.params]
         self.device: torch.device = hosts[0] if hosts else torch.device("cpu")
@@ -177,6 +179,10 @@ class Runner:
     def counted_buffer_pass(self, ran: bool) -> None:
         """A step ran the buffer pass, or not (``stats.buffer_passes``)."""
         self.stats.buffer_passes += ran
+
+    def counted_draw_forward(self) -> None:
+        """A forward counted an item shape's random draws (``stats.draw_counts``)."""
+        self.stats.draw_counts += 1
 
     def counted_redo(self) -> None:
         """A step was redone with the buffer pass (``stats.redone_steps``)."""

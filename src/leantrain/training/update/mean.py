@@ -26,7 +26,7 @@ import torch
 from ...errors import ConfigError, DataError
 from ...samples import LossSum, add_losses
 from ..runner.backward import taken
-from ..runner.binding import set_rng_state
+from ..runner.binding import rng_state, same_rng, set_rng_state
 from ..runner.runner import Runner, Sample
 from .vectorized import stacked_loss_and_gradients
 
@@ -177,6 +177,7 @@ def item_gradients(runner: Runner, batch: Sequence[Sample], leaves, scratch,
         draws(runner, states, j)
         try:
             pair = runner.loss_and_gradients(sample, leaves)
+            drawn(runner, states, j)
         except (DataError, ConfigError) as e:
             raise type(e)(f"item {j}: {e}") from e  # which item of the batch
         yield pair
@@ -239,6 +240,19 @@ def draws(runner: Runner, states: Optional[list], j: int) -> None:
         set_rng_state(runner.device, states[j])
 
 
+def drawn(runner: Runner, states: Optional[list], j: int) -> None:
+    """After item ``j``: where its start was counted rather than replayed
+    (``draw_shift.Start``), its forward must have left the generators where the next item
+    starts; a forward whose values decide how much it draws is refused by name."""
+    then = None if states is None else getattr(states[j], "then", None)
+    if then is not None and not same_rng(rng_state(runner.device), then):
+        raise DataError(
+            f"{states[j].op}: its forward drew another amount of random numbers than the first item of the same shapes "
+            "(the values decide how much it draws), so where the items computed on other ranks start "
+            "cannot be counted: train with item_seeds=True (each item's draws seeded for it), or with "
+            "one process")
+
+
 def sum_hooked(runner: Runner, mine: Sequence[Sample], leaves, scratch, own: Optional[list], make_reducer,
                vectorized: bool = False):
     """The loss sum of ``mine`` with the last backward under a reducer's gradient hooks
@@ -260,6 +274,7 @@ def sum_hooked(runner: Runner, mine: Sequence[Sample], leaves, scratch, own: Opt
             loss, grads = stacked_loss_and_gradients(runner, mine, leaves, scale=1.0)
         else:
             loss, grads = runner.loss_and_gradients(mine[-1], leaves)
+            drawn(runner, own, len(mine) - 1)
     finally:
         for h in handles:
             h.remove()

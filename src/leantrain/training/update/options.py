@@ -50,7 +50,7 @@ class StepOptions:
     @classmethod
     def checked(cls, op: str, **kw) -> "StepOptions":
         """Options from a public call's arguments, each checked (``op`` names the call);
-        each item's draws seeded with peers, as a loop's by default."""
+        each item draws what it draws in one process, as a loop's by default."""
         options = cls(**dict(kw, item_seeds=seeding(kw["reduction"])))
         check_choice(op, "accumulation", options.accumulation, ACCUMULATION_MODES)
         check_choice(op, "nonfinite", options.nonfinite, NONFINITE_MODES)
@@ -74,6 +74,7 @@ class StepOptions:
 
 def seeding(reduction, asked: Optional[bool] = None) -> bool:
     """Whether each item draws from a generator seeded for it (``runner/item_seeds.py``):
-    as ``asked``, by default with peers; never with rank-local data (each rank's items are
-    its own: nothing to line up)."""
-    return (asked if asked is not None else reduction.ranks) and not reduction.local
+    only where ``asked``. By default every item draws what it draws in one process on any
+    number of ranks (``Binding.item_starts``), the plain loop's numbers. Never with
+    rank-local data (each rank's items are its own: nothing to line up)."""
+    return bool(asked) and not reduction.local

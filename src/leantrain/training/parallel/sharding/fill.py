@@ -162,6 +162,16 @@ class Filling:
         if problems:
             raise ConfigError(f"{op}: {path}: {len(problems)} tensor(s) do not fit, nothing was read:\n  - "
                               + "\n  - ".join(problems[:8]))
+        if not found:  # a prefix off ("model."), another model's file: nothing read would be said nowhere
+            names = sorted(weights)
+            raise ConfigError(f"{op}: {path}: none of the file's {len(names)} names is one of the model's (the "
+                              f"file's first: {names[0] if names else None!r}; the model's first: "
+                              f"{params[0].name if len(params) else None!r}); rename the file's tensors to the "
+                              f"model's names (module.named_parameters()), nothing was read")
+        holding_nan = [params[i].name for i, t in found if t.is_floating_point() and bool(torch.isnan(t).any())]
+        if holding_nan:  # said here, not later as if init_weights had read an unwritten element
+            raise ConfigError(f"{op}: {path}: {holding_nan[0]!r} holds NaN in the file ({len(holding_nan)} such "
+                              f"tensor(s)), nothing was read")
         with torch.no_grad():
             for i, t in found:
                 host = params[i].storage.host

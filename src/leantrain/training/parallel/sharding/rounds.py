@@ -26,7 +26,7 @@ import torch
 
 from ...runner.backward import taken
 from ...runner.binding import rng_preserved
-from ...update.mean import draws
+from ...update.mean import draws, drawn
 from ...update.mean import Mean
 from ...runner.runner import Runner
 from ....samples import add_losses
@@ -97,6 +97,7 @@ def parameter_mean(runner: Runner, leaves, scratch, batch: list, mine: list, own
         if real:
             draws(runner, own, r)
             loss, grads = _hooked(runner, leaves, mine[r], reducer, shards, True)
+            drawn(runner, own, r)
             first = loss if first is None else first
             loss_sum = loss if loss_sum is None else add_losses(loss_sum, loss)
             loss_row(loss_rows, r, loss)

@@ -1,0 +1,334 @@
+"""The fifth hostile round (#68): each case failed on the code before its fix."""
+
+import json
+
+import numpy
+import pytest
+import torch
+
+import leantrain as lt
+
+
+def _forged(tmp_path, edit) -> tuple:
+    from filetools import forged_loader_run
+
+    return forged_loader_run(tmp_path, edit)
+
+
+def _zero(name):
+    def edit(manifest, tensors):
+        tensors[name] = torch.zeros_like(tensors[name])
+    return edit
+
+
+def _word(name, k, value):
+    def edit(manifest, tensors):
+        tensors[name] = tensors[name].clone()
+        tensors[name][k] = value
+    return edit
+
+
+@pytest.mark.parametrize("case, edit, match", [
+    ("python all zero", _zero("rng.python"), "'rng.python'.*every word is zero"),
+    ("python word past 32 bits", _word("rng.python", 3, 2**32 + 5), "'rng.python'.*out of the 32-bit range"),
+    ("python negative word", _word("rng.python", 3, -1), "'rng.python'.*out of the 32-bit range"),
+    ("numpy all zero", _zero("rng.numpy"), "'rng.numpy'.*every word is zero"),
+    ("numpy word past 32 bits", _word("rng.numpy", 0, 2**33), "'rng.numpy'.*out of the 32-bit range"),
+])
+def test_14_python_and_numpy_states_are_checked_as_torch_s_is(tmp_path, case, edit, match):
+    """An all-zero Python or NumPy state resumed (the generator then returns 0.0 forever),
+    out-of-range words were truncated or wrapped: each is now a CheckpointError before
+    anything is installed."""
+    import random
+
+    runner, loader, cfg = _forged(tmp_path, edit)
+    before = [p.detach().clone() for p in runner.module.parameters()]
+    states = torch.get_rng_state(), random.getstate(), numpy.random.get_state()
+    with pytest.raises(lt.CheckpointError, match=match):
+        lt.train_loader(runner, cfg, loader)
+    assert all(torch.equal(a, b) for a, b in zip(before, runner.module.parameters()))
+    assert torch.equal(states[0], torch.get_rng_state()) and states[1] == random.getstate()
+    now = numpy.random.get_state()
+    assert numpy.array_equal(states[2][1], now[1]) and states[2][2] == now[2]
+
+
+def _small_loader(size):
+    g = torch.Generator().manual_seed(1)
+    items = [(torch.randn(4, generator=g), torch.randn(1, generator=g)) for _ in range(64)]
+    return lt.DataLoader(items, batch_size=size, shuffle=False, collate=torch.utils.data.default_collate)
+
+
+def test_3_the_batch_size_finder_averages_a_copy_of_the_user_s_averaged_model():
+    """``find_batch_size(..., averaging=...)`` trained the user's own ``AveragedModel`` (its
+    counter 8, its values from the trial copies afterwards)."""
+    from torch.optim.swa_utils import AveragedModel
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    runner = lt.Runner.from_module(model, "mse")
+    averaged = AveragedModel(model)
+    before = {k: v.clone() for k, v in averaged.state_dict().items()}
+    got = lt.find_batch_size(runner, _small_loader, lt.optim.sgd(0.1), max_batch_size=8, memory_budget=2**40,
+                             averaging=lt.Averaging(averaged))
+    assert got.batch_size == 8
+    after = averaged.state_dict()
+    assert int(after["n_averaged"]) == 0
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"log_every": 5}, "log_every is the finder's own"),
+    ({"callbacks": []}, "'callbacks' is not a LoaderTrainConfig option"),
+])
+def test_15_finder_keywords_it_cannot_take_are_config_errors(kw, match):
+    """``find_batch_size(log_every=...)`` and ``(callbacks=...)`` were raw ``TypeError``s."""
+    runner = lt.Runner.from_module(torch.nn.Linear(4, 1), "mse")
+    with pytest.raises(lt.ConfigError, match=match):
+        lt.find_batch_size(runner, _small_loader, lt.optim.sgd(0.1), memory_budget=2**40, **kw)
+
+
+def _sgd_scheduler_optimizer():
+    return lt.optim.sgd(0.1)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda o: lt.optim.lr_scheduler.PolynomialLR(o, total_iters=4, power=-1), "power must be a number >= 0"),
+    (lambda o: lt.optim.get_scheduler("cosine", o, 2, 10, scheduler_specific_kwargs={"cycles": 2}),
+     "cosine takes no keyword 'cycles' .* num_cycles"),
+    (lambda o: lt.optim.get_scheduler("linear", o, 2, 10, scheduler_specific_kwargs=[("a", 1)]),
+     "scheduler_specific_kwargs must be a dict"),
+    (lambda o: lt.optim.get_scheduler(["linear"], o, 2, 10), "is not one of transformers' scheduler types"),
+])
+def test_15_scheduler_arguments_that_failed_raw_are_config_errors(make, match):
+    """``PolynomialLR(power=-1)`` failed with ``ZeroDivisionError`` at update 5, after 4
+    updates; ``get_scheduler`` with an unknown keyword, a non-dict keyword set or a list
+    as the name raised ``TypeError``: each is refused when the schedule is made."""
+    with pytest.raises(lt.ConfigError, match=match):
+        make(_sgd_scheduler_optimizer())
+
+
+def test_15_a_multiplicative_factor_that_is_not_a_number_names_the_schedule():
+    opt = _sgd_scheduler_optimizer()
+    sched = lt.optim.lr_scheduler.MultiplicativeLR(opt, lr_lambda=lambda t: "0.9")
+    runner = lt.Runner.from_module(torch.nn.Linear(2, 1), "mse")
+    data = [(torch.randn(2, 2), torch.randn(2, 1)) for _ in range(4)]
+    with pytest.raises(lt.ConfigError, match=r"MultiplicativeLR: lr_lambda\(1\) must return a number"):
+        lt.train_samples(runner, lt.TrainConfig(steps=3, batch_size=1, optimizer=opt, scheduler=sched, log_every=0),
+                         data)
+
+
+def test_15_neftune_on_a_model_whose_get_input_embeddings_raises_is_a_config_error():
+    class NoEmbeddings(torch.nn.Linear):
+        def get_input_embeddings(self):
+            raise NotImplementedError  # transformers' PreTrainedModel where a model does not say
+
+    runner = lt.Runner.from_module(NoEmbeddings(2, 1), "mse")
+    data = [(torch.randn(2, 2), torch.randn(2, 1)) for _ in range(2)]
+    with pytest.raises(lt.ConfigError, match="neftune_noise_alpha needs a model with get_input_embeddings"):
+        lt.train_samples(runner, lt.TrainConfig(steps=1, batch_size=1, log_every=0, neftune_noise_alpha=5.0), data)
+
+
+TOKEN_SUM = '''
+import torch
+import leantrain
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.head = torch.nn.Embedding(20, 8), torch.nn.Linear(8, 20)
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        return self.head(self.emb(input_ids))
+
+def make():
+    return Tiny()
+
+def token_sum(logits, sample):
+    labels = sample["labels"]
+    total = torch.nn.functional.cross_entropy(logits.reshape(-1, 20), labels.reshape(-1), reduction="sum")
+    return leantrain.LossSum(total, labels.numel())
+
+def data():
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(0, 20, (6,), generator=g) for _ in range(24)]
+    samples = [{"input_ids": r, "labels": r} for r in rows]
+    return samples[:16], samples[16:]
+'''
+
+
+def test_8_the_command_on_a_token_model_with_its_own_loss_sum_ends_cleanly(tmp_path, monkeypatch, capsys):
+    """It trained, wrote report.json, then crashed at the end with ``KeyError:
+    'test_perplexity'`` (exit 1): report.json omits null keys and the console indexed one."""
+    from leantrain.cli.main import main
+
+    (tmp_path / "toksum.py").write_text(TOKEN_SUM)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = tmp_path / "run"
+    code = main(["train", "--model", "toksum:make", "--data", "toksum:data", "--loss", "toksum:token_sum",
+                 "--out", str(run), "--epochs", "1", "--batch-size", "8"])
+    out = capsys.readouterr().out
+    assert code == 0
+    report = json.loads((run / "report.json").read_text())
+    assert "test_perplexity" not in report and report["tokens_seen"] == 16 * 6 and report["model"] == "toksum:make"
+    assert None not in report.values() and "preset" not in report
+    assert "tokens per second:" in out and "perplexity" not in out
+    assert out.strip().splitlines()[-1].startswith("wrote ")
+
+
+def _hf_run(tmp_path):
+    """A run keeping a folder of checkpoints of a tiny Hugging Face GPT-2 (its config kept)."""
+    pytest.importorskip("transformers")
+    from hf_export_model import tiny
+
+    run = tmp_path / "run"
+    g = torch.Generator().manual_seed(0)
+    samples = [{"input_ids": t[None], "labels": t[None]} for t in torch.randint(0, 50, (8, 8), generator=g)]
+    cfg = lt.LoaderTrainConfig(epochs=1, optimizer=lt.optim.adamw(0.05), log_every=0,
+                               checkpoint_path=run / "checkpoints" / "step{step}.ckpt", keep_last=1)
+    runner = lt.Runner.from_module(tiny(), "model")
+    lt.train_loader(runner, cfg, lt.DataLoader(samples, batch_size=2))
+    (run / "config.json").write_text(json.dumps({"model": "hf_export_model:tiny", "keep_last": 1}))
+    (run / "metrics.jsonl").write_text("")
+    return run, runner
+
+
+def test_5_export_with_a_config_into_the_run_folder_is_refused(tmp_path, capsys):
+    """``export RUN --weights --config hf.json -o RUN`` replaced the run's own config.json;
+    ``train --resume RUN`` was then refused."""
+    from leantrain.cli.main import main
+
+    run, runner = _hf_run(tmp_path)
+    hf = tmp_path / "hf.json"
+    hf.write_text(runner.module.config.to_json_string())
+    before = (run / "config.json").read_bytes()
+    capsys.readouterr()
+    for out in (run, run / "model.safetensors"):
+        assert main(["export", str(run), "--weights", "--config", str(hf), "-o", str(out)]) == 2
+        assert "is a leantrain run folder" in capsys.readouterr().err
+    assert (run / "config.json").read_bytes() == before and not (run / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "weights.safetensors"])
+def test_9_an_export_path_ending_in_safetensors_is_a_file_with_its_config_beside_it(tmp_path, capsys, name):
+    """``export RUN --weights -o out/model.safetensors`` for a Hugging Face model made a
+    *folder* named ``model.safetensors``."""
+    import transformers
+    from leantrain.cli.main import main
+
+    run, runner = _hf_run(tmp_path)
+    out = tmp_path / "out" / name
+    assert main(["export", str(run), "--weights", "-o", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert out.is_file() and (out.parent / "config.json").is_file() and "config.json beside it" in said
+    if name == "model.safetensors":
+        loaded = transformers.GPT2LMHeadModel.from_pretrained(out.parent)
+        assert all(torch.equal(t, loaded.state_dict()[k]) for k, t in runner.module.state_dict().items())
+    else:
+        assert "once the file is named model.safetensors" in said
+        fresh = lt.Runner.from_module(tiny_model(), "model")
+        lt.weights.load_weights(out, fresh)
+        assert all(torch.equal(t, fresh.module.state_dict()[k]) for k, t in runner.module.state_dict().items())
+
+
+def tiny_model():
+    from hf_export_model import tiny
+
+    return tiny()
+
+
+def test_13_an_averaged_model_that_does_not_fit_is_refused_before_the_parameters_are_installed(tmp_path):
+    """Resuming with an averaged model that did not match was refused only after the
+    checkpoint's parameters were installed into the module."""
+    from torch.optim.swa_utils import AveragedModel
+
+    def net():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+
+    data = [(torch.randn(4, 3), torch.randn(4, 1)) for _ in range(4)]
+    model = net()
+    lt.train_samples(lt.Runner.from_module(model, "mse"),
+                     lt.TrainConfig(steps=2, optimizer=lt.optim.sgd(0.1), log_every=0, checkpoint_path=tmp_path / "c",
+                                    averaging=lt.Averaging(AveragedModel(model))), data, log=None)
+    fresh = net()
+    before = [p.detach().clone() for p in fresh.parameters()]
+    other = AveragedModel(fresh).double()  # the same names and shapes, another dtype
+    with pytest.raises(lt.CheckpointError, match="averaged model does not fit"):
+        lt.train_samples(lt.Runner.from_module(fresh, "mse"),
+                         lt.TrainConfig(steps=4, optimizer=lt.optim.sgd(0.1), log_every=0, resume_from=tmp_path / "c",
+                                        averaging=lt.Averaging(other)), data, log=None)
+    assert all(torch.equal(a, b) for a, b in zip(before, fresh.parameters()))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: lt.optim.warmup_cosine(0.1, 0.0, 8, 48),
+    lambda: lt.optim.get_scheduler("cosine", lt.optim.adamw(0.1), num_warmup_steps=8, num_training_steps=48),
+], ids=["warmup_cosine", "get_scheduler"])
+def test_6_a_schedule_counted_in_updates_indexed_by_epoch_is_refused_naming_schedule_per(make):
+    """A 3-epoch loader run of 16 batches with a horizon of 48 updates ran every epoch at
+    one warm-up rate (lr 0.0 for the transformers-named one) and ended at chance, silently:
+    a schedule whose peak lies past the run's epochs is refused, naming schedule_per='step'
+    (which schedules it over updates and is accepted)."""
+    with pytest.raises(lt.ConfigError, match=r"never leave its warm-up .* set schedule_per='step'"):
+        lt.LoaderTrainConfig(epochs=3, scheduler=make())
+    assert lt.LoaderTrainConfig(epochs=3, scheduler=make(), schedule_per="step").schedule_per == "step"
+    assert lt.LoaderTrainConfig(epochs=60, scheduler=make()).epochs == 60  # an epoch horizon it reaches
+
+
+def test_low_memory_budget_inf_is_refused():
+    """``memory_budget=inf`` was accepted (and doubling never ends on a loader without a length)."""
+    runner = lt.Runner.from_module(torch.nn.Linear(4, 1), "mse")
+    with pytest.raises(lt.ConfigError, match="memory_budget must be a finite number of bytes > 0"):
+        lt.find_batch_size(runner, _small_loader, lt.optim.sgd(0.1), memory_budget=float("inf"))
+
+
+def test_low_an_exported_hugging_face_config_names_its_architecture(tmp_path):
+    """A Hugging Face ``config.json`` written by export lacked ``architectures`` (what
+    ``save_pretrained`` adds: the model's class)."""
+    from leantrain.cli.main import main
+
+    run, runner = _hf_run(tmp_path)
+    assert main(["export", str(run), "--weights", "-o", str(tmp_path / "out")]) == 0
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["architectures"] == [type(runner.module).__name__]
+
+
+RANDOM_DATA = '''
+import random
+import numpy
+import torch
+
+def make():
+    return torch.nn.Linear(3, 1)
+
+def data():
+    rows = [(torch.tensor([random.random(), float(numpy.random.rand()), 1.0]), torch.tensor([random.random()]))
+            for _ in range(24)]
+    return rows[:16], rows[16:]
+'''
+
+
+def test_low_the_command_s_seed_seeds_python_and_numpy_as_the_api_does(tmp_path, monkeypatch):
+    """``--seed`` seeded torch only, where the API's ``seed=`` also seeds Python's and
+    NumPy's generators: data drawing from ``random`` differed between two identical runs."""
+    from leantrain.cli.main import main
+
+    (tmp_path / "randdata.py").write_text(RANDOM_DATA)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reports = []
+    for k in range(2):
+        out = tmp_path / f"run{k}"
+        assert main(["train", "--model", "randdata:make", "--data", "randdata:data", "--loss", "mse",
+                     "--out", str(out), "--epochs", "1", "--batch-size", "4", "--seed", "3"]) == 0
+        got = json.loads((out / "report.json").read_text())
+        reports.append((got["loss_before"], got["loss_after"], got["test_loss"]))
+    assert reports[0] == reports[1]
+
+
+def test_low_warmup_ratio_without_a_scheduler_is_refused(tmp_path, capsys):
+    """``--warmup-ratio`` with ``--scheduler none`` was silently ignored."""
+    from leantrain.cli.main import main
+
+    code = main(["train", "--preset", "digits-mlp", "--out", str(tmp_path / "r"), "--warmup-ratio", "0.1",
+                 "--scheduler", "none", "--epochs", "1"])
+    assert code == 2 and "--warmup-ratio" in capsys.readouterr().err and not (tmp_path / "r").exists()
