@@ -332,3 +332,15 @@ def test_low_warmup_ratio_without_a_scheduler_is_refused(tmp_path, capsys):
     code = main(["train", "--preset", "digits-mlp", "--out", str(tmp_path / "r"), "--warmup-ratio", "0.1",
                  "--scheduler", "none", "--epochs", "1"])
     assert code == 2 and "--warmup-ratio" in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
+def test_15_predict_over_an_uncollated_leantrain_loader_names_the_item_and_collate():
+    """``lt.predict`` over an ``lt.DataLoader`` without a collate (each sample one item)
+    raised torch's raw shape error."""
+    torch.manual_seed(0)
+    runner = lt.Runner.from_module(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)), "mse")
+    samples = [(torch.randn(3), torch.randn(4)) for _ in range(8)]
+    with pytest.raises(lt.DataError, match=r"predict: item 0: the model rejected the sample .*give collate="):
+        lt.predict(runner, lt.DataLoader(samples, batch_size=4), collect=True)
+    collated = lt.DataLoader(samples, batch_size=4, collate=torch.utils.data.default_collate)
+    assert [tuple(o.shape) for o in lt.predict(runner, collated, collect=True)] == [(4, 4), (4, 4)]

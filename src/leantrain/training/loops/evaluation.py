@@ -17,12 +17,12 @@ import torch
 import torch.utils._pytree as pytree
 
 from ...data import DataLoader, Dataset
-from ...errors import ConfigError
+from ...errors import ConfigError, DataError, LeantrainError
 from ...validate import check_choice
 from .batches import loader_generators, loader_samples
-from ..runner.binding import rng_preserved
+from ..runner.binding import MODEL_ERRORS, rng_preserved
 from ..runner.runner import Runner, Sample, check_sample
-from ...samples import LossSum, add_losses, call_model, checked_loss, loss_target
+from ...samples import LossSum, add_losses, call_model, checked_loss, describe, loss_target
 
 Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 EvalData = Union[list, Dataset, DataLoader, Iterable]
@@ -176,11 +176,13 @@ def predict(runner: Runner, data: EvalData, *, collect: bool = False, to: Option
     if not isinstance(runner, Runner):
         raise ConfigError(f"{op}: expected a Runner, got {type(runner).__name__}")
     items = eval_items(op, data)
-    outputs = _outputs(runner, items, loader_generators(data), to)
+    uncollated = isinstance(data, DataLoader) and data.collate is None
+    outputs = _outputs(runner, items, loader_generators(data), to, uncollated)
     return list(outputs) if collect else outputs
 
 
-def _outputs(runner: Runner, items: Iterator[Sample], generators: list, to) -> Iterator[Any]:
+def _outputs(runner: Runner, items: Iterator[Sample], generators: list, to, uncollated: bool = False
+             ) -> Iterator[Any]:
     own = [(g, g.get_state()) for g in generators]
     for k, sample in enumerate(items):
         if k == 0:  # the loader's iterator has drawn its order: its own generators as found
@@ -189,8 +191,16 @@ def _outputs(runner: Runner, items: Iterator[Sample], generators: list, to) -> I
         with rng_preserved(runner.device), runner.in_mode("eval"), torch.no_grad(), \
                 runner.binding("predict") as bound, bound.scratch_buffers():
             s = runner.inputs(sample)
-            with runner.autocast():
-                out = call_model(runner.module, s)
+            try:
+                with runner.autocast():
+                    out = call_model(runner.module, s)
+            except MODEL_ERRORS as e:
+                if isinstance(e, LeantrainError):
+                    raise
+                hint = (" (a leantrain DataLoader without collate= gives each sample as its own item, unbatched: "
+                        "give collate=torch.utils.data.default_collate to predict on minibatches)") if uncollated else ""
+                raise DataError(f"predict: item {k}: the model rejected the sample ({describe(s)}): "
+                                f"{str(e).splitlines()[0]}{hint}") from e
         yield _moved(out, to)
 
 
