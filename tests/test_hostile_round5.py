@@ -344,3 +344,25 @@ def test_15_predict_over_an_uncollated_leantrain_loader_names_the_item_and_colla
         lt.predict(runner, lt.DataLoader(samples, batch_size=4), collect=True)
     collated = lt.DataLoader(samples, batch_size=4, collate=torch.utils.data.default_collate)
     assert [tuple(o.shape) for o in lt.predict(runner, collated, collect=True)] == [(4, 4), (4, 4)]
+
+
+def test_16_a_kept_run_resumed_under_a_renamed_template_says_what_to_do(tmp_path):
+    """Resuming a kept run under a renamed template (``step{step}`` -> ``ck{step:04d}``) was
+    refused with "progress.checkpoints: expected [name, step, metric, run id, file id]
+    entries naming files of 'ck{step:04d}.ckpt'": now in plain words, nothing changed."""
+    from models import class_batches, tiny_classifier
+
+    def cfg(template, **kw):
+        return lt.LoaderTrainConfig(epochs=1, optimizer=lt.optim.sgd(0.5), log_every=0, keep_last=2,
+                                    checkpoint_every=1, checkpoint_path=tmp_path / "ck" / template, **kw)
+
+    lt.train_loader(lt.Runner.from_module(tiny_classifier(), "cross_entropy"), cfg("step{step}.ckpt"),
+                    class_batches(4, 1))
+    before = sorted(p.name for p in (tmp_path / "ck").iterdir())
+    runner = lt.Runner.from_module(tiny_classifier(), "cross_entropy")
+    with pytest.raises(lt.CheckpointError, match=r"kept its checkpoints under other names \(such as 'step4\.ckpt'\) "
+                                                 r"than this run's checkpoint_path makes \('ck\{step:04d\}\.ckpt'\): "
+                                                 r"resume with the checkpoint_path the run was started with"):
+        lt.train_loader(runner, cfg("ck{step:04d}.ckpt", resume_from=tmp_path / "ck" / "step4.ckpt"),
+                        class_batches(4, 1))
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == before

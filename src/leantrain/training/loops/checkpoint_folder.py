@@ -187,6 +187,14 @@ class CheckpointFolder:
                 and is_int(e[1]) and (e[2] is None or is_number(e[2]))
                 and (len(e) == 3 or (isinstance(e[3], str) and isinstance(e[4], str))) for e in entries):
             return []
+        shaped = isinstance(entries, list) and entries and all(  # plain file names that carry their step
+            isinstance(e, list) and len(e) in (3, 5) and isinstance(e[0], str) and Path(e[0]).name == e[0]
+            and e[0] not in (".", "..") and is_int(e[1]) and str(e[1]) in e[0] for e in entries)
+        if shaped and not any(self.pattern.fullmatch(e[0]) for e in entries):  # the template was renamed
+            return [f"the run kept its checkpoints under other names (such as {entries[-1][0]!r}) than this run's "
+                    f"checkpoint_path makes ({self.template.name!r}): resume with the checkpoint_path the run "
+                    f"was started with, or give this run a fresh folder (the kept files are the run's and are "
+                    f"not renamed)"]
         return [f"progress.checkpoints: expected [name, step, metric, run id, file id] entries naming files of "
                 f"{self.template.name!r}"]
 
