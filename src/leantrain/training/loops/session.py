@@ -54,10 +54,7 @@ def log_line(step: int, loss: float) -> str:
 
 
 _NO_RANGE = contextlib.nullcontext()
-
-
-def _silent(line: str) -> None:
-    return None
+_silent: Callable[[str], None] = lambda line: None  # noqa: E731 (no log lines)
 
 
 class Session:
@@ -146,8 +143,11 @@ class Session:
             runner.train()
             if cfg.ema_decay is not None:
                 runner.keep_ema(strategy.ema(runner, cfg.ema_decay))
-            with strategy.guard(self.op):
-                self.record.before = measure() if cfg.measure_loss else None
+            try:  # a rank's own error named with its rank, a peer's failure a CollectiveError, as in an update
+                with strategy.guard(self.op):
+                    self.record.before = measure() if cfg.measure_loss else None
+            except Exception as e:
+                self._collective_failed(e, "the measuring pass before update 1")
             return state, None
         saved = ck.load(runner, self.opt, loader_check)
         runner.train()
@@ -180,10 +180,10 @@ class Session:
         strategy, watched = self.strategy, self.strategy.watches_updates
         if self.profiler is not None:
             self.profiler.before(step)
-        if watched:
-            strategy.before_update(self.op, self.runner, batch)
         with self._range("leantrain.update"):
             try:
+                if watched:
+                    strategy.before_update(self.op, self.runner, batch)  # the ranks' batch agreement: a collective
                 with strategy.guard(self.op) if watched else _NO_RANGE:
                     done = update(self.op, self.runner, self.opt, state, batch, self.options(state), self.logs(step))
             except NonFiniteError as e:
