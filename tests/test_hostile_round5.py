@@ -366,3 +366,44 @@ def test_16_a_kept_run_resumed_under_a_renamed_template_says_what_to_do(tmp_path
         lt.train_loader(runner, cfg("ck{step:04d}.ckpt", resume_from=tmp_path / "ck" / "step4.ckpt"),
                         class_batches(4, 1))
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == before
+
+
+ROWS_SEEN = '''
+import torch
+
+largest = [0]
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        largest[0] = max(largest[0], x.shape[0])
+        return self.a(x)
+
+def make():
+    return Net()
+
+def data():
+    g = torch.Generator().manual_seed(0)
+    rows = [(torch.randn(4, generator=g), torch.randn(1, generator=g)) for _ in range(80)]
+    return rows[:64], rows[64:]
+'''
+
+
+def test_2_find_batch_size_measures_the_batch_size_it_recommends(tmp_path, monkeypatch, capsys):
+    """Every trial reused the job's collate, which cut each batch into pieces of the
+    configured ``--batch-size``: with ``--batch-size 8`` the largest forward was 8 rows,
+    yet it advised "train with --batch-size 32"."""
+    from leantrain.cli.main import main
+
+    (tmp_path / "rowsseen.py").write_text(ROWS_SEEN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import rowsseen
+
+    assert main(["find-batch-size", "--model", "rowsseen:make", "--data", "rowsseen:data", "--loss", "mse",
+                 "--batch-size", "8", "--memory-budget", str(2**20), "--max-batch-size", "32",
+                 "--out", str(tmp_path / "f")]) == 0
+    assert "train with --batch-size 32" in capsys.readouterr().out
+    assert rowsseen.largest[0] == 32  # the forward the recommended flag runs

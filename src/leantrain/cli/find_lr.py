@@ -14,7 +14,8 @@ from ..data import DataLoader
 from ..lr_finder import find_lr
 from .runconfig import RunConfig, flag_values
 from .run_folder import make_folder
-from .train import Plan, build_job
+from .train import EXACT_PIECES, Plan, build_job
+from .usermodel import collate_for
 
 
 def cmd_find_lr(args) -> int:
@@ -44,11 +45,15 @@ def cmd_find_batch_size(args) -> int:
     cfg = RunConfig.build(args.config, flag_values(args, "train"))
     plan = Plan(cfg, False, 1, True, 0)
     job = build_job(plan)
-    tcfg, collate = job.tcfg, job.loader.collate
-    dataset = job.loader.dataset
+    tcfg, dataset = job.tcfg, job.loader.dataset
+    # each trial's minibatch is what --batch-size SIZE would make: cut into the same number of
+    # pieces as train cuts it (one in one process), not into pieces of the configured size
+    make_collate = collate_for(cfg, dataset.to_list())
+    pieces = cfg.pieces or (EXACT_PIECES if cfg.exact_reduction else 1)
 
     def make_loader(size: int):
-        return DataLoader(dataset, batch_size=size, shuffle=True, seed=cfg.seed, collate=collate)
+        return DataLoader(dataset, batch_size=size, shuffle=True, seed=cfg.seed,
+                          collate=make_collate(-(-size // pieces)))
 
     budget = None if args.memory_budget is None else args.memory_budget * 2**20
     result = find_batch_size(job.runner, make_loader, tcfg.optimizer, start=1, max_batch_size=args.max_batch_size,
