@@ -407,3 +407,27 @@ def test_2_find_batch_size_measures_the_batch_size_it_recommends(tmp_path, monke
                  "--out", str(tmp_path / "f")]) == 0
     assert "train with --batch-size 32" in capsys.readouterr().out
     assert rowsseen.largest[0] == 32  # the forward the recommended flag runs
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["one checkpoint file", "kept folder"])
+def test_1_overwrite_never_removes_a_live_run_s_files(tmp_path, capsys, keep):
+    """``--overwrite`` ignored a live run's lock: with one checkpoint file it deleted the
+    live run's checkpoint, metrics, report and plot and rewrote config.json, and only then
+    the lock refused the new run; with ``--keep-last`` it deleted the live run's lock and
+    checkpoints as a killed run's, and the new run trained beside the live one."""
+    import os
+    import socket
+    from leantrain.cli.main import main
+    from leantrain.io.run_lock import NAME
+
+    run = tmp_path / "run"
+    extra = ["--keep-last", "2"] if keep else []
+    assert main(["train", "--preset", "digits-mlp", "--out", str(run), "--epochs", "1", *extra]) == 0
+    lock = run / "checkpoints" / NAME if keep else run / f".checkpoint.ckpt{NAME}"
+    lock.write_text(json.dumps({"run": "the-live-one", "pid": os.getpid(), "host": socket.gethostname(),
+                                "started": "now"}))  # this very process: alive
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(["train", "--preset", "digits-mlp", "--out", str(run), "--epochs", "1", "--overwrite", *extra]) == 2
+    assert "may still be running (run the-live-one" in capsys.readouterr().err
+    assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} == before

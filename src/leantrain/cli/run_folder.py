@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from ..io.atomic import atomic_write_bytes
-from ..io.run_lock import NAME as LOCK
+from ..io.run_lock import NAME as LOCK, RunLock, lock_path
 from ..io.sharded import INDEX, SHARD
 from .runconfig import RunConfig
 from .usage import UserError
@@ -79,6 +79,7 @@ def check_folder(plan, overwrite: bool):
     if not plan.resuming:
         _refuse_an_earlier_run(plan.out, overwrite)  # before anything is written
         if overwrite:
+            _refuse_a_live_run(plan.out)  # the lock first: --overwrite never removes a live run's files
             removals = [_removal(plan.out / name) for name in RUN_FILES if name != "config.json"]
 
     def prepare() -> None:
@@ -90,6 +91,20 @@ def check_folder(plan, overwrite: bool):
                                "--out")
 
     return prepare
+
+
+def _refuse_a_live_run(out: Path) -> None:
+    """``--overwrite`` of a folder a live run still writes (its single checkpoint's or its
+    kept folder's lock names a process that may be running) is refused, nothing removed."""
+    for path in (lock_path(out / "checkpoint.ckpt", False), lock_path(out / "checkpoints", True)):
+        if path.is_symlink():
+            continue  # a link is not a lock this command wrote: _removal refuses the folder it is in
+        holder = RunLock(path, run_id="").live_holder()
+        if holder is not None:
+            raise UserError(f"--overwrite: {out} is being written by a run that may still be running (run "
+                            f"{holder.get('run')!s:.40}, process {holder.get('pid')} on {holder.get('host')!s:.60}, "
+                            f"started {holder.get('started')!s:.20}); nothing was removed. Wait for it to end or "
+                            f"stop it (if it is gone, remove {path})")
 
 
 def _removal(path: Path):

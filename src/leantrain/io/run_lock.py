@@ -75,6 +75,12 @@ class RunLock:
             return None
         return found if isinstance(found, dict) else None
 
+    def live_holder(self) -> Optional[dict]:
+        """The run the lock names when it may still be writing (``None``: no lock, a torn
+        one, or a dead holder's, which a new run may take over)."""
+        holder = self.holder() if self.path.exists() else None
+        return holder if holder is not None and self._live(holder) else None
+
     def _live(self, holder: dict) -> bool:
         """Whether the run ``holder`` names may still be writing."""
         pid = holder.get("pid")
