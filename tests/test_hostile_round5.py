@@ -424,10 +424,109 @@ def test_1_overwrite_never_removes_a_live_run_s_files(tmp_path, capsys, keep):
     extra = ["--keep-last", "2"] if keep else []
     assert main(["train", "--preset", "digits-mlp", "--out", str(run), "--epochs", "1", *extra]) == 0
     lock = run / "checkpoints" / NAME if keep else run / f".checkpoint.ckpt{NAME}"
-    lock.write_text(json.dumps({"run": "the-live-one", "pid": os.getpid(), "host": socket.gethostname(),
-                                "started": "now"}))  # this very process: alive
-    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
-    capsys.readouterr()
-    assert main(["train", "--preset", "digits-mlp", "--out", str(run), "--epochs", "1", "--overwrite", *extra]) == 2
-    assert "may still be running (run the-live-one" in capsys.readouterr().err
-    assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    with _live_process() as pid:
+        lock.write_text(json.dumps({"run": "the-live-one", "pid": pid, "host": socket.gethostname(),
+                                    "started": "now"}))
+        before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+        capsys.readouterr()
+        assert main(["train", "--preset", "digits-mlp", "--out", str(run), "--epochs", "1", "--overwrite",
+                     *extra]) == 2
+        assert "may still be running (run the-live-one" in capsys.readouterr().err
+        assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def _live_process():
+    """A child process that runs until the block ends (a lock's live holder)."""
+    import contextlib
+    import subprocess
+    import sys
+
+    @contextlib.contextmanager
+    def running():
+        child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+        try:
+            yield child.pid
+        finally:
+            child.stdin.close()
+            child.wait()
+    return running()
+
+
+def _lock_file(path, run, pid):
+    import socket
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"run": run, "pid": pid, "host": socket.gethostname(), "started": "then"}))
+
+
+def test_10_a_job_restarted_in_place_takes_over_its_dead_incarnation_s_lock(tmp_path):
+    """A container restart gives the same hostname and pid: the job's own dead incarnation's
+    lock refused it, calling its own run id "another run"."""
+    import os
+    from leantrain.io.run_lock import RunLock
+
+    path = tmp_path / ".c.ckpt.leantrain-run.json"
+    _lock_file(path, "run-1", os.getpid())  # this pid, held by no run of this process: a dead incarnation
+    lock = RunLock(path, "run-1")
+    assert lock.acquire("t", "c.ckpt") is None and lock.held
+    other = RunLock(path, "run-2")  # while it is held, a second run of this process is refused
+    assert "another run writes the checkpoints of c.ckpt: run run-1" in other.acquire("t", "c.ckpt")
+    lock.release()
+    assert not path.exists()
+
+
+def test_10_a_killed_run_s_unreaped_process_does_not_hold_its_lock(tmp_path):
+    """A killed run's zombie (dead, not yet reaped by its parent) blocked the resume."""
+    import os
+    from leantrain.io.atomic import process_alive
+    from leantrain.io.run_lock import RunLock
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # it has exited; left unreaped: a zombie
+    try:
+        assert not process_alive(pid)
+        path = tmp_path / ".c.ckpt.leantrain-run.json"
+        _lock_file(path, "run-1", pid)
+        assert RunLock(path, "run-1").acquire("t", "c.ckpt") is None
+    finally:
+        os.waitpid(pid, 0)
+
+
+def test_11_a_takeover_lost_to_another_run_leaves_that_run_s_lock(tmp_path, monkeypatch):
+    """Two runs taking over one dead lock at once could both hold it: the takeover moves the
+    dead lock aside first, and what it moved is checked (injected: another run takes the
+    lock over between this run's read and its move)."""
+    from leantrain.io import run_lock
+
+    path = tmp_path / ".c.ckpt.leantrain-run.json"
+    _lock_file(path, "dead-run", 2**22 + 12345)  # no such process
+    real = run_lock.os.rename
+    with _live_process() as pid:
+        def rename(src, dst):
+            if str(src) == str(path) and not str(dst).endswith(".restored"):
+                _lock_file(path, "quicker-run", pid)  # the other run's takeover lands first
+            return real(src, dst)
+        monkeypatch.setattr(run_lock.os, "rename", rename)
+        got = run_lock.RunLock(path, "slower-run").acquire("t", "c.ckpt")
+        assert got is not None and "run quicker-run" in got
+        assert json.loads(path.read_text())["run"] == "quicker-run"
+        assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_12_a_file_in_a_folder_a_live_run_keeps_is_refused(tmp_path):
+    """Locks were per file name: a second job checkpointing to ``kept/step4.ckpt`` replaced
+    a live run's kept file."""
+    from leantrain.io.run_lock import NAME
+
+    kept = tmp_path / "kept"
+    with _live_process() as pid:
+        _lock_file(kept / NAME, "keeping-run", pid)
+        (kept / "step4.ckpt").write_bytes(b"the live run's")
+        runner = lt.Runner.from_module(torch.nn.Linear(2, 1), "mse")
+        data = [(torch.randn(2, 2), torch.randn(2, 1)) for _ in range(2)]
+        with pytest.raises(lt.LeantrainError, match="another run writes the checkpoints of .*run keeping-run"):
+            lt.train_samples(runner, lt.TrainConfig(steps=2, batch_size=1, log_every=0,
+                                                    checkpoint_path=kept / "step4.ckpt"), data, log=None)
+        assert (kept / "step4.ckpt").read_bytes() == b"the live run's"

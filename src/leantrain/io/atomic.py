@@ -130,14 +130,20 @@ def remove_dead_scratch(folder: Path, key: Optional[str] = None) -> list[Path]:
 
 
 def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this machine (ours counts)."""
+    """Whether process ``pid`` runs on this machine (ours counts; a zombie, dead but not yet
+    reaped by its parent, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]  # after the command name, which may hold spaces
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): the process exists
+    return state not in (b"Z", b"X")
 
 
 def _fsync_dir(folder: Path) -> None:

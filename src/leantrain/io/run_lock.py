@@ -9,9 +9,13 @@ The lock names the run (its id, kept across resumes), the process and the machin
 A second run that finds the lock refuses to start, naming both runs, while the holder
 may still be running: its process is alive on this machine, or it runs on another
 machine (no way to tell; remove the lock by hand once it is gone, as the message
-says). A lock left by a process that died on this machine is taken over, and so is one
-of the same run held on another machine (a restart of that run). Taking the lock is one
-exclusive create; a takeover replaces the file atomically.
+says). A lock left by a process that died on this machine (a zombie counts as dead) is
+taken over, and so is one of the same run held on another machine (a restart of that
+run), and one naming this process's pid that no run of this process holds (a job
+restarted in place, as a container restart gives the same pid). A file destination also
+respects the lock of the folder it is in. Taking the lock is one exclusive create; a
+takeover first moves the dead lock aside with one ``rename`` (of two runs taking it over
+at once, one wins) and puts back what it moved if that was not the dead lock.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Optional
 from .atomic import atomic_write_bytes, process_alive
 
 NAME = ".leantrain-run.json"
+_HELD: set = set()  # the lock files runs of this process hold now (a restarted job has none)
 
 
 def lock_path(destination: Path, folder: bool) -> Path:
@@ -45,27 +50,67 @@ class RunLock:
 
     def acquire(self, op: str, what: str) -> Optional[str]:
         """Take the lock; or the reason it cannot be taken (another run writes ``what``),
-        with nothing changed."""
+        with nothing changed. A file destination also respects the lock of the folder it
+        is in (a run keeping its checkpoints there). A dead holder's lock is taken over by
+        moving it aside first (one ``rename``: of two runs taking it over at once, one)."""
         data = json.dumps(self.mine).encode()
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            holder = self.holder()
-            if holder is not None and self._live(holder):
-                return (f"{op}: another run writes the checkpoints of {what}: run {holder.get('run')!s:.40} "
-                        f"(process {holder.get('pid')} on {holder.get('host')!s:.60}, started "
-                        f"{holder.get('started')!s:.20}); this run is {self.run_id}. Give this run its own "
-                        f"checkpoint_path, or wait for that run to end (if it is gone, remove {self.path})")
-            atomic_write_bytes(self.path, data, op)  # a dead holder's lock (or a restart of this run)
+        folder_lock = self.path.parent / NAME
+        if self.path != folder_lock and folder_lock.exists():  # a file in a folder a run keeps
+            holder = RunLock(folder_lock, self.run_id).live_holder()
+            if holder is not None and holder.get("run") != self.run_id:
+                return self._refusal(op, what, holder, folder_lock)
+        for _ in range(3):  # a takeover lost to another run: read the lock again
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                raw = self._raw()
+                holder = self.holder()
+                if holder is not None and self._live(holder):
+                    return self._refusal(op, what, holder, self.path)
+                self._set_aside(raw)  # a dead holder's lock (a killed run, a restart of this one)
+                continue
+            except OSError as e:
+                return f"{op}: cannot take the lock {self.path} of {what}: {e.strerror or e}"
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
             self.held = True
+            _HELD.add(str(self.path))
             return None
-        except OSError as e:
-            return f"{op}: cannot take the lock {self.path} of {what}: {e.strerror or e}"
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        self.held = True
-        return None
+        return f"{op}: cannot take the lock {self.path} of {what}: other runs keep taking it over"
+
+    def _refusal(self, op: str, what: str, holder: dict, path: Path) -> str:
+        mine = holder.get("run") == self.run_id
+        who = ("this run (its id " + self.run_id + ") is already running from another process" if mine else
+               f"another run writes the checkpoints of {what}: run {holder.get('run')!s:.40}")
+        return (f"{op}: {who} (process {holder.get('pid')} on {holder.get('host')!s:.60}, started "
+                f"{holder.get('started')!s:.20}); this run is {self.run_id}. Give this run its own checkpoint_path, "
+                f"or wait for that run to end (if it is gone, remove {path})")
+
+    def _raw(self) -> Optional[bytes]:
+        try:
+            return self.path.read_bytes()
+        except OSError:
+            return None
+
+    def _set_aside(self, raw: Optional[bytes]) -> None:
+        """Move a dead holder's lock (read as ``raw``) out of the way; if what was moved is
+        not that lock (another run took it over meanwhile), put it back."""
+        aside = self.path.with_name(f"{self.path.name}.{os.getpid()}.stale")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return  # another run moved it first
+        try:
+            moved = aside.read_bytes()
+        except OSError:
+            moved = raw
+        if raw is not None and moved != raw:  # (a torn lock read as None stays set aside)
+            try:
+                os.link(aside, self.path)  # back, unless a lock is there again
+            except OSError:
+                pass
+        aside.unlink(missing_ok=True)
 
     def holder(self) -> Optional[dict]:
         """What the lock file names (``None``: unreadable, e.g. torn)."""
@@ -86,8 +131,8 @@ class RunLock:
         pid = holder.get("pid")
         if holder.get("host") != self.mine["host"]:
             return holder.get("run") != self.run_id  # another machine: alive unless it is this run restarting
-        if pid == os.getpid():
-            return True  # another run in this very process (a run started from a callback)
+        if pid == os.getpid():  # a run of this very process (started from a callback), or a restarted
+            return str(self.path) in _HELD  # job's dead incarnation, which had this pid too
         return isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and process_alive(pid)
 
     def release(self) -> None:
@@ -97,3 +142,4 @@ class RunLock:
             holder = self.holder()
             if holder is not None and holder.get("run") == self.run_id and holder.get("pid") == os.getpid():
                 self.path.unlink(missing_ok=True)
+            _HELD.discard(str(self.path))
