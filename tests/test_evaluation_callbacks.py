@@ -39,7 +39,8 @@ def test_evaluate_matches_a_plain_eval_loop_and_leaves_everything_as_found():
         outs = [model(x) for x, _ in data]
     losses = [torch.nn.functional.cross_entropy(o, y) for o, (_, y) in zip(outs, data)]
     correct = sum(int((o.argmax(-1) == y).sum()) for o, (_, y) in zip(outs, data))
-    assert res["loss"] == pytest.approx(float(sum(losses) / len(losses)), rel=1e-6)
+    rows = [len(y) for _, y in data]  # the loss weighs by examples too (#68 item 7), as Trainer and Lightning
+    assert res["loss"] == pytest.approx(float(sum(loss * k for loss, k in zip(losses, rows)) / sum(rows)), rel=1e-6)
     assert res["accuracy"] == correct / 17 and res["items"] == 4
     assert all(torch.equal(v, buffers[k]) for k, v in model.named_buffers())
     assert torch.equal(torch.get_rng_state(), rng)

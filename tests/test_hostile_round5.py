@@ -530,3 +530,29 @@ def test_12_a_file_in_a_folder_a_live_run_keeps_is_refused(tmp_path):
             lt.train_samples(runner, lt.TrainConfig(steps=2, batch_size=1, log_every=0,
                                                     checkpoint_path=kept / "step4.ckpt"), data, log=None)
         assert (kept / "step4.ckpt").read_bytes() == b"the live run's"
+
+
+def test_7_evaluate_weighs_the_loss_by_examples_as_trainer_and_lightning_do():
+    """``evaluate`` averaged batch means, so a short last batch weighed as much as a full
+    one: 66 rows in batches of 8 with "mse" gave the mean of the 9 batch means where
+    transformers' Trainer and Lightning give the mean over the 66 examples. The same number
+    drives keep_best, load_best_at_end and EarlyStopping. Batches of one size keep
+    upstream's mean of items, bit for bit."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    runner = lt.Runner.from_module(model, "mse")
+    x, y = torch.randn(66, 3), torch.randn(66, 1)
+    batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 66, 8)]
+    got = lt.evaluate(runner, batches)["loss"]
+    with torch.no_grad():
+        over_examples = float(torch.nn.functional.mse_loss(model(x), y))
+        means = [torch.nn.functional.mse_loss(model(a), b) for a, b in batches]
+    assert got == pytest.approx(over_examples, rel=1e-6)
+    assert abs(got - float(sum(means) / len(means))) > 1e-3  # the old figure, far from it
+    even = batches[:8]  # 64 rows: one size
+    with torch.no_grad():
+        total = None
+        for a, b in even:
+            loss = torch.nn.functional.mse_loss(model(a), b)
+            total = loss if total is None else total + loss
+    assert lt.evaluate(runner, even)["loss"] == float(total * (1.0 / 8))

@@ -3,8 +3,10 @@ named evaluation sets; ``predict``: the model's outputs per item.
 
 Runs in eval mode with no gradients and no buffer updates, restores the runner's mode
 and leaves the random generators as found (a torch DataLoader's too). The loss is the
-mean of the items' losses (upstream's rule: an empty set gives 0.0, reported with
-``items == 0``); a metric is averaged over every example when it returns one value per
+mean over the examples, as Trainer and Lightning report it: each item's loss weighs the
+rows of its target (a short last batch weighs less; items of one size give upstream's mean
+of the items' losses, bit for bit; a ``LossSum`` loss its total over its count; an empty
+set gives 0.0, reported with ``items == 0``, upstream's rule); a metric is averaged over every example when it returns one value per
 example, over items when it returns one value per item.
 """
 
@@ -62,7 +64,7 @@ def evaluate(
             and the loader's own) or ``"advance"`` (left as the pass leaves them).
 
     Returns:
-        ``{"loss": mean item loss, name: metric, ..., "items": count}`` (upstream's rule:
+        ``{"loss": mean loss over the examples, name: metric, ..., "items": count}`` (upstream's rule:
         no item gives a loss of 0.0 with ``items == 0``).
 
     Raises:
@@ -84,7 +86,7 @@ def evaluate(
     check_choice(op, "draws", draws, ("restore", "advance"))
     items = eval_items(op, data)
     sums = {name: [torch.zeros((), dtype=torch.float64, device=runner.device), 0] for name in metrics}
-    total, n = None, 0
+    total, n, weighted, rows = None, 0, None, []
     with runner.in_mode("eval"):
         kept = rng_preserved(runner.device, loader_generators(data)) if draws == "restore" else nullcontext()
         with kept, torch.no_grad(), runner.binding(op) as bound, bound.scratch_buffers():
@@ -95,6 +97,9 @@ def evaluate(
                     out = call_model(runner.module, s)
                     loss = checked_loss(op, runner.loss_fn(out, loss_target(s)))
                 total = loss if total is None else add_losses(total, loss)
+                if not isinstance(loss, LossSum):  # an item's mean weighs as many examples as it holds
+                    rows.append(examples_in(loss_target(s)))
+                    weighted = loss * rows[-1] if weighted is None else weighted + loss * rows[-1]
                 for name, fn in metrics.items():
                     value = fn(out, loss_target(s))
                     if not isinstance(value, torch.Tensor):
@@ -105,12 +110,22 @@ def evaluate(
         return {"loss": 0.0, **{name: 0.0 for name in metrics}, "items": 0.0}  # upstream's rule
     if isinstance(total, LossSum):  # the sum of totals over the sum of counts
         results = {"loss": float((total.total / total.count).item())}  # intentional sync: asked for
-    else:
+    elif len(set(rows)) == 1:  # items of one size: the mean over examples is upstream's mean of items
         results = {"loss": float((total * (1.0 / n)).item())}  # intentional sync: asked for
+    else:  # the mean over examples, as Trainer and Lightning report it (a short last batch weighs less)
+        results = {"loss": float((weighted * (1.0 / sum(rows))).item())}  # intentional sync: asked for
     for name, (s, k) in sums.items():
         results[name] = float(s.item()) / k if k else 0.0  # intentional sync
     results["items"] = float(n)
     return results
+
+
+def examples_in(target) -> int:
+    """How many examples an item's loss averages over: the rows of its target (a dict
+    sample's ``labels``, else its first tensor), 1 for a scalar target."""
+    if isinstance(target, Mapping):
+        target = target.get("labels", next((v for v in target.values() if isinstance(v, torch.Tensor)), None))
+    return int(target.shape[0]) if isinstance(target, torch.Tensor) and target.dim() >= 1 else 1
 
 
 def check_eval_sets(op: str, data: object) -> None:
