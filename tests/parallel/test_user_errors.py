@@ -51,15 +51,22 @@ print("finished", flush=True)
 """
 
 
-@pytest.mark.slow
-def test_a_users_backward_error_is_itself_on_its_rank_and_a_collective_error_on_the_other(tmp_path):
+def two_ranks(tmp_path, worker: str) -> list:
+    """``worker`` run as ranks 0 and 1 (gloo, one thread each), both expected to exit 3
+    after printing their error; their (stdout, stderr)."""
     script = tmp_path / "worker.py"
-    script.write_text(WORKER)
+    script.write_text(worker)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / "init")], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env) for r in (0, 1)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [3, 3], [e[-1500:] for _, e in outs]
+    return outs
+
+
+@pytest.mark.slow
+def test_a_users_backward_error_is_itself_on_its_rank_and_a_collective_error_on_the_other(tmp_path):
+    outs = two_ranks(tmp_path, WORKER)
     zero, one = outs[0][0], outs[1][0]
     assert one.startswith("RuntimeError | the model's own backward failed | train_samples: raised on rank 1 of 2, "
                           "update 3"), one
@@ -95,13 +102,7 @@ print("finished", flush=True)
 def test_a_rank_whose_loss_fails_in_the_first_measuring_pass_is_named_and_its_peer_gets_a_collective_error(tmp_path):
     """#68 item 18: the failing rank's DataError named neither its rank nor where, and its
     peer got gloo's raw RuntimeError from the batch agreement, not a CollectiveError."""
-    script = tmp_path / "worker.py"
-    script.write_text(FIRST_PASS)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / "init")], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for r in (0, 1)]
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert [p.returncode for p in procs] == [3, 3], [e[-1500:] for _, e in outs]
+    outs = two_ranks(tmp_path, FIRST_PASS)
     zero, one = outs[0][0], outs[1][0]
     assert "this rank's loss refused the sample" in one and \
         "train_samples: raised on rank 1 of 2, the measuring pass before update 1" in one, one
