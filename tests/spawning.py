@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 PRELOAD = ["torch", "torch.distributed", "leantrain", "safetensors.torch", "crash_child", "shard_crash_child",
            "shard_cases", "dist_cases", "rank_cases", "rank_data_cases", "rank_loader_cases", "token_cases",
            "folder_cases", "overlap_worker", "meta_cases",
-           "item_seed_cases"]
+           "item_seed_cases", "run_table_cases"]
 
 
 def context():

@@ -32,6 +32,17 @@ def test_a_run_evaluates_every_n_updates_keeps_the_last_and_the_best_and_logs_to
     assert "best checkpoint (accuracy)" in text
     assert (out / "metrics.csv").read_text().startswith("kind,step,epoch,name,value")
     assert len(list((out / "profile").glob("*.updates3-4.pt.trace.json"))) == 1
+    # inspect takes the run folder (#66): the kept files listed, the best shown in detail
+    assert main(["inspect", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{out}: a run folder keeping {len(kept)} checkpoint(s) in {out / 'checkpoints'}"
+    assert any(line.startswith("  step90.ckpt: ") and "(the newest" in line for line in lines)
+    name = f"step{best['step']}.ckpt"
+    assert f"showing {name}, the best:" in lines
+    assert lines[lines.index(f"showing {name}, the best:") + 1].startswith(f"{out / 'checkpoints' / name}: leantrain")
+    assert "integrity: OK" in "\n".join(lines)
+    assert main(["inspect", str(out / "checkpoints")]) == 0  # the folder itself: the newest shown
+    assert "showing step90.ckpt, the newest whole one:" in capsys.readouterr().out
 
 
 def test_a_run_with_a_folder_of_checkpoints_resumes_from_its_newest(tmp_path, capsys):

@@ -63,6 +63,9 @@ def test_a_sharded_command_run_resumes_and_overwrites(tmp_path, capsys):
     base = ["train", "--max-steps", "4", "--checkpoint-every", "2", "--sharding", "optimizer", "--out", str(out)]
     assert main(base) == 0
     assert (out / "checkpoint.ckpt" / "index.json").is_file()
+    capsys.readouterr()
+    assert main(["inspect", str(out)]) == 0  # the run folder: its sharded checkpoint
+    assert "sharded over 1 rank(s)" in capsys.readouterr().out
     assert main(["train", "--resume", str(out), "--max-steps", "6"]) == 0
     assert "steps: 6" in capsys.readouterr().out
     assert main(["train", "--max-steps", "2", "--out", str(out), "--overwrite"]) == 0  # unsharded: a file again

@@ -21,6 +21,7 @@ from ..io.atomic import path_problem
 from ..io.regular import read_regular
 from ..io.torchlean import detect_format
 from .check import cmd_check
+from .managed import describe_kept, kept_folder
 from .torchlean import cmd_export, inspect_torchlean
 from .train import cmd_train
 from .runconfig import add_flags
@@ -41,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR exactly "
                    "('auto': the --out folder's run if it has one, else start fresh)")
     i = sub.add_parser("inspect", help="show a checkpoint's slots, optimizer, progress and integrity")
-    i.add_argument("checkpoint")
+    i.add_argument("checkpoint", help="a checkpoint file, a sharded checkpoint folder, a run folder (the one "
+                   "checkpoint, or the kept ones listed and the best or newest shown), or a TorchLean file")
     c = sub.add_parser("check", help="verify leantrain's guarantees on a preset or your own model")
     c.add_argument("config", nargs="?", help="a TOML file with the same keys as train")
     add_flags(c, "check")
@@ -161,6 +163,8 @@ def cmd_inspect(args) -> int:
         return 0
     if path.is_dir() and (path / "checkpoint.ckpt").exists():
         path = path / "checkpoint.ckpt"  # a run folder: its checkpoint
+    elif kept_folder(path) is not None:  # a run keeping a folder of checkpoints: the files, then one of them
+        path = describe_kept(path, kept_folder(path))
     # The loader's own checks: format, the manifest's schema, tensor names, dtypes, shapes, CRCs.
     manifest, tensors = read_checkpoint(path, "inspect")
     slots, reps = manifest["slots"], manifest["representatives"]

@@ -49,10 +49,7 @@ def run_checkpoint(src: Path, step: Optional[int] = None) -> Path:
     checkpoints ``step{step}.ckpt``, the best (``--keep-best``: ranked by the newest
     whole file's record, with the run's direction) or else the newest whole file. The
     run's ``config.json`` is read as data only."""
-    import json
-
     from ..io.sharded import INDEX
-    from ..io.checkpoint import read_checkpoint
 
     run = src.is_dir() and not (src / INDEX).exists() and ((src / "checkpoint.ckpt").exists() or (src / FOLDER).is_dir())
     if not run:
@@ -73,19 +70,69 @@ def run_checkpoint(src: Path, step: Optional[int] = None) -> Path:
     newest = newest_whole(src / FOLDER / TEMPLATE, "export")
     if newest is None:
         raise UserError(f"export: {src / FOLDER} holds no whole checkpoint")
+    return best_kept(src, newest) or newest
+
+
+def best_kept(src: Path, newest: Path) -> Optional[Path]:
+    """The best checkpoint a ``--keep-best`` run in ``src`` keeps, ranked by ``newest``'s
+    record with the run's direction (``None``: the run keeps no best, or none ranks)."""
+    import json
+
+    from ..io.checkpoint import read_checkpoint
+
     try:
         settings = json.loads((src / "config.json").read_text())
     except (OSError, ValueError, RecursionError):
         settings = {}
     best = settings.get("keep_best") if isinstance(settings, dict) else None
     if not isinstance(best, str) or check_keep_best(best) is not None:
-        return newest
+        return None
     _, mode = keep_best(best)
     sign = 1.0 if mode == "min" else -1.0
     entries = read_checkpoint(newest, "export")[0]["progress"].get("checkpoints", [])
     scored = [e for e in entries if e[2] is not None and e[2] == e[2] and abs(e[2]) != float("inf")
               and (src / FOLDER / e[0]).is_file()]
-    return src / FOLDER / min(scored, key=lambda e: (sign * e[2], e[1]))[0] if scored else newest
+    return src / FOLDER / min(scored, key=lambda e: (sign * e[2], e[1]))[0] if scored else None
+
+
+def kept_folder(path: Path) -> Optional[Path]:
+    """The folder of kept checkpoints ``path`` names: a run folder's ``checkpoints/`` (a run
+    with ``--keep-last``/``--keep-best``), or such a folder itself (``None``: neither)."""
+    from ..io.sharded import INDEX
+
+    if not path.is_dir() or (path / INDEX).exists() or (path / "checkpoint.ckpt").exists():
+        return None
+    if (path / FOLDER).is_dir():
+        return path / FOLDER
+    return path if any(p.is_file() for p in path.glob("step*.ckpt")) else None
+
+
+def describe_kept(path: Path, folder: Path) -> Path:
+    """Print what a folder of kept checkpoints holds (each file's update and metric as the
+    newest whole file records them, the newest, the best) and return the one to show in
+    detail: the best of a ``--keep-best`` run, else the newest whole one."""
+    from ..io.checkpoint import read_checkpoint
+
+    newest = newest_whole(folder / TEMPLATE, "inspect")
+    if newest is None:
+        raise UserError(f"inspect: {folder} holds no whole checkpoint (no file step<N>.ckpt reads back whole)")
+    best = best_kept(path, newest) if folder == path / FOLDER else None
+    chosen = best or newest
+    entries = {e[0]: e for e in read_checkpoint(newest, "inspect")[0]["progress"].get("checkpoints", [])
+               if isinstance(e, list) and len(e) >= 3}
+    files = sorted((p for p in folder.glob("step*.ckpt") if p.is_file()),
+                   key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else -1)
+    what = f"a run folder keeping {len(files)} checkpoint(s) in {folder}" if folder != path else \
+        f"a folder of {len(files)} kept checkpoint(s)"
+    print(f"{path}: {what}")
+    for p in files:
+        e = entries.get(p.name)
+        metric = "" if e is None or e[2] is None else f", monitored value {e[2]:.6g}"
+        marks = [m for m, hit in (("the newest", p == newest), ("the best", p == best)) if hit]
+        known = "in the newest file's record" if e is not None else "not in the newest file's record"
+        print(f"  {p.name}: {known}{metric}" + (f" ({', '.join(marks)})" if marks else ""))
+    print(f"showing {chosen.name}, {'the best' if chosen == best else 'the newest whole one'}:")
+    return chosen
 
 
 def keep_best(value: Optional[str]) -> tuple[Optional[str], str]:

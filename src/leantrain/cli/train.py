@@ -47,6 +47,7 @@ EXACT_PIECES = 8  # with --exact-reduction: items per minibatch whatever the wor
 
 
 def cmd_train(args) -> int:
+    made = not (dist.is_available() and dist.is_initialized())  # a group the command makes is ended by it
     try:
         plan = plan_run(args)
         job = build_job(plan)
@@ -55,7 +56,7 @@ def cmd_train(args) -> int:
         prepare()
         return report_run(plan, job, run_job(plan, job, loggers))
     finally:
-        if dist.is_available() and dist.is_initialized():
+        if made and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
 
 

@@ -29,6 +29,7 @@ config is built (formatting a few steps and parsing them back).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -44,6 +45,12 @@ from ...io.sharded import INDEX
 from ...validate import is_int, is_number
 
 FIELDS = {"step": r"\d+", "epoch": r"\d+", "metric": r"[-+.\w]+"}
+
+
+def file_id_of(nonce: str, k: int) -> str:
+    """The id of the ``k``-th file a run's start writes (``nonce``: that start's random seed,
+    rank 0's): the same on every rank, different for every file of every run."""
+    return hashlib.sha256(f"{nonce}:{k}".encode()).hexdigest()[:16]
 
 
 def template_fields(path) -> Optional[list[str]]:
@@ -168,13 +175,17 @@ class CheckpointFolder:
         entry = self.best_entry()
         return None if entry is None else self.folder / entry[0]
 
-    def check_best(self) -> None:
-        """Raise ``CheckpointError`` when the best kept file is no longer the one this run
-        wrote (checked after each save while keeping the best, and before loading it)."""
+    def best_problem(self) -> Optional[str]:
+        """Why the best kept file is no longer the one this run wrote (``None``: it is, or
+        there is no best, or its entry predates identities)."""
         entry = self.best_entry()
-        if entry is None or len(entry) < 5:
-            return
-        why = self.identity_problem(entry)
+        return None if entry is None or len(entry) < 5 else self.identity_problem(entry)
+
+    def check_best(self, why: Optional[str] = None) -> None:
+        """Raise ``CheckpointError`` when the best kept file is no longer the one this run
+        wrote (checked after each save while keeping the best, and before loading it;
+        ``why``: the problem found where the file was written, rank 0)."""
+        why = why if why is not None else self.best_problem()
         if why is not None:
             raise CheckpointError(f"{self.op}: the best checkpoint kept: {why}; it is not loaded (give each job "
                                   f"its own checkpoint folder)")

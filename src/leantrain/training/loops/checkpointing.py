@@ -41,7 +41,7 @@ from ..parallel.strategy import Strategy
 from ..runner.precision import LossScaler, scaler_state_problems
 from ..runner.runner import Runner
 from .callbacks import Callback
-from .checkpoint_folder import CheckpointFolder, newest_whole, resume_path, template_fields
+from .checkpoint_folder import CheckpointFolder, file_id_of, newest_whole, resume_path, template_fields
 from .record import RunRecord
 
 Log = Callable[[str], None]
@@ -78,6 +78,7 @@ class Checkpointer:
         self.saved = True  # whether ``pending`` is on disk
         self.saved_step: Optional[int] = None  # the update of the newest checkpoint written
         self.saved_path = self.path  # and its file
+        self.nonce, self.saves = "", 0  # this start's seed of its files' ids, the files written since
 
     # ------------------------------------------------------------------ start
     def start(self, expect: dict) -> Optional[str]:
@@ -98,7 +99,8 @@ class Checkpointer:
         if self.resume_from is not None and cfg.resume_from == "auto":
             self.log(f"{self.op}: resuming from {self.resume_from}")
         saved_id = self._run_id_of(self.resume_from)
-        self.run_id = saved_id or uuid.uuid4().hex[:16]  # a resume continues its run
+        # One job, one identity: rank 0's run id (a resume continues its run) and its files' id seed on every rank.
+        self.run_id, self.nonce = self.strategy.from_main((saved_id or uuid.uuid4().hex[:16], uuid.uuid4().hex))
         self.legacy = self.resume_from is not None and saved_id is None  # its files carry no run id
         if self.path is None or not self.strategy.main:
             return None
@@ -115,13 +117,11 @@ class Checkpointer:
         return refused
 
     def _run_id_of(self, path: Optional[Path]) -> Optional[str]:
-        """The run id a resumed checkpoint records (``None``: none, or no resume)."""
-        if path is None or Path(path).is_dir():
-            return None
+        """The run id a resumed checkpoint records (``None``: none, or no resume; the load reports a bad file)."""
         try:
-            return run_of(read_manifest(path, self.op))
+            return None if path is None or Path(path).is_dir() else run_of(read_manifest(path, self.op))
         except CheckpointError:
-            return None  # the load reports the file's problems
+            return None
 
     def _foreign_files(self) -> Optional[str]:
         """Why this run's kept folder is not its own: files its template names that read as
@@ -208,7 +208,8 @@ class Checkpointer:
             runner.recheck()  # saving syncs mirrors to the host: check again at the next step
         progress, state, loader_state = self.pending
         step, path = progress["step"], self.path
-        file_id = uuid.uuid4().hex[:16]
+        file_id = file_id_of(self.nonce, self.saves)  # alike on every rank, new for every file
+        self.saves += 1
         kept = {}
         if self.folder is not None:
             metric = self.record.metric_at(step, self.cfg.monitor)
@@ -226,8 +227,8 @@ class Checkpointer:
             self.strategy.failed(self.op, e, f"saving the checkpoint of update {step}", self.last())
         if self.folder is not None:
             self.folder.written(path, kept["checkpoints"], self.strategy.main)
-            if self.cfg.keep_best is not None and self.cfg.load_best_at_end and self.strategy.main:
-                self.folder.check_best()  # said now, not after training on to the end
+            if self.cfg.keep_best is not None and self.cfg.load_best_at_end:
+                self.folder.check_best(self._best_problem())  # said now, not after training on to the end
         self.saved, self.saved_step, self.saved_path = True, step, path
 
     def _progress(self, progress: dict) -> dict:
@@ -260,14 +261,20 @@ class Checkpointer:
                               f"checkpoint ranks as the best; the model keeps its final weights", stacklevel=4)
             return None
         best = folder.folder / entry[0]
+        why = self._best_problem()
         if cfg.load_best_at_end:
-            folder.check_best()
+            folder.check_best(why)
             load_checkpoint(best, runner, restore_rng=False)  # the best parameters, nothing else
-        elif len(entry) >= 5 and folder.identity_problem(entry) is not None:
-            warnings.warn(f"{self.op}: the best checkpoint kept: {folder.identity_problem(entry)}; the report "
-                          f"names no best", stacklevel=4)
+        elif why is not None:
+            if self.strategy.main:
+                warnings.warn(f"{self.op}: the best checkpoint kept: {why}; the report names no best", stacklevel=4)
             return None
         return best
+
+    def _best_problem(self) -> Optional[str]:
+        """Why the best kept file is not this run's: proven where it was written (rank 0), the
+        verdict shared, so every rank loads the same file or none."""
+        return self.strategy.from_main(self.folder.best_problem() if self.strategy.main else None)
 
     def close(self) -> None:
         """Give the destination's lock back (the run ended, well or not)."""

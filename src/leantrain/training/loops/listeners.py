@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 from ..runner.runner import Runner
 from ..parallel.strategy import Strategy
-from .callbacks import Callback
+from .callbacks import Callback, EarlyStopping
 from .events import StepCallback, StepEvent
 from .loop_checks import wants_stop
 
@@ -26,15 +26,18 @@ _NOTHING = contextlib.nullcontext()
 
 
 class Listeners:
-    """The run's step callback and callbacks (``callbacks``: this rank's, already picked
-    from ``given``, the program's list)."""
+    """The run's step callback and callbacks (``whole``: the run's, checked, alike on
+    every rank but a progress bar; ``given``: the program's list). ``callbacks``: those
+    this rank runs (rank 0: all; others: those that run on ``every_rank``)."""
 
     def __init__(self, op: str, runner: Runner, strategy: Strategy, callback: Optional[StepCallback],
-                 callbacks: Sequence[Callback], given: Sequence[Callback]) -> None:
+                 whole: Sequence[Callback], given: Sequence[Callback]) -> None:
         self.op, self.runner, self.strategy = op, runner, strategy
-        self.callback, self.callbacks = callback, list(callbacks)
+        self.callback, self.callbacks = callback, [cb for cb in whole if strategy.main or cb.every_rank]
         self.may_change = callback is not None or not all(cb.reads_only for cb in self.callbacks)
         self.users = callback is not None or any(not type(cb).__module__.startswith("leantrain.") for cb in given)
+        #: the hooks whose answer may stop the run: decided once for the job, shared by every rank
+        self.decides = decisions(callback, given)
 
     def _user_code(self):
         return self.strategy.user_code() if self.users else _NOTHING
@@ -50,7 +53,7 @@ class Listeners:
             for cb in self.callbacks:
                 stop = wants_stop(self.op, f"{type(cb).__name__}.on_step", cb.on_step(event)) or stop
         self._ran()
-        return stop
+        return self._decided("on_step", stop)
 
     def epoch_end(self, event: StepEvent) -> bool:
         """After a loader epoch's last update: each callback's ``on_epoch_end``. True: stop."""
@@ -59,7 +62,7 @@ class Listeners:
             for cb in self.callbacks:
                 stop = wants_stop(self.op, f"{type(cb).__name__}.on_epoch_end", cb.on_epoch_end(event)) or stop
         self._ran()
-        return stop
+        return self._decided("on_epoch_end", stop)
 
     def evaluated(self, step: int, results: dict, user_metrics: bool) -> bool:
         """After an evaluation: each callback's ``on_eval`` (``user_metrics``: the user's
@@ -71,4 +74,22 @@ class Listeners:
         if user_metrics:
             self.runner.user_code_ran()
         self._ran()
-        return stop
+        return self._decided("on_eval", stop)
+
+    def _decided(self, hook: str, stop: bool) -> bool:
+        """The job's answer: under torch.distributed a stop any rank's code asked for stops
+        every rank at this update (one tiny collective of host memory, where ``hook`` may
+        stop the run at all), as Lightning reduces ``should_stop``."""
+        return self.strategy.any_rank(stop) if hook in self.decides else stop
+
+
+def decisions(callback: Optional[StepCallback], given: Sequence[Callback]) -> tuple[str, ...]:
+    """The hooks whose answer may stop a run (alike on every rank: the program's callbacks):
+    the step callback's; a user's callback's overridden hooks; ``EarlyStopping``'s
+    ``on_eval`` (leantrain's loggers, trackers and progress bar never stop a run)."""
+    def may(hook: str) -> bool:
+        return any((not type(cb).__module__.startswith("leantrain.") and getattr(type(cb), hook) is not
+                    getattr(Callback, hook)) or (hook == "on_eval" and isinstance(cb, EarlyStopping)) for cb in given)
+
+    hooks = ("on_step",) if callback is not None or may("on_step") else ()
+    return hooks + tuple(h for h in ("on_epoch_end", "on_eval") if may(h))

@@ -60,10 +60,10 @@ def run_loader_epochs(
     if not isinstance(start, Progress):  # (epoch, batches done in it, step, samples seen)
         epoch, batch, step, seen = start
         start = Progress(step, epoch, batch, seen)
-    first_logged = len(session.logged)
+    first_logged = len(session.record.logged)
     with runner.steady():  # checked at the first step, again after the user's code ran
         state, at = _epochs(cfg, stream, state, schedule_state, start, session)
-    return stream.loader, state, session.logged[first_logged:], at.step, at.seen
+    return stream.loader, state, session.record.logged[first_logged:], at.step, at.seen
 
 
 def _epochs(cfg: LoaderTrainConfig, stream: Stream, state: OptState, schedule_state: ScheduleState,

@@ -21,6 +21,7 @@ from .evaluation import result_names
 from ...params.meta import refuse_unfilled
 from ..runner.runner import Runner
 from ..parallel.sharding.state import check_shardable
+from ..parallel.distributed import join_launcher
 from ..parallel.sharding.strategy import ends_whole
 
 
@@ -29,6 +30,7 @@ def check_inputs(op: str, runner: object, cfg: object, kind: type) -> None:
         raise ConfigError(f"{op}: expected a Runner, got {type(runner).__name__}")
     if not isinstance(cfg, kind):
         raise ConfigError(f"{op}: expected a {kind.__name__}, got {type(cfg).__name__}")
+    join_launcher(op, runner.device, cfg.collective_timeout)  # torchrun's processes train one run, not N
     if cfg.sharding is not None:
         check_shardable(op, runner)
         if not elementwise(cfg.optimizer.hyper):
@@ -108,9 +110,9 @@ def _check_groups(op: str, cfg) -> None:
 
 
 def loop_callbacks(op: str, cfg, callbacks: Sequence[Callback], main: bool) -> list[Callback]:
-    """The run's callbacks: checked; on ranks other than 0 only those that run on every
-    rank (``every_rank``); plus a progress bar when the loop runs in a terminal with
-    logging on (never on other ranks, in tests or under ``log_every=0``)."""
+    """The run's callbacks, checked, alike on every rank (each rank runs those it should:
+    ``Listeners``); plus a progress bar when the loop runs in a terminal with logging on
+    (never on other ranks, in tests or under ``log_every=0``)."""
     if isinstance(callbacks, Callback) or not isinstance(callbacks, (list, tuple)):
         raise ConfigError(f"{op}: callbacks must be a list of leantrain Callback objects, got {type(callbacks).__name__}")
     for i, cb in enumerate(callbacks):
@@ -124,7 +126,7 @@ def loop_callbacks(op: str, cfg, callbacks: Sequence[Callback], main: bool) -> l
             if cb.monitor not in names:
                 raise ConfigError(f"{op}: EarlyStopping monitors {cb.monitor!r}, but the evaluations give "
                                   f"{sorted(names)}")
-    out = [cb for cb in callbacks if main or cb.every_rank]
+    out = list(callbacks)
     if isinstance(cfg.scheduler, Plateau):
         if cfg.eval_data is None:
             raise ConfigError(f"{op}: the plateau schedule reads evaluations: set eval_data (and eval_every)")

@@ -55,7 +55,7 @@ def run_sample_steps(
         raise ConfigError("run_sample_steps: opt must be cfg.optimizer (the optimizer the state was made by)")
     if session is None:
         session = Session("run_sample_steps", runner, cfg, "samples", log=log)
-    first_logged = len(session.logged)
+    first_logged = len(session.record.logged)
     step = start_step
     with runner.steady():  # checked at the first step, again after the user's code ran
         while step < cfg.steps:
@@ -66,7 +66,7 @@ def run_sample_steps(
             watch_memory(step)
             if session.after_update(done, batch, Progress(step)):
                 break
-    return state, session.logged[first_logged:], step
+    return state, session.record.logged[first_logged:], step
 
 
 def train_samples(

@@ -74,13 +74,13 @@ class Session:
         self.user_log = log
         # ``print`` and ``None`` (no log lines) are not the user's code: nothing to confirm after them.
         self.log: Log = _silent if log is None or not self.main else log if log is print else self._log
-        self.callbacks = loop_callbacks(op, cfg, callbacks, self.main)
-        self.listeners = Listeners(op, runner, self.strategy, callback, self.callbacks, callbacks)
+        whole = loop_callbacks(op, cfg, callbacks, self.main)  # alike on every rank: their states resume on each
+        self.listeners = Listeners(op, runner, self.strategy, callback, whole, callbacks)
+        self.callbacks = self.listeners.callbacks  # this rank's
         self.record = RunRecord()  # what the run measured and logged, resumed entries first
         # float16's dynamic loss scale
         self.scaler: Optional[LossScaler] = LossScaler(runner.device) if cfg.autocast == "float16" else None
-        self.checkpoints = Checkpointer(op, cfg, self.strategy, kind, self.record, self.callbacks, self.scaler,
-                                        self.log)
+        self.checkpoints = Checkpointer(op, cfg, self.strategy, kind, self.record, whole, self.scaler, self.log)
         self.started = time.perf_counter()
         # The device-side count of skipped steps (skip mode), read once, at the end.
         self.skipped = (torch.zeros((), device=runner.device)
@@ -91,11 +91,6 @@ class Session:
         self.meter = Throughput(runner, cfg.peak_flops, cfg.log_memory)  # rates read at the log cadence only
         self.profiler = UpdateProfiler(op, *cfg.profile, cfg.profile_dir, runner.device) if cfg.profile else None
         self._options: Optional[StepOptions] = None  # how the updates run: built at the first one
-
-    @property
-    def logged(self) -> list[tuple[int, float]]:
-        """(update, pre-update loss) of the logged updates, resumed ones first."""
-        return self.record.logged
 
     def _log(self, line: str) -> None:
         self.user_log(line)
@@ -133,7 +128,8 @@ class Session:
         cfg, runner, strategy, ck = self.cfg, self.runner, self.strategy, self.checkpoints
         check_start(self.op, cfg, runner, type(strategy) is Strategy)
         refused = ck.start(expect)
-        strategy.agree_on_start(self.op, dict(ck.expect, resume=ck.resume_from is not None, refused=refused))
+        strategy.agree_on_start(self.op, dict(ck.expect, resume=ck.resume_from is not None, refused=refused,
+                                              decides=self.listeners.decides))
         # Nothing of the runner changes (its mode, its moving average) until the start is accepted.
         if ck.resume_from is None:
             if cfg.seed is not None:
@@ -268,8 +264,8 @@ class Session:
     def evaluate(self, step: int) -> bool:
         """Evaluate on ``cfg.eval_data`` after update ``step``, keep the results, tell the callbacks."""
         with self._range("leantrain.evaluate"):
-            results = evaluate_sets(self.runner, self.cfg.eval_data, self.cfg.eval_metrics, ema=self.cfg.eval_ema,
-                                    draws=self.cfg.eval_draws)
+            results = self.strategy.from_main(evaluate_sets(self.runner, self.cfg.eval_data, self.cfg.eval_metrics,
+                                                            ema=self.cfg.eval_ema, draws=self.cfg.eval_draws))
         self.record.evals.append((step, results))
         metrics = (self.cfg.eval_metrics or {}).values()
         return self.listeners.evaluated(step, results, any(fn not in BUILTIN_METRICS for fn in metrics))

@@ -113,6 +113,12 @@ class DataParallelStrategy(Strategy):
             return rank_data.global_mean_loss(runner, samples)  # every rank's own items
         return runner.mean_loss(samples)
 
+    def any_rank(self, flag: bool) -> bool:
+        return distributed.any_rank(flag)
+
+    def from_main(self, value):
+        return distributed.from_main(value)
+
     def failed(self, op: str, e: RuntimeError, where: str, last: str):
         rank, world = distributed.rank_world()
         if not (isinstance(e, CollectiveError) or distributed.from_a_collective(e)):  # the user's own: as it is

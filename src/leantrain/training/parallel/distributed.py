@@ -33,6 +33,8 @@ DEFAULT_TIMEOUT = 300.0  # seconds a collective may wait for the slowest rank
 
 # The group leantrain's collectives run on while a loop runs (None: the default group).
 _group = None
+# The group the job's decisions travel on (host memory, gloo): ``None`` where ``_group`` is gloo already.
+_host = None
 
 
 def from_a_collective(e: BaseException) -> bool:
@@ -59,12 +61,15 @@ def collectives(timeout: Optional[float]) -> Iterator[None]:
     """Run the enclosed loop's collectives on a group of every rank whose operations
     fail after ``timeout`` seconds (``None``: the default group and its own timeout),
     so a stopped or dead peer is an error in minutes, not a hang of torch's default."""
-    global _group
-    if active() is None or timeout is None:
+    global _group, _host
+    if active() is None:
         yield
         return
-    group = dist.new_group(timeout=datetime.timedelta(seconds=timeout))  # every rank calls this
-    previous, _group = _group, group
+    extra = {} if timeout is None else {"timeout": datetime.timedelta(seconds=timeout)}
+    group = None if timeout is None else dist.new_group(**extra)  # every rank calls this
+    # The job's decisions (a stop, rank 0's results) are host data: on gloo, never through a device (NCCL).
+    host = None if dist.get_backend(group) == "gloo" else dist.new_group(backend="gloo", **extra)
+    (previous, previous_host), _group, _host = (_group, _host), group, host
     failed = False
     try:
         yield
@@ -72,9 +77,11 @@ def collectives(timeout: Optional[float]) -> Iterator[None]:
         failed = True  # a group whose peer is gone may not tear down cleanly: leave it
         raise
     finally:
-        _group = previous
+        _group, _host = previous, previous_host
         if not failed:
-            dist.destroy_process_group(group)
+            for made in (group, host):
+                if made is not None:
+                    dist.destroy_process_group(made)
 
 
 def group():
@@ -87,6 +94,25 @@ def active() -> Optional[tuple[int, int]]:
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         return dist.get_rank(), dist.get_world_size()
     return None
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether any rank says ``flag``: one decision for the job (a stop), the same on every
+    rank (a collective of host memory: no device sync; one process: ``flag``)."""
+    if active() is None:
+        return bool(flag)
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_host if _host is not None else _group)
+    return bool(t.item())  # a host tensor: no device read
+
+
+def from_main(value):
+    """Rank 0's ``value`` on every rank (a collective of host memory; one process: ``value``)."""
+    if active() is None:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0, group=_host if _host is not None else _group)
+    return box[0]
 
 
 def rank_world() -> tuple[int, int]:
@@ -217,6 +243,31 @@ def start_replicas(runner, check: bool = True) -> None:
     broadcast_parameters(runner.params, skip)
     if check:
         check_replicas(runner.params, "distributed start", skip)
+
+
+def join_launcher(op: str, device: torch.device, timeout: Optional[float]) -> None:
+    """A process torchrun started (``WORLD_SIZE`` > 1 in its environment) whose script made
+    no process group joins its job: leantrain initialises torch's default group from
+    torchrun's environment (as the command does; it stays initialised, as the script had
+    made it), so the ranks train one run, never N runs in one folder. An environment
+    that names a world but not how to meet is refused, naming ``init_process_group``."""
+    size = os.environ.get("WORLD_SIZE")
+    if size is None or not dist.is_available() or dist.is_initialized():
+        return
+    if not size.strip().isdigit():
+        raise ConfigError(f"{op}: WORLD_SIZE={size!r} in the environment is not a number of processes")
+    if int(size) <= 1:
+        return
+    missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
+    local = os.environ.get("LOCAL_RANK", "0")
+    if missing:
+        raise ConfigError(f"{op}: WORLD_SIZE={size} says this process is one of {size}, but {', '.join(missing)} "
+                          f"is not set (not a torchrun launch?): call torch.distributed.init_process_group(...) "
+                          f"before training, or launch with torchrun")
+    if device.type == "cuda" and device.index is not None and str(device.index) != local:
+        raise ConfigError(f"{op}: this process is torchrun's local rank {local} but its model is on {device}: put "
+                          f"each rank's model on cuda:{local} (torch.cuda.set_device(int(os.environ['LOCAL_RANK'])))")
+    init_from_env("cuda" if device.type == "cuda" else "cpu", timeout)
 
 
 def init_from_env(device: str = "cpu", timeout: Optional[float] = DEFAULT_TIMEOUT) -> bool:

@@ -11,7 +11,8 @@ and everything else that differs between one process, data parallel and sharding
 * around each update: the checks a rank makes before it (``before_update``) and the guard
   around the model's calls (``guard``), where ``watches_updates`` says there are any;
 * between updates: the context the user's code runs in (``user_code``), a checkpoint
-  written (``save``), a measured loss (``mean_loss``);
+  written (``save``), a measured loss (``mean_loss``), the job's decisions, taken once
+  and shared by every rank (``any_rank``: a stop; ``from_main``: rank 0's value);
 * the end: ``finish`` (a run that ended well), ``close`` (any end, the module the user's
   again), ``failed`` (how an error met inside the loop is reported).
 
@@ -113,6 +114,14 @@ class Strategy:
     def mean_loss(self, runner: Runner, samples: Iterable[Sample]) -> Optional[float]:
         """A measured mean loss over ``samples`` (this process's)."""
         return runner.mean_loss(samples)
+
+    def any_rank(self, flag: bool) -> bool:
+        """One decision for the job (a stop): true on every rank when any rank says so."""
+        return flag
+
+    def from_main(self, value):
+        """Rank 0's ``value`` on every rank (the run's id, an evaluation's results)."""
+        return value
 
     # ------------------------------------------------------------------- end
     def finish(self, runner: Runner) -> None:
