@@ -163,3 +163,61 @@ def test_the_update_seam_holds_what_an_update_calls():
 
 def test_the_session_stays_a_screen_of_calls():
     assert len((PKG / "training" / "loops" / "session.py").read_text().splitlines()) <= 300
+
+
+def test_evaluation_and_checkpoints_are_components_with_their_own_settings():
+    """#66: an ``Evaluator`` in ``training/loops/`` owns evaluation's cadence; the session
+    calls the ``Checkpointer`` through at most 6 members (torchtitan's trainer: 4)."""
+    from leantrain.training.loops.evaluator import EvalOptions, Evaluator
+    from leantrain.training.loops.checkpointing import CheckpointOptions, Checkpointer
+
+    assert Evaluator.__module__ == "leantrain.training.loops.evaluator"
+    assert Checkpointer.__module__ == CheckpointOptions.__module__ and EvalOptions.__module__ == Evaluator.__module__
+    tree = ast.parse((PKG / "training" / "loops" / "session.py").read_text())
+    bound = {"ck"}  # the session's local name for its Checkpointer
+    members = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            v = node.value
+            if (isinstance(v, ast.Attribute) and v.attr == "checkpoints" and isinstance(v.value, ast.Name)
+                    and v.value.id == "self") or (isinstance(v, ast.Name) and v.id in bound):
+                members.add(node.attr)
+    assert 0 < len(members) <= 6, sorted(members)
+    for name in ("eval_due", "epoch_eval_due"):  # evaluation's cadence is the Evaluator's, not the config's
+        assert not hasattr(__import__("leantrain").LoaderTrainConfig, name)
+
+
+def test_no_setting_is_declared_twice_and_the_library_reads_the_records():
+    """Each setting is a field of one class: the loop configs' own fields and the
+    records' (by their flat spellings, the table the configs derive) never overlap; and
+    inside the library a record setting is read from its record (``cfg.checkpoints.every``),
+    never by the flat spelling kept for users (``cfg.checkpoint_every``)."""
+    import dataclasses
+
+    import leantrain as lt
+    from leantrain.training.loops.config import LoopOptions
+    from leantrain.training.loops.settings import FLAT, RECORDS
+
+    # upstream's two configs (spec §4) each keep their own positional fields (steps, batch_size |
+    # epochs; optimizer, scheduler, log_every): counted once, as "the upstream config"
+    declared: dict[str, set[str]] = {}
+    for cls in (LoopOptions, lt.TrainConfig, lt.LoaderTrainConfig):
+        owner = cls.__name__ if cls is LoopOptions else "the upstream config"
+        for name in cls.__dict__.get("__annotations__", {}):
+            declared.setdefault(name, set()).add(owner)
+    for kind in RECORDS.values():
+        for f in dataclasses.fields(kind):
+            declared.setdefault(f.metadata.get("flat", f.name), set()).add(kind.__name__)
+    twice = {name: sorted(where) for name, where in declared.items() if len(where) > 1}
+    assert twice == {}
+    own = [set(c.__dict__["__annotations__"]) for c in (lt.TrainConfig, lt.LoaderTrainConfig)]
+    assert own[0] & own[1] == {"optimizer", "scheduler", "log_every"}  # upstream's, nothing else shared
+    assert set(FLAT) <= set(declared) and len(FLAT) == sum(len(dataclasses.fields(k)) for k in RECORDS.values())
+    reads = []
+    library = [p for p in FILES if "cli" not in p.relative_to(PKG).parts]  # the command's own RunConfig has flags
+    for path in library:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in FLAT and ast.unparse(node.value) in (
+                    "cfg", "self.cfg", "config", "tcfg", "loop_cfg"):
+                reads.append(f"{path.relative_to(PKG)}:{node.lineno} {ast.unparse(node)}")
+    assert reads == []

@@ -556,3 +556,68 @@ def test_7_evaluate_weighs_the_loss_by_examples_as_trainer_and_lightning_do():
             loss = torch.nn.functional.mse_loss(model(a), b)
             total = loss if total is None else total + loss
     assert lt.evaluate(runner, even)["loss"] == float(total * (1.0 / 8))
+
+
+def test_item_17_a_csv_log_with_a_newline_in_a_metric_name_resumes_as_the_straight_run(tmp_path):
+    """A metric named with a newline, a quote and a comma: killed after update 7 (an epoch
+    is 4 updates, checkpoints every 3) and resumed, the CSV log holds the straight run's
+    records once each, numbered alike (the log is trimmed as CSV records, not lines)."""
+    import csv
+
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(3, generator=g), torch.randn(1, generator=g)) for _ in range(16)]
+
+    def metric(o, t):
+        return (o - t).abs().mean()
+
+    def run(name, kill=None, resume=None):
+        torch.manual_seed(0)
+        runner = lt.Runner.from_module(torch.nn.Linear(3, 1), "mse")
+        cfg = lt.LoaderTrainConfig(epochs=3, eval_data={"val": data[:4]}, eval_metrics={'m\nx "q",': metric},
+                                   checkpoint_path=tmp_path / f"{name}.ckpt", checkpoint_every=3,
+                                   resume_from=resume, log_every=2)
+
+        def killer(e):
+            if e.step == kill:
+                raise KeyboardInterrupt
+
+        try:
+            lt.train_loader(runner, cfg, lt.DataLoader(data, batch_size=4, shuffle=True, seed=1), log=None,
+                            callbacks=[lt.CSVLogger(tmp_path / f"{name}.csv")], callback=killer)
+        except KeyboardInterrupt:
+            pass
+        with open(tmp_path / f"{name}.csv", newline="") as f:
+            return [r for r in csv.reader(f) if r[3] != "samples_per_s"]
+
+    straight = run("straight")
+    run("resumed", kill=7)
+    resumed = run("resumed", resume="auto")
+    assert resumed == straight and sum(r[3] == 'val_m\nx "q",' for r in straight) == 3
+
+
+def test_low_a_schedule_that_goes_negative_is_named_with_its_index():
+    class Falling(lt.optim.Schedule):
+        def lr_at(self, t):
+            return 0.1 - 0.2 * t
+
+    runner = lt.Runner.from_module(torch.nn.Linear(2, 1), "mse")
+    data = [(torch.randn(2), torch.randn(1)) for _ in range(4)]
+    with pytest.raises(lt.ConfigError, match=r"the scheduler Falling gives at index 1 what the optimizer refuses "
+                                             r"\(OptState.with_lr: lr must be finite and >= 0, got -0.1\)"):
+        lt.train_samples(runner, lt.TrainConfig(steps=3, scheduler=Falling(), log_every=0), data, log=None)
+
+
+def test_low_a_scheduler_standing_a_billion_steps_in_is_refused_not_replayed():
+    import time
+
+    t0 = time.perf_counter()
+    with pytest.raises(lt.ConfigError, match=r"lr_scheduler.StepLR: last_epoch=1000000000 stands 1000000001 steps in"):
+        lt.optim.lr_scheduler.StepLR(0.1, 3, last_epoch=10**9)
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 3)
+    sched.last_epoch = 10**8  # a long-stepped scheduler (as a job that ran for days leaves it)
+    with pytest.raises(lt.ConfigError, match=r"optim.from_torch: StepLR stands 100000000 steps in"):
+        lt.optim.from_torch(sched)
+    assert time.perf_counter() - t0 < 5  # refused at once, no replay
+    assert lt.optim.lr_scheduler.StepLR(0.1, 3, last_epoch=5).lr_at(0) == pytest.approx(0.1 * 0.1 ** 2)

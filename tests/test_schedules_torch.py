@@ -192,3 +192,20 @@ def test_a_plateau_without_evaluations_is_refused_before_training():
     with pytest.raises(lt.ConfigError, match="plateau schedule reads evaluations"):
         lt.train_samples(runner, cfg, [(torch.ones(3), torch.ones(1))], log=None)
     assert all(torch.equal(a, b) for a, b in zip(before, runner.module.state_dict().values()))
+
+
+def test_torchs_schedulers_are_implemented_once():
+    """#66: optim's constructors of torch's schedulers build the lr_scheduler classes (the
+    rates above are theirs); no second class of the same schedule remains."""
+    from leantrain.optim.schedules import torch_names
+
+    L = optim.lr_scheduler
+    made = {optim.one_cycle(0.1, 10): L.OneCycleLR, optim.cosine_restarts(0.1, 3): L.CosineAnnealingWarmRestarts,
+            optim.multi_step(0.1, [2]): L.MultiStepLR, optim.lambda_schedule(0.1, lambda t: 1.0): L.LambdaLR}
+    assert all(type(s) is cls and s.on_rate for s, cls in made.items())
+    own = [v.__name__ for v in vars(torch_names).values()
+           if isinstance(v, type) and issubclass(v, optim.Schedule) and v.__module__ == torch_names.__name__]
+    assert own == []  # constructors only: the classes are lr_scheduler's
+    assert optim.Sequential.__module__ == "leantrain.optim.schedules.upstream"  # schedules of any form, in turn
+    with pytest.raises(lt.ConfigError, match="made with an optimizer"):
+        optim.sequential([optim.constant(0.1), L.StepLR(optim.sgd(0.1), 3)], [4])

@@ -268,7 +268,7 @@ def test_throughput_is_logged_on_logged_updates_only_and_counts_examples_and_tok
 
 
 def test_throughput_adds_no_host_read_per_update(monkeypatch):
-    from test_trainer import HostReads
+    from test_loops import HostReads
 
     r = lt.Runner.from_module(net(), "cross_entropy").to("cpu")  # parameters on device mirrors
     reads = HostReads(monkeypatch)

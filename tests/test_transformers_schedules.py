@@ -107,7 +107,7 @@ def test_bad_transformers_arguments_are_config_errors(call, message):
 
 
 def test_warmup_ratio_is_trainers_ceil_of_the_run():
-    from leantrain.optim.transformers_names import warmup_steps_for
+    from leantrain.optim.schedules.transformers_names import warmup_steps_for
 
     assert warmup_steps_for("x", 1000, warmup_ratio=0.03) == math.ceil(1000 * 0.03) == 30
     assert warmup_steps_for("x", 999, 0.05) == 50 and warmup_steps_for("x", 999, 7) == 7

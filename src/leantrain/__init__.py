@@ -41,7 +41,9 @@ from .training.loops.callbacks import Callback, EarlyStopping, ProgressBar
 from .training.runner.averaging import Averaging
 from .training.loops.loggers import CSVLogger, JSONLLogger, MLflowLogger, TensorBoardLogger, WandbLogger
 from .training.loops.config import LoaderTrainConfig, TrainConfig, TrainReport
-from .training.loops.options import CheckpointOptions, EvalOptions, ParallelOptions
+from .training.loops.checkpointing import CheckpointOptions
+from .training.loops.evaluator import EvalOptions
+from .training.parallel.strategy import ParallelOptions
 from .training.loops.evaluation import evaluate, predict
 from .training.loops.run_options import seed_everything
 from .training.loops.loader_loop import run_loader_epochs, train_loader

@@ -38,9 +38,11 @@ with warnings.catch_warnings(record=True) as caught:
     report, _ = lt.train_loader(lt.Runner.from_module(model, "mse"), cfg,
                                 lt.DataLoader(data, batch_size=8, shuffle=True, seed=3), log=None,
                                 callbacks=[lt.EarlyStopping(patience=2, min_delta=0.5)])
-print("RESULT " + json.dumps({"rank": dist.get_rank(), "world": dist.get_world_size(), "steps": report.steps,
-                              "best": report.best_checkpoint, "weights": [float(p.sum()) for p in model.parameters()],
-                              "warnings": [str(w.message) for w in caught]}))
+result = {"rank": dist.get_rank(), "world": dist.get_world_size(), "steps": report.steps,
+          "best": report.best_checkpoint, "weights": [float(p.sum()) for p in model.parameters()],
+          "warnings": [str(w.message) for w in caught]}
+with open(os.path.join(sys.argv[2], f"result{dist.get_rank()}.json"), "w") as f:  # the ranks share one stdout
+    json.dump(result, f)
 """
 
 
@@ -71,11 +73,10 @@ def test_a_world_without_a_meeting_point_is_refused_before_anything_changes(tmp_
 def test_torchrun_processes_without_a_group_train_one_run(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
-    proc = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", "2", str(script), str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", "2", str(script), str(tmp_path / "run"),
+                           str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = sorted((json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")),
-                     key=lambda r: r["rank"])
+    results = [json.loads((tmp_path / f"result{r}.json").read_text()) for r in (0, 1)]
     assert [r["rank"] for r in results] == [0, 1] and {r["world"] for r in results} == {2}
     assert results[0]["warnings"] == [] and results[1]["warnings"] == []
     a, b = results

@@ -478,3 +478,29 @@ def test_a_hugging_face_llama_trains_under_parameter_sharding_with_the_unsharded
 
     model = _same_run(make, "model", data, data[:2])
     assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_a_released_modules_own_forward_is_refused_by_name_until_its_checkpoint_is_loaded(tmp_path):
+    """#68 (low): ``gather_at_end=False`` leaves the module released; calling it is a
+    ``ConfigError`` naming the tensor, not torch's error about a storage of size 0, and
+    once its sharded checkpoint is loaded into it the guard goes and it computes the
+    unsharded run's outputs."""
+    data = [(torch.randn(4), torch.randn(2)) for _ in range(6)]
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    plain = copy.deepcopy(model)
+    runner = lt.Runner.from_module(model, "mse")
+    cfg = config(steps=3, batch_size=2, sharding="parameters", gather_at_end=False, checkpoint_path=tmp_path / "ck")
+    lt.train_samples(runner, cfg, data, log=None)
+    with pytest.raises(ConfigError, match=r"'0.weight' holds no values: the sharding='parameters' run ended with the "
+                                          r"module released .* lt.load_checkpoint\(path, runner\)"):
+        model(torch.zeros(1, 4))
+    with pytest.raises(ConfigError, match="'0.weight'"):
+        lt.evaluate(runner, data)  # leantrain's own calls refuse it by name too
+    lt.load_checkpoint(tmp_path / "ck", runner)  # into the released module itself: its memory back, then filled
+    assert runner.unfilled == {} and lt.evaluate(runner, data)["items"] == 6
+    lt.train_samples(lt.Runner.from_module(plain, "mse"), replace(cfg, sharding=None, gather_at_end=None,
+                                                                 checkpoint_path=None), data, log=None)
+    x = torch.randn(3, 4)
+    assert torch.equal(model(x), plain(x))
+    assert all(not m._forward_pre_hooks for m in model.modules())  # the guards went with the first forward

@@ -274,7 +274,8 @@ def run_job(plan: Plan, job: Job, loggers: list) -> TrainReport:
         shown = f"test accuracy {results['accuracy']:.4f}" if job.classify else f"test loss {results['loss']:.6f}"
         if cfg.eval_every is not None:
             return f"step {step:>5}  {shown}"
-        return f"epoch {step // job.steps_per_epoch:>3}/{cfg.epochs}: step {step:>5}  {shown}"
+        # epochs numbered from 0, as StepEvent.epoch and the metrics files number them (Lightning's "Epoch 0")
+        return f"epoch {step // job.steps_per_epoch - 1:>3} of {cfg.epochs}: step {step:>5}  {shown}"
 
     if plan.main:
         describe(plan, job)

@@ -153,6 +153,7 @@ def load_checkpoint(
             continue
         device = s.mirror.device if s.mirror is not None else None
         s.write_host(tensors[f"storage.{k}"])
+        getattr(target, "unfilled", {}).pop(id(s.host), None)  # a released or meta-built tensor holds values now
         if device is not None:
             s.make_mirror(device)
     state = None

@@ -26,12 +26,10 @@ from .rules import (
     RMSPropState,
     SGDState,
 )
-from .plateau import Plateau
-from .schedules import Constant, Exponential, Schedule, Step, WarmupCosine
-from .torch_schedules import CosineRestarts, Lambda, MultiStep, OneCycle, Sequential
-from .warmup_schedules import (
-    ConstantWithWarmup, CosineWarmupWithMinLR, CosineWithMinLR, CosineWithWarmup, InverseSqrt, Linear, Polynomial,
-    WarmupStableDecay,
+from .schedules import (  # every schedule: one package, its layout upstream's, torch's and transformers' (schedules/)
+    Constant, ConstantWithWarmup, CosineWarmupWithMinLR, CosineWithMinLR, CosineWithWarmup, Exponential, Greedy,
+    InverseSqrt, Linear, Plateau, Polynomial, Schedule, Sequential, Step, WarmupCosine, WarmupStableDecay,
+    cosine_restarts, lambda_schedule, multi_step, one_cycle,
 )
 
 
@@ -44,18 +42,20 @@ from .constructors import (  # noqa: E402
 )
 
 
-from .greedy import Greedy  # noqa: E402
-from .lr_scheduler import ChainedScheduler  # noqa: E402
-from . import lr_scheduler  # noqa: E402
-from .transformers_names import *  # noqa: E402,F401,F403
-from . import transformers_names  # noqa: E402
+from .schedules.lr_scheduler import ChainedScheduler  # noqa: E402
+from . import lr_scheduler  # noqa: E402  (torch's names: schedules/lr_scheduler/, by their public path)
+from .schedules.transformers_names import *  # noqa: E402,F401,F403
+from .schedules import transformers_names  # noqa: E402
 
 # Every schedule class that declares a ``constructor`` (``Schedule.constructor``) gets a
 # function of that name here, taking the class's own arguments: ``optim.linear(1e-3, 10,
 # 100)`` is ``Linear(1e-3, 10, 100)``. Adding a schedule is its class and one line below.
 SCHEDULES = (Constant, Step, Exponential, WarmupCosine, Linear, CosineWithWarmup, WarmupStableDecay, Polynomial,
-             InverseSqrt, ConstantWithWarmup, CosineWithMinLR, CosineWarmupWithMinLR, OneCycle, CosineRestarts,
-             MultiStep, Sequential, Lambda, Plateau, Greedy, ChainedScheduler)
+             InverseSqrt, ConstantWithWarmup, CosineWithMinLR, CosineWarmupWithMinLR, Sequential, Plateau, Greedy,
+             ChainedScheduler)
+# torch's schedulers by leantrain's names: functions building the lr_scheduler classes (one implementation each)
+TORCH_NAMED = {"one_cycle": one_cycle, "cosine_restarts": cosine_restarts, "multi_step": multi_step,
+               "lambda_schedule": lambda_schedule}
 
 
 def _forwarding(cls):
@@ -69,7 +69,7 @@ def _forwarding(cls):
     return build
 
 
-SCHEDULE_CONSTRUCTORS = {cls.constructor: _forwarding(cls) for cls in SCHEDULES}
+SCHEDULE_CONSTRUCTORS = {**{cls.constructor: _forwarding(cls) for cls in SCHEDULES}, **TORCH_NAMED}
 globals().update(SCHEDULE_CONSTRUCTORS)
 
 

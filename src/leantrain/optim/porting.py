@@ -26,7 +26,7 @@ STATE_KEYS = {"m": "exp_avg", "v": "exp_avg_sq", "vmax": "max_exp_avg_sq", "buf"
 
 def from_torch(torch_optimizer: torch.optim.Optimizer, target=None):
     """A torch scheduler (``torch.optim.lr_scheduler``'s classes, ``swa_utils.SWALR``):
-    leantrain's schedule of the same class, at the step it stands (``optim/lr_scheduler/porting.py``).
+    leantrain's schedule of the same class, at the step it stands (``optim/schedules/lr_scheduler/porting.py``).
 
     A torch optimizer: ``(optimizer, state)``: leantrain's optimizer (running the
     implementation torch runs for those tensors and flags: ``fused=True``, foreach, or the
@@ -37,7 +37,7 @@ def from_torch(torch_optimizer: torch.optim.Optimizer, target=None):
     run started in plain PyTorch continues here with the bits it would have had there."""
     op = "optim.from_torch"
     if isinstance(torch_optimizer, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)):
-        from .lr_scheduler.porting import port_scheduler
+        from .schedules.lr_scheduler.porting import port_scheduler
 
         if target is not None:
             raise ConfigError(f"{op}: a scheduler ports alone (its optimizer's groups give its rates); drop target")

@@ -71,3 +71,28 @@ def unfilled_outside(runner) -> list[str]:
     return [f"{name!r} was built on torch's meta device and is not in a checkpoint (a non-persistent buffer): "
             f"resume a model that computes it (build the module, or that buffer, off meta)"
             for key, name in runner.unfilled.items() if key not in slots]
+
+
+def guard_released(module, released: dict) -> None:
+    """A module a ``"parameters"`` run left released (its Parameters' memory given back,
+    ``released``: id of each such Parameter -> its name) answers its own forward with a
+    ``ConfigError`` naming the tensor, not torch's error about a storage of size 0. The
+    hook on each module holding one goes at the first forward that finds its values back
+    (a checkpoint loaded into it)."""
+    for m in module.modules():
+        mine = [(p, released[id(p)]) for p in m.parameters(recurse=False) if id(p) in released]
+        if not mine:
+            continue
+        handle: list = []
+
+        def check(mod, args, mine=mine, handle=handle):
+            empty = [name for p, name in mine if p.untyped_storage().nbytes() == 0]
+            if empty:
+                raise ConfigError(
+                    f"{empty[0]!r} holds no values: the sharding='parameters' run ended with the module released "
+                    f"(gather_at_end=False, or a model built on meta), its result in its sharded checkpoint; "
+                    f"put it back with lt.load_checkpoint(path, runner), or train with gather_at_end=True")
+            handle.pop().remove()  # the values are back: the guard goes
+
+        handle.append(m.register_forward_pre_hook(check))
+

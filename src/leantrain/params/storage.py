@@ -52,10 +52,17 @@ class Storage:
         return self.host.dtype
 
     def write_host(self, value: torch.Tensor) -> None:
-        """Host write: copy ``value`` into the host tensor, drop the mirror, host current."""
+        """Host write: copy ``value`` into the host tensor, drop the mirror, host current. A
+        host tensor whose memory a ``"parameters"`` run released (its storage resized to
+        nothing) gets its memory back first: a write never lands outside its storage."""
         self.mirror = None  # not freed eagerly: a caller may still hold it
+        h = self.host
+        if h.numel():
+            need = (h.storage_offset() + sum((n - 1) * s for n, s in zip(h.shape, h.stride())) + 1) * h.element_size()
+            if h.untyped_storage().nbytes() < need:
+                h.untyped_storage().resize_(need)
         with torch.no_grad():
-            self.host.copy_(value)
+            h.copy_(value)
         self.host_current = True
 
     def write_mirror(self, value: torch.Tensor, op: str = "Storage.write_mirror") -> None:

@@ -90,9 +90,9 @@ class CheckpointFolder:
     run id, file id]`` each (``[name, step, metric]`` for files written before files
     carried an identity)."""
 
-    def __init__(self, op: str, cfg) -> None:
-        self.op, self.cfg = op, cfg
-        self.template = Path(cfg.checkpoint_path)
+    def __init__(self, op: str, settings) -> None:
+        self.op, self.settings = op, settings  # the run's CheckpointOptions
+        self.template = Path(settings.path)
         self.folder = self.template.parent
         self.entries: list[list] = []
         self.pattern = name_pattern(self.template)
@@ -153,17 +153,17 @@ class CheckpointFolder:
     def kept_names(self) -> set[str]:
         by_step = sorted(self.entries, key=lambda e: e[1])
         keep: set[str] = set()
-        if self.cfg.keep_last is not None:
-            keep |= {e[0] for e in by_step[-self.cfg.keep_last:]}
-        elif self.cfg.keep_best is None:
+        if self.settings.keep_last is not None:
+            keep |= {e[0] for e in by_step[-self.settings.keep_last:]}
+        elif self.settings.keep_best is None:
             keep |= {e[0] for e in by_step}  # no rule: every file stays
-        if self.cfg.keep_best is not None:
-            keep |= {e[0] for e in self.ranked()[:self.cfg.keep_best]}
+        if self.settings.keep_best is not None:
+            keep |= {e[0] for e in self.ranked()[:self.settings.keep_best]}
         return keep
 
     def ranked(self) -> list[list]:
         """The entries with a finite metric, best first (ties: the earlier update)."""
-        sign = 1.0 if self.cfg.mode == "min" else -1.0
+        sign = 1.0 if self.settings.mode == "min" else -1.0
         scored = [e for e in self.entries if e[2] is not None and math.isfinite(e[2])]
         return sorted(scored, key=lambda e: (sign * e[2], e[1]))
 
@@ -278,13 +278,13 @@ def newest_whole(template, op: str) -> Optional[Path]:
     return None
 
 
-def resume_path(cfg, folder: Optional[CheckpointFolder] = None):
-    """The checkpoint a run resumes from: ``cfg.resume_from``, or with ``"auto"`` the
-    checkpoint at ``cfg.checkpoint_path`` when one exists, the newest whole one of a
-    folder of checkpoints (``None``: start fresh)."""
-    if cfg.resume_from != "auto":
-        return cfg.resume_from
+def resume_path(settings, folder: Optional[CheckpointFolder] = None):
+    """The checkpoint a run with ``settings`` (its ``CheckpointOptions``) resumes from:
+    ``resume_from``, or with ``"auto"`` the checkpoint at ``path`` when one exists, the
+    newest whole one of a folder of checkpoints (``None``: start fresh)."""
+    if settings.resume_from != "auto":
+        return settings.resume_from
     if folder is not None:
         return folder.newest_valid()
-    path = Path(cfg.checkpoint_path)
+    path = Path(settings.path)
     return path if path.is_file() or (path / INDEX).is_file() else None  # a folder: once its index exists

@@ -19,12 +19,14 @@ manifest's ``identity``, beside the progress).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
+import os
 import uuid
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, ClassVar, Optional, Sequence, Union
 
 from ...errors import CheckpointError, ConfigError, LeantrainError
 from ...io.atomic import remove_dead_scratch
@@ -36,18 +38,66 @@ from ...io.sharded import check_folder
 from ...optim import OptState, Optimizer
 from ...params.meta import unfilled_outside
 from ...optim.optimizer import GENERIC, NATIVE
-from ...validate import is_int, is_number
+from ...validate import check_bool, check_choice, check_count
 from ..parallel.strategy import Strategy
-from ..runner.precision import LossScaler, scaler_state_problems
+from ..runner.precision import LossScaler
 from ..runner.runner import Runner
 from .callbacks import Callback
-from .checkpoint_folder import CheckpointFolder, file_id_of, newest_whole, resume_path, template_fields
+from .checkpoint_checks import check_savable, restore_callbacks, resume_check, stateful
+from .checkpoint_folder import CheckpointFolder, check_template, file_id_of, newest_whole, resume_path, template_fields
 from .record import RunRecord
 
 Log = Callable[[str], None]
+PathArg = Union[str, os.PathLike]
 
-# What a checkpoint written before a setting existed implies for it.
-EXPECT_DEFAULTS = {"accumulate": 1, "ema_decay": None, "autocast": None}
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointOptions:
+    """The ``Checkpointer``'s settings (a loop config's ``checkpoints``; each also a keyword
+    of the config: ``checkpoint_path``, ``checkpoint_every``, the others by their own
+    names): where and when checkpoints are written and what a run resumes from.
+
+    ``path``: the checkpoint (a file replaced at each save; ``{step}`` in its name keeps
+    a folder of files, see ``checkpoint_folder.py``); ``every``: save every N updates
+    (and at the end); ``resume_from``: continue exactly from a checkpoint (``"auto"``:
+    from ``path`` when one exists there, else start fresh); ``keep_last``/``keep_best``:
+    the folder keeps the newest K / the best K by ``monitor`` (an evaluation result) and
+    ``mode``; ``load_best_at_end``: the best one's parameters back in the model at the end."""
+
+    path: Optional[PathArg] = field(default=None, metadata={"flat": "checkpoint_path"})
+    every: int = field(default=0, metadata={"flat": "checkpoint_every"})
+    resume_from: Optional[PathArg] = None
+    keep_last: Optional[int] = None
+    keep_best: Optional[int] = None
+    monitor: str = "loss"
+    mode: str = "min"
+    load_best_at_end: bool = False
+
+    OP: ClassVar[str] = "CheckpointOptions"
+
+    def __post_init__(self) -> None:
+        op = self.OP
+        for name in ("path", "resume_from"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                flat = "checkpoint_path" if name == "path" else name
+                raise ConfigError(f"{op}: {flat} must be a path or None, got {type(value).__name__}")
+        check_count(op, "checkpoint_every", self.every, 0)
+        if self.resume_from == "auto" and self.path is None:
+            raise ConfigError(f"{op}: resume_from='auto' resumes from checkpoint_path: set one")
+        if self.every and self.path is None:
+            raise ConfigError(f"{op}: checkpoint_every={self.every} needs a checkpoint_path")
+        for name in ("keep_last", "keep_best"):
+            if getattr(self, name) is not None:
+                check_count(op, name, getattr(self, name), 1)
+        check_choice(op, "mode", self.mode, ("min", "max"))
+        check_bool(op, "load_best_at_end", self.load_best_at_end)
+        if not isinstance(self.monitor, str):
+            raise ConfigError(f"{op}: monitor must be an evaluation result's name, got {self.monitor!r}")
+        if self.load_best_at_end and self.keep_best is None:
+            raise ConfigError(f"{op}: load_best_at_end loads the best checkpoint kept: set keep_best (e.g. 1)")
+        managed = self.keep_last is not None or self.keep_best is not None or self.load_best_at_end
+        check_template(op, self.path, managed)
 
 
 def uses_native(runner: Runner, opt: Optimizer) -> bool:
@@ -58,17 +108,25 @@ def uses_native(runner: Runner, opt: Optimizer) -> bool:
 
 
 class Checkpointer:
-    """The checkpoints of one run of a ``kind`` loop (``"samples"`` or ``"loader"``).
-    ``record``: the run's record (saved in every progress, taken back on resume);
-    ``callbacks``: the run's (their states saved); ``scaler``: float16's loss scale."""
+    """The checkpoints of one run of a ``kind`` loop (``"samples"`` or ``"loader"``) with
+    ``settings``. ``record``: the run's record (saved in every progress, taken back on
+    resume); ``callbacks``: the run's (their states saved); ``scaler``: float16's loss
+    scale; ``run``: what every checkpoint carries of the run's other settings and must
+    match on resume (``ema_decay``, ``autocast``, ``seed``), ``averaging`` (its averaged
+    model saved too) and ``sharded`` (a sharded run saves a folder); ``span(name)``: the
+    profiler's range around a save. The session calls six members: ``start``, ``turn``,
+    ``finish``, ``load_best``, ``close`` and ``last``."""
 
-    def __init__(self, op: str, cfg, strategy: Strategy, kind: str, record: RunRecord,
-                 callbacks: Sequence[Callback], scaler: Optional[LossScaler], log: Log) -> None:
-        self.op, self.cfg, self.strategy, self.kind = op, cfg, strategy, kind
+    def __init__(self, op: str, settings: CheckpointOptions, strategy: Strategy, kind: str, record: RunRecord,
+                 callbacks: Sequence[Callback], scaler: Optional[LossScaler], log: Log, *, run: dict,
+                 averaging=None, sharded: bool = False, span=None) -> None:
+        self.op, self.settings, self.strategy, self.kind = op, settings, strategy, kind
         self.record, self.callbacks, self.scaler, self.log = record, callbacks, scaler, log
-        self.path = cfg.checkpoint_path
+        self.run, self.averaging, self.sharded = run, averaging, sharded
+        self.span = span if span is not None else (lambda name: contextlib.nullcontext())
+        self.path = settings.path
         # A folder of checkpoints ({step} in checkpoint_path): each save a new file, pruned.
-        self.folder = CheckpointFolder(op, cfg) if template_fields(self.path) else None
+        self.folder = CheckpointFolder(op, settings) if template_fields(self.path) else None
         self.expect: dict = {}  # what a resume must match; saved in every progress
         self.resume_from: Optional[Path] = None
         self.run_id: Optional[str] = None
@@ -81,22 +139,37 @@ class Checkpointer:
         self.nonce, self.saves = "", 0  # this start's seed of its files' ids, the files written since
 
     # ------------------------------------------------------------------ start
-    def start(self, expect: dict) -> Optional[str]:
-        """Check where checkpoints go, resolve the resume, take the destination's lock.
-        Returns why this run cannot write there (``None``: it can); the strategy makes
-        every rank raise it (``Strategy.agree_on_start``)."""
+    def start(self, runner: Runner, opt: Optimizer, expect: dict, agree: dict, loader_check=None
+              ) -> Optional[Checkpoint]:
+        """Check where checkpoints go, resolve the resume, take the destination's lock; every
+        rank agrees on the run (``Strategy.agree_on_start``: ``expect``, whether it resumes,
+        ``agree``, and why this run cannot write there, raised on every rank). Then the
+        checkpoint the run resumes from, read and checked before anything is installed, its
+        records taken back (``None``: a fresh run; nothing of the runner changed)."""
+        refused = self._prepare(expect)
+        self.strategy.agree_on_start(self.op, dict(self.expect, resume=self.resume_from is not None,
+                                                   refused=refused, **agree))
+        if self.resume_from is None:
+            return None
+        ck = self._load(runner, opt, loader_check)
+        self._restore(ck)
+        return ck
+
+    def _prepare(self, expect: dict) -> Optional[str]:
+        """Where checkpoints go, checked; the resume resolved; the lock taken. Returns why
+        this run cannot write there (``None``: it can)."""
         check_savable(self.op, self.callbacks)  # before the first update, not at the first save
-        cfg = self.cfg
+        settings = self.settings
         if self.folder is not None:
             check_destination(self.op, self.folder.path_for(0, 0, None))
-        elif self.path is not None and cfg.sharding is None:
+        elif self.path is not None and not self.sharded:
             check_destination(self.op, self.path)  # a folder is refused now, not at the first save
         elif self.path is not None:
             check_folder(self.op, self.path)  # a sharded run saves a folder
-        self.expect = dict(expect, ema_decay=cfg.ema_decay, autocast=cfg.autocast)
+        self.expect = dict(expect, ema_decay=self.run["ema_decay"], autocast=self.run["autocast"])
         self.strategy.check_shared(self.op, self.path)  # before any rank looks for a checkpoint
-        self.resume_from = resume_path(cfg, self.folder)
-        if self.resume_from is not None and cfg.resume_from == "auto":
+        self.resume_from = resume_path(settings, self.folder)
+        if self.resume_from is not None and settings.resume_from == "auto":
             self.log(f"{self.op}: resuming from {self.resume_from}")
         saved_id = self._run_id_of(self.resume_from)
         # One job, one identity: rank 0's run id (a resume continues its run) and its files' id seed on every rank.
@@ -145,7 +218,7 @@ class Checkpointer:
                 f"{', ...' if len(others) > 4 else ''}); this run ({self.run_id}) would replace or prune them: "
                 f"resume that run (resume_from='auto'), give this run its own folder, or move them away")
 
-    def load(self, runner: Runner, opt: Optimizer, loader_check=None) -> Checkpoint:
+    def _load(self, runner: Runner, opt: Optimizer, loader_check=None) -> Checkpoint:
         """Read the checkpoint the run resumes from; whether it fits this run (its kind,
         ``expect``, the update path, the kept-files record, ``loader_check``) is decided
         before anything is installed."""
@@ -155,14 +228,15 @@ class Checkpointer:
             extra.append(lambda manifest, tensors: self.folder.problems(manifest["progress"].get("checkpoints", [])))
         if runner.unfilled:  # a model built on meta: the checkpoint must fill every tensor it has
             extra.append(lambda manifest, tensors: unfilled_outside(runner))
-        fits = resume_check(self.kind, self.cfg, self.expect, want_path, self.scaler is not None, extra)
+        fits = resume_check(self.kind, self.expect, self.run["ema_decay"], self.averaging, want_path,
+                            self.scaler is not None, extra)
         ck = load_checkpoint(self.resume_from, runner, optimizer=opt, accept=fits, follow_trainable=True,
                              host_state=self.strategy.host_state,  # sharding moves its ranges only
-                             wanted=self.strategy.resume_ranges(runner, self.cfg))
+                             wanted=self.strategy.resume_ranges(runner))
         self.strategy.resumed(runner, ck.ranged)
         return ck
 
-    def restore(self, ck: Checkpoint) -> None:
+    def _restore(self, ck: Checkpoint) -> None:
         """Take back what a resumed checkpoint carries besides the parameters and the
         optimizer: the loss scale, the callbacks' states, the kept files, the record."""
         p = ck.progress
@@ -170,35 +244,43 @@ class Checkpointer:
             self.scaler.scale.fill_(p["loss_scale"])
             self.scaler.tracker.fill_(p["scale_tracker"])
         restore_callbacks(self.op, self.callbacks, p.get("callbacks", []))
-        if self.cfg.averaging is not None:
-            self.cfg.averaging.load(self.op, ck.averaged)
+        if self.averaging is not None:
+            self.averaging.load(self.op, ck.averaged)
         if self.folder is not None:
             self.folder.resume(p.get("checkpoints", []), p.get("checkpoint_folder"))
         self.record.resume(p)
 
     # ---------------------------------------------------------------- cadence
-    def hold(self, progress: dict, state: OptState, loader_state) -> None:
-        """The newest update's progress and state, saved when due (``loader_state`` may be
-        a function asked only when a file is written)."""
-        self.pending, self.saved = (progress, state, loader_state), False
-
-    def epoch_ended(self, progress: dict, state: OptState, loader_state) -> None:
-        """The newest update's epoch has ended: a checkpoint written from now on says so (a
-        resume from it does not run that end again; one from an earlier file does)."""
-        progress = dict(progress, epoch_end=True)
-        if self.pending is not None and self.pending[0]["step"] == progress["step"]:
-            self.pending = (dict(self.pending[0], epoch_end=True), *self.pending[1:])
-        else:  # a resumed run at its checkpoint's epoch end: nothing new since that file
-            self.pending = (progress, state, loader_state)
-
-    def due(self, step: int, stop: bool, evaluated: bool) -> bool:
-        """Whether update ``step`` is saved: on the ``checkpoint_every`` cadence, when the
-        run stops, and after each evaluation when keeping the best (to be ranked)."""
-        cfg = self.cfg
-        if not self.path:
-            return False
-        every = cfg.checkpoint_every
-        return stop or (evaluated and cfg.keep_best is not None) or bool(every and step % every == 0)
+    def turn(self, runner: Runner, progress: dict, state: OptState, loader_state, *, stop: bool = False,
+             evaluated: bool = False, epoch_end: bool = False, decide=None) -> bool:
+        """The checkpoints' turn after an update (``progress``: its position) or, with
+        ``epoch_end``, after a loader epoch's end: the newest update held (``loader_state``
+        may be a function asked only when a file is written) and written when due: on the
+        ``every`` cadence (after an update), after each evaluation when keeping the best (to
+        be ranked), then, once ``decide(stop)`` gave the job's answer (this rank's ``stop``
+        shared by every rank), when the run stops. The cadence's file is written before that
+        decision, so a peer lost there leaves it. A checkpoint written after an epoch's end
+        says so (a resume from it does not run that end again; one from an earlier file
+        does). Returns the job's answer: stop."""
+        if epoch_end:
+            progress = dict(progress, epoch_end=True)
+            if self.pending is not None and self.pending[0]["step"] == progress["step"]:
+                self.pending = (dict(self.pending[0], epoch_end=True), *self.pending[1:])
+            else:  # a resumed run at its checkpoint's epoch end: nothing new since that file
+                self.pending = (progress, state, loader_state)
+        else:
+            self.pending, self.saved = (progress, state, loader_state), False
+        every = 0 if epoch_end else self.settings.every
+        due = (evaluated and self.settings.keep_best is not None) or bool(every and progress["step"] % every == 0)
+        if self.path and due:
+            with self.span("leantrain.checkpoint"):
+                self.save(runner)
+        if decide is not None:
+            stop = decide(stop)
+        if self.path and stop and not self.saved:
+            with self.span("leantrain.checkpoint"):
+                self.save(runner)
+        return stop
 
     def save(self, runner: Runner) -> None:
         """Write the newest update's checkpoint (the strategy says which ranks write)."""
@@ -212,14 +294,14 @@ class Checkpointer:
         self.saves += 1
         kept = {}
         if self.folder is not None:
-            metric = self.record.metric_at(step, self.cfg.monitor)
+            metric = self.record.metric_at(step, self.settings.monitor)
             path = self.folder.path_for(step, progress.get("epoch"), metric)
             kept = {"checkpoints": self.folder.record(path, step, metric, self.run_id, file_id),
                     "checkpoint_folder": self.folder.where()}
         try:
-            averaged = {} if self.cfg.averaging is None else {"averaged": self.cfg.averaging.tensors()}
+            averaged = {} if self.averaging is None else {"averaged": self.averaging.tensors()}
             self.strategy.save(path, runner, state, dict(self._progress(progress), **kept), loader_state,
-                               runner.ema if self.cfg.ema_decay is not None else None,
+                               runner.ema if self.run["ema_decay"] is not None else None,
                                {"run": self.run_id, "file": file_id}, **averaged)
         except LeantrainError:
             raise
@@ -227,15 +309,15 @@ class Checkpointer:
             self.strategy.failed(self.op, e, f"saving the checkpoint of update {step}", self.last())
         if self.folder is not None:
             self.folder.written(path, kept["checkpoints"], self.strategy.main)
-            if self.cfg.keep_best is not None and self.cfg.load_best_at_end:
+            if self.settings.keep_best is not None and self.settings.load_best_at_end:
                 self.folder.check_best(self._best_problem())  # said now, not after training on to the end
         self.saved, self.saved_step, self.saved_path = True, step, path
 
     def _progress(self, progress: dict) -> dict:
         """A checkpoint's progress record: the update's, with the run's history."""
         states = [[type(cb).__name__, cb.state_dict()] for cb in stateful(self.callbacks)]
-        return dict(self.expect, **progress, kind=self.kind, seed=self.cfg.seed, **self.record.progress(), **({"callbacks": states} if states else {}),
-                    **(self.scaler.state() if self.scaler is not None else {}))
+        return dict(self.expect, **progress, kind=self.kind, seed=self.run["seed"], **self.record.progress(),
+                    **({"callbacks": states} if states else {}), **(self.scaler.state() if self.scaler is not None else {}))
 
     def last(self) -> str:
         """The newest checkpoint written, for error messages."""
@@ -251,18 +333,18 @@ class Checkpointer:
         """The best checkpoint kept (``keep_best``; ``None`` without one), proven to be the
         file this run wrote; with ``load_best_at_end`` its parameters put in the model (a
         best that is no longer this run's file is a ``CheckpointError``, not a silent load)."""
-        cfg, folder = self.cfg, self.folder
-        if folder is None or cfg.keep_best is None:
+        settings, folder = self.settings, self.folder
+        if folder is None or settings.keep_best is None:
             return None
         entry = folder.best_entry()
         if entry is None:
-            if cfg.load_best_at_end:
-                warnings.warn(f"{self.op}: load_best_at_end: no evaluation gave a finite {cfg.monitor!r}, so no "
+            if settings.load_best_at_end:
+                warnings.warn(f"{self.op}: load_best_at_end: no evaluation gave a finite {settings.monitor!r}, so no "
                               f"checkpoint ranks as the best; the model keeps its final weights", stacklevel=4)
             return None
         best = folder.folder / entry[0]
         why = self._best_problem()
-        if cfg.load_best_at_end:
+        if settings.load_best_at_end:
             folder.check_best(why)
             load_checkpoint(best, runner, restore_rng=False)  # the best parameters, nothing else
         elif why is not None:
@@ -274,7 +356,10 @@ class Checkpointer:
     def _best_problem(self) -> Optional[str]:
         """Why the best kept file is not this run's: proven where it was written (rank 0), the
         verdict shared, so every rank loads the same file or none."""
-        return self.strategy.from_main(self.folder.best_problem() if self.strategy.main else None)
+        try:
+            return self.strategy.from_main(self.folder.best_problem() if self.strategy.main else None)
+        except Exception as e:  # a peer lost: a CollectiveError naming where and the last checkpoint
+            self.strategy.failed(self.op, e, "sharing the best checkpoint's check", self.last())
 
     def close(self) -> None:
         """Give the destination's lock back (the run ended, well or not)."""
@@ -289,104 +374,6 @@ def run_of(manifest: dict) -> Optional[str]:
     return identity.get("run") if isinstance(identity, dict) else None
 
 
-# ----------------------------------------------------------------- checks
-def check_savable(op: str, callbacks: Sequence[Callback]) -> None:
-    """Each callback's saved state is JSON data (a checkpoint's progress holds it): checked
-    when the loop starts, so a tensor in it is refused before the first update, not at
-    the first save."""
-    for cb in callbacks:
-        state = cb.state_dict()
-        if state is None:
-            continue
-        try:
-            json.dumps(state, allow_nan=True)
-        except (TypeError, ValueError, RecursionError) as e:
-            raise ConfigError(f"{op}: {type(cb).__name__}.state_dict() is not JSON data ({e}); a checkpoint saves "
-                              f"it as JSON: return numbers, strings, lists and dicts (float(t) for a tensor "
-                              f"t)") from None
-
-
-def restore_callbacks(op: str, callbacks: Sequence[Callback], saved: list) -> None:
-    """Give the callbacks that keep state theirs back (the same kinds in the same order
-    as when saved); otherwise say that they start afresh."""
-    mine = stateful(callbacks)
-    kinds = [type(cb).__name__ for cb in mine]
-    if kinds == [kind for kind, _ in saved]:
-        for cb, (_, state) in zip(mine, saved):
-            cb.load_state_dict(state)
-    elif saved or mine:
-        warnings.warn(f"{op}: the checkpoint carries the state of the callbacks {[k for k, _ in saved]}, this "
-                      f"run's callbacks keeping state are {kinds}: they start afresh", stacklevel=6)
-
-
-def stateful(callbacks: Sequence[Callback]) -> list[Callback]:
-    """The callbacks that carry state across a resume (``state_dict()`` is not None)."""
-    return [cb for cb in callbacks if cb.state_dict() is not None]
-
-
-def progress_problems(kind: str, p: dict) -> list[str]:
-    """Why a saved progress record cannot resume a ``kind`` loop: each field it needs,
-    of the wrong type or out of range."""
-    out = []
-    counts = ("step",) + (("epoch", "batch", "seen") if kind == "loader" else ())
-    for key in counts:
-        v = p.get(key)
-        if not (is_int(v) and 0 <= v < 2**63):
-            out.append(f"progress.{key}: expected an integer >= 0, got {v!r}")
-    if p.get("before") is not None and not is_number(p.get("before")):
-        out.append(f"progress.before: expected a number or null, got {p.get('before')!r}")
-    for key in ("losses", "grad_norms"):
-        pairs = p.get(key, [] if key == "grad_norms" else None)
-        if not (isinstance(pairs, list) and all(
-                isinstance(x, list) and len(x) == 2 and is_int(x[0]) and is_number(x[1]) for x in pairs)):
-            out.append(f"progress.{key}: expected a list of [step, value] pairs")
-    saved = p.get("callbacks", [])
-    if not (isinstance(saved, list) and all(
-            isinstance(x, list) and len(x) == 2 and isinstance(x[0], str) and isinstance(x[1], dict) for x in saved)):
-        out.append("progress.callbacks: expected a list of [callback kind, state] pairs")
-    evals = p.get("evals", [])
-    if not (isinstance(evals, list) and all(
-            isinstance(x, list) and len(x) == 2 and is_int(x[0]) and isinstance(x[1], dict) for x in evals)):
-        out.append("progress.evals: expected a list of [step, results] pairs")
-    if p.get("checkpoint_folder") is not None and not isinstance(p.get("checkpoint_folder"), str):
-        out.append(f"progress.checkpoint_folder: expected a string, got {p.get('checkpoint_folder')!r:.40}")
-    return out
-
-
-def resume_check(kind: str, cfg, expect: dict, want_path: str, scaling: bool, extra: list):
-    """``accept(manifest, tensors)`` for ``load_checkpoint``: why a checkpoint cannot resume
-    this ``kind`` of loop (its progress, ``expect``, the moving average, the update path,
-    the float16 loss scale when ``scaling``, and each of ``extra``'s problems), decided
-    before anything is installed."""
-    def fits(manifest: dict, tensors: dict) -> list[str]:
-        p = manifest.get("progress") or {}
-        if not isinstance(p, dict) or p.get("kind") != kind or not manifest.get("optimizer"):
-            return [f"not a {kind} training checkpoint with optimizer state"]
-        problems = progress_problems(kind, p)
-        if scaling and p.get("autocast") == "float16":
-            problems += scaler_state_problems(p)
-        problems += [f"{key}: checkpoint has {p.get(key, EXPECT_DEFAULTS.get(key))!r}, this run has {value!r}"
-                     for key, value in expect.items() if p.get(key, EXPECT_DEFAULTS.get(key)) != value]
-        e = manifest.get("ema")
-        if cfg.ema_decay is not None and (e is None or e["decay"] != cfg.ema_decay):
-            problems.append(f"ema: checkpoint has {None if e is None else e['decay']!r}, "
-                            f"this run has ema_decay={cfg.ema_decay!r}")
-        if cfg.averaging is not None and manifest.get("averaged") is None:
-            problems.append("averaged: the checkpoint keeps no averaged model, this run has averaging")
-        elif cfg.averaging is not None and not cfg.averaging.fits(
-                {name: tensors[f"averaged.{name}"] for name in manifest["averaged"] if f"averaged.{name}" in tensors}):
-            problems.append("averaged: the checkpoint's averaged model does not fit this run's AveragedModel "
-                            "(names, shapes or dtypes differ)")
-        if manifest["optimizer"].get("path") != want_path:
-            problems.append(f"the checkpoint's optimizer history is {manifest['optimizer'].get('path')}; "
-                            f"resume with parameters on the same kind of device")
-        for check in extra:
-            problems += check(manifest, tensors)
-        return problems
-
-    return fits
-
-
 def resumed(ck: Checkpoint) -> Checkpoint:
     """What the loops keep of a resumed checkpoint: its progress and loader position; the
     whole optimizer state and moving average it read are dropped (a sharded rank keeps its
@@ -394,4 +381,4 @@ def resumed(ck: Checkpoint) -> Checkpoint:
     return dataclasses.replace(ck, state=None, ema=None)
 
 
-__all__ = ["Checkpointer", "newest_whole", "resume_check", "progress_problems", "uses_native"]
+__all__ = ["CheckpointOptions", "Checkpointer", "newest_whole", "uses_native"]

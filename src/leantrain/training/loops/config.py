@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 import dataclasses
-from dataclasses import InitVar, dataclass, field
-from typing import Callable, Mapping, Optional, Union
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Union
 
 from ...errors import ConfigError
 from ...optim import Optimizer, Schedule, sgd
@@ -16,8 +16,7 @@ from ..runner.neftune import check_alpha
 from ..runner.precision import check_autocast
 from ...validate import check_bool, check_choice, check_count, is_int
 from .checkpoint_folder import template_fields
-from .evaluation import result_names
-from .options import CheckpointOptions, EvalOptions, ParallelOptions, group
+from .settings import LOADER, flat_keywords, group, settings_of
 from .run_options import check_run_options
 from .schedule_index import check_epoch_indexing, epoch_schedule_varies  # noqa: F401 (the loader loop's too)
 from ..update.options import ACCUMULATION_MODES, NONFINITE_MODES
@@ -25,10 +24,11 @@ from ..update.options import ACCUMULATION_MODES, NONFINITE_MODES
 PathArg = Union[str, os.PathLike]
 
 
-def _common(op: str, cfg, records: dict) -> None:
-    """The records' own checks (``options.group``), then the settings no record owns and
-    what ties records together."""
-    group(op, cfg, records)
+def _common(op: str, cfg) -> None:
+    """The records' own checks (``group``), then the settings no record owns and what ties
+    records together."""
+    group(op, cfg, cfg.__dict__.pop("_flat", {}))
+    par, ev = cfg.parallel, cfg.evaluation
     if not isinstance(cfg.optimizer, Optimizer):
         raise ConfigError(
             f"{op}: optimizer must be built with leantrain.optim (e.g. optim.adam(1e-3)), "
@@ -50,7 +50,7 @@ def _common(op: str, cfg, records: dict) -> None:
     check_autocast(op, cfg.autocast)
     check_bool(op, "compile", cfg.compile)
     check_run_options(op, cfg)
-    if cfg.sharding == "parameters":
+    if par.sharding == "parameters":
         for what, bad in (("compile=True", cfg.compile),
                           ("accumulation='vectorized'", cfg.accumulation == "vectorized")):
             if bad:
@@ -62,12 +62,12 @@ def _common(op: str, cfg, records: dict) -> None:
         if not isinstance(cfg.averaging, Averaging):
             raise ConfigError(f"{op}: averaging must be a leantrain Averaging (of a torch AveragedModel), got "
                               f"{type(cfg.averaging).__name__}")
-        if cfg.sharding is not None:
+        if par.sharding is not None:
             raise ConfigError(f"{op}: averaging updates the AveragedModel from the whole module: it does not "
                               f"run with sharding (use ema_decay, which averages on the shards)")
-    if cfg.eval_ema and cfg.ema_decay is None:
+    if ev.ema and cfg.ema_decay is None:
         raise ConfigError(f"{op}: eval_ema evaluates the moving average: set ema_decay")
-    if cfg.exact_reduction and cfg.accumulation != "exact":
+    if par.exact_reduction and cfg.accumulation != "exact":
         raise ConfigError(f"{op}: exact_reduction folds items one by one: it needs accumulation='exact'")
     _check_kept_folder(op, cfg)
 
@@ -75,17 +75,17 @@ def _common(op: str, cfg, records: dict) -> None:
 def _check_kept_folder(op: str, cfg) -> None:
     """A folder of checkpoints against the other records: never sharded, and ranked by
     an evaluation result the run gives."""
-    if template_fields(cfg.checkpoint_path) is None:
+    ck, names = cfg.checkpoints, cfg.evaluation.result_names()
+    if template_fields(ck.path) is None:
         return
-    if cfg.sharding is not None:
+    if cfg.parallel.sharding is not None:
         raise ConfigError(f"{op}: a folder of checkpoints ({{step}} in checkpoint_path) is not kept for sharded "
                           f"runs, whose checkpoint is itself a folder: give a plain checkpoint_path")
-    if (cfg.keep_best is not None or cfg.load_best_at_end) and cfg.eval_data is None:
-        raise ConfigError(f"{op}: keep_best and load_best_at_end choose by an evaluation's {cfg.monitor!r}: "
+    if (ck.keep_best is not None or ck.load_best_at_end) and cfg.evaluation.data is None:
+        raise ConfigError(f"{op}: keep_best and load_best_at_end choose by an evaluation's {ck.monitor!r}: "
                           f"set eval_data")
-    if cfg.keep_best is not None and cfg.monitor not in result_names(cfg):
-        raise ConfigError(f"{op}: keep_best monitors {cfg.monitor!r}, but the evaluations give "
-                          f"{sorted(result_names(cfg))}")
+    if ck.keep_best is not None and ck.monitor not in names:
+        raise ConfigError(f"{op}: keep_best monitors {ck.monitor!r}, but the evaluations give {sorted(names)}")
 
 
 SCHEDULE_PER = ("epoch", "step")
@@ -98,113 +98,83 @@ def scheduled(cfg):
     if cfg.scheduler is None:
         lr = cfg.optimizer.lr
         return lambda t, s: s.with_lr(lr)
-    rates = cfg.scheduler.rates_at
-    return lambda t, s: s.with_rates(*rates(t))
+    sched = cfg.scheduler
+    rates = sched.rates_at
+
+    def at(t: int, s):
+        try:
+            return s.with_rates(*rates(t))
+        except ConfigError as e:  # a rate the optimizer refuses: say which schedule gave it, and where
+            raise ConfigError(f"the scheduler {type(sched).__name__} gives at index {t} what the optimizer refuses "
+                              f"({e}); a schedule's rates must be finite and >= 0 at every index") from None
+
+    return at
 
 
 @dataclass(frozen=True, kw_only=True)
 class LoopOptions:
     """Options both loops share beyond the upstream configs (keyword-only).
 
-    ``accumulation``: ``"exact"`` (item by item) or ``"vectorized"`` (stacked);
-    ``checkpoint_path``/``checkpoint_every``: save every N updates and at the end;
-    ``resume_from``: continue a run exactly from a checkpoint (``"auto"``: from
-    ``checkpoint_path`` when it exists, else start fresh: a restarted job picks up where
-    it stopped); ``replica_check``:
-    verify the ranks agree at the start (distributed); ``nonfinite``: ``"raise"`` or
-    ``"skip"`` for NaN/inf losses and gradients; ``eval_data``/``eval_every``/
-    ``eval_metrics``: evaluate (``leantrain.evaluate``) every ``eval_every`` updates (both
-    loops; loaders also take ``eval_every_epochs``; with neither, an in-memory loop
-    evaluates after every update and a loader loop after every epoch), results in
-    ``TrainReport.evals`` and in checkpoints; ``eval_data`` may be a dict of named sets
-    (``{"val": ..., "test": ...}``), whose results are named ``val_loss``, ``test_loss``...;
-    ``checkpoint_path`` with ``{step}`` in its name (``"runs/a/step{step}.ckpt"``) keeps a
-    folder of checkpoints: ``keep_last``/``keep_best`` (by ``monitor``, ``mode``),
-    ``load_best_at_end`` (see ``checkpoint_folder.py``); ``seed``/``deterministic``/
-    ``peak_flops``/``profile``/``profile_dir``: see ``run_options.py``; ``measure_loss=False`` skips the ``before``/``after`` passes;
-    ``exact_reduction``: under ``torch.distributed``, every rank folds all items' gradients
-    in item order, so any number of ranks gives the one-process bits (see distributed.py);
-    ``collective_timeout``: seconds a collective waits for the slowest rank before the
-    loop raises ``CollectiveError`` (``None``: the process group's own timeout);
+    The settings of the run's components are records, each declared, documented and
+    checked in its component's module: ``checkpoints`` (``CheckpointOptions``: where and
+    when checkpoints go, what a run resumes from, the kept folder), ``evaluation``
+    (``EvalOptions``: what is evaluated and when) and ``parallel`` (``ParallelOptions``:
+    how the ranks share a run, sharding). Each of their settings is also a keyword of the
+    config by its flat spelling: ``checkpoint_path``, ``checkpoint_every``,
+    ``resume_from``, ``keep_last``, ``keep_best``, ``monitor``, ``mode``,
+    ``load_best_at_end``; ``eval_data``, ``eval_every``, ``eval_metrics``, ``eval_ema``,
+    ``eval_draws``, ``eval_at_end`` (loaders also ``eval_every_epochs``); ``sharding``,
+    ``shard_by``, ``exact_reduction``, ``collective_timeout``, ``replica_check``,
+    ``init_weights``, ``init_from``, ``gather_at_end``, ``item_seeds``, ``shard_units``.
+    ``cfg.checkpoint_every`` reads one back, ``dataclasses.replace(cfg, eval_every=5)``
+    changes one; a setting given both ways with two values is refused. After
+    construction the config always holds the three records.
+
+    The others: ``accumulation``: ``"exact"`` (item by item) or ``"vectorized"``
+    (stacked); ``nonfinite``: ``"raise"`` or ``"skip"`` for NaN/inf losses and gradients;
+    ``seed``/``deterministic``/``peak_flops``/``profile``/``profile_dir``: see
+    ``run_options.py``; ``measure_loss=False`` skips the ``before``/``after`` passes;
     ``clip_grad_norm``/``clip_grad_value``: clip the mean canonical gradients before each
     update (one of them; ``torch.nn.utils.clip_grad_norm_``'s rule), the norm before
     clipping reported on logged steps (``TrainReport.grad_norms``, ``StepEvent.grad_norm``);
     ``ema_decay``: keep a moving average of the weights (``Runner.ema_values()``, saved in
-    checkpoints; see ema.py); ``eval_ema``: evaluate ``eval_data`` with the averaged weights; ``averaging``: drive the user's ``torch.optim.swa_utils.AveragedModel``
-    (``Averaging``: every N updates, from update K, torchvision's warm-up reset), kept in
-    checkpoints (one process; ``runner/averaging.py``); ``neftune_noise_alpha``: NEFTune's embedding noise while training (a Hugging Face
-    model; Trainer's, ``runner/neftune.py``); ``log_memory``: each logged update's metrics add ``peak_memory_mib``, the peak
-    since the last log line (CUDA's allocator peak; on CPU the peak resident set), as
-    Lightning's ``DeviceStatsMonitor``; ``eval_at_end``: evaluate after the run's last update too when it falls off the
-    ``eval_every`` cadence (Trainer's rule; with ``keep_best`` it is then ranked and kept);
-    ``eval_draws``:
-    ``"restore"`` (an evaluation changes nothing: every generator put back) or
-    ``"advance"`` (a hand-written loop's: the evaluation loader draws from the global
-    generator, so later shuffles follow from there; see ``EvalOptions``);
-    ``autocast``: ``"bfloat16"`` or ``"float16"`` mixed precision (precision.py; float16
-    scales the loss and skips overflow steps whatever ``nonfinite`` says); ``compile``: each
-    item's loss and gradients through ``torch.compile`` (compiled.py: faster kernels that
-    may round differently, so exact only against itself); ``sharding``: ``"optimizer"``
-    (ZeRO stage 1: each rank keeps the optimizer state of its ranges only) or
-    ``"gradients"`` (stage 2: its ranges of the reduced gradient too), see
-    ``parallel/sharding/step.py``, or ``"parameters"`` (stage 3: its ranges of the parameters too,
-    each module's gathered into its own Parameters around its use, gathering.py);
-    ``None``: every rank holds everything; ``shard_by``: ``"range"``
-    (each slot cut at multiples of 64 elements) or ``"slot"`` (whole slots per rank);
-    ``init_weights``/``init_from``/``gather_at_end``: a model built on torch's meta device
-    under ``"parameters"``; ``item_seeds``: each item's random draws seeded for it (``False``,
-    the default: one process's draws on any number of ranks);
-    ``shard_units``: the modules gathered whole under ``"parameters"``, see ``ParallelOptions``.
+    checkpoints; see ema.py); ``averaging``: drive the user's
+    ``torch.optim.swa_utils.AveragedModel`` (``Averaging``: every N updates, from update
+    K, torchvision's warm-up reset), kept in checkpoints (one process;
+    ``runner/averaging.py``); ``neftune_noise_alpha``: NEFTune's embedding noise while
+    training (a Hugging Face model; Trainer's, ``runner/neftune.py``); ``log_memory``:
+    each logged update's metrics add ``peak_memory_mib``, the peak since the last log line
+    (CUDA's allocator peak; on CPU the peak resident set), as Lightning's
+    ``DeviceStatsMonitor``; ``autocast``: ``"bfloat16"`` or ``"float16"`` mixed precision
+    (precision.py; float16 scales the loss and skips overflow steps whatever
+    ``nonfinite`` says); ``compile``: each item's loss and gradients through
+    ``torch.compile`` (compiled.py: faster kernels that may round differently, so exact
+    only against itself).
     """
 
     accumulation: str = "exact"
-    checkpoint_every: int = 0
-    checkpoint_path: Optional[PathArg] = None
-    resume_from: Optional[PathArg] = None
-    replica_check: bool = True
     nonfinite: str = "raise"
-    eval_data: Optional[object] = None
-    eval_every: Optional[int] = None
-    eval_metrics: Optional[Mapping[str, Callable]] = None
     measure_loss: bool = True
-    exact_reduction: bool = False
-    collective_timeout: Optional[float] = 300.0
     clip_grad_norm: Optional[float] = None
     clip_grad_value: Optional[float] = None
     ema_decay: Optional[float] = None
-    eval_ema: bool = False
-    eval_draws: str = "restore"
-    eval_at_end: bool = True
     log_memory: bool = False
     neftune_noise_alpha: Optional[float] = None
     averaging: Optional[object] = None
     autocast: Optional[str] = None
     compile: bool = False
-    sharding: Optional[str] = None
-    shard_by: str = "range"
-    init_weights: Union[None, str, Callable] = None
-    init_from: Optional[PathArg] = None
-    gather_at_end: Optional[bool] = None
-    item_seeds: bool = False
-    shard_units: Optional[tuple] = None
-    keep_last: Optional[int] = None
-    keep_best: Optional[int] = None
-    monitor: str = "loss"
-    mode: str = "min"
-    load_best_at_end: bool = False
     seed: Optional[int] = None
     deterministic: Union[bool, str] = False
     peak_flops: Optional[float] = None
     profile: Optional[tuple[int, int]] = None
     profile_dir: Optional[PathArg] = None
-    # The settings grouped by component (options.py): given here, they fill the flat fields
-    # above; after construction ``cfg.checkpoints``, ``cfg.evaluation`` and ``cfg.parallel``
-    # always hold the records.
-    checkpoints: InitVar[Optional[CheckpointOptions]] = None
-    evaluation: InitVar[Optional[EvalOptions]] = None
-    parallel: InitVar[Optional[ParallelOptions]] = None
+    # The components' records (given, or built from the flat keywords; always set after construction).
+    checkpoints: Optional[CheckpointOptions] = None
+    evaluation: Optional[EvalOptions] = None
+    parallel: Optional[ParallelOptions] = None
 
 
+@flat_keywords
 @dataclass(frozen=True)
 class TrainConfig(LoopOptions):
     """In-memory training: ``steps`` optimizer updates of ``batch_size`` items each.
@@ -222,19 +192,16 @@ class TrainConfig(LoopOptions):
     log_every: int = 1
     mem_watch: int = 0
 
-    def __post_init__(self, checkpoints, evaluation, parallel) -> None:
+    def __post_init__(self) -> None:
         op = "TrainConfig"
         check_count(op, "steps", self.steps, 0)
         check_count(op, "batch_size", self.batch_size, 1)
         check_count(op, "mem_watch", self.mem_watch, 0)
-        _common(op, self, {"checkpoints": checkpoints, "evaluation": evaluation, "parallel": parallel})
-
-    def eval_due(self, step: int, total: Optional[int] = None) -> bool:
-        """Whether an evaluation follows update ``step`` (every update without a cadence;
-        the run's last, update ``total``, too with ``eval_at_end``)."""
-        return self.eval_data is not None and (step % (self.eval_every or 1) == 0 or self.eval_at_end and step == total)
+        _common(op, self)
 
 
+
+@flat_keywords
 @dataclass(frozen=True)
 class LoaderTrainConfig(LoopOptions):
     """Loader training: ``epochs`` passes, read lazily (see ``streams.py``); one update
@@ -268,9 +235,8 @@ class LoaderTrainConfig(LoopOptions):
     schedule_per: str = "epoch"
     measure_batches: Optional[int] = 1  # None: whole passes (upstream's; a run's cost grows by two forwards per batch)
     pieces: Optional[int] = None
-    eval_every_epochs: Optional[int] = None
 
-    def __post_init__(self, checkpoints, evaluation, parallel) -> None:
+    def __post_init__(self) -> None:
         op = "LoaderTrainConfig"
         if self.epochs is None:
             if self.max_steps is None:
@@ -289,7 +255,7 @@ class LoaderTrainConfig(LoopOptions):
             if getattr(self, name) is not None:
                 check_count(op, name, getattr(self, name), 1)
         check_choice(op, "schedule_per", self.schedule_per, SCHEDULE_PER)
-        _common(op, self, {"checkpoints": checkpoints, "evaluation": evaluation, "parallel": parallel})
+        _common(op, self)
         check_epoch_indexing(op, self.scheduler, self.epochs, self.schedule_per)
 
     def accumulate_at(self, epoch: int) -> int:
@@ -306,19 +272,6 @@ class LoaderTrainConfig(LoopOptions):
     def accumulate_record(self):
         """``accumulate`` as a checkpoint records it (JSON: a schedule as ``[[epoch, k], ...]``)."""
         return [[e, k] for e, k in self.accumulate.items()] if isinstance(self.accumulate, Mapping) else self.accumulate
-
-    def eval_due(self, step: int, total: Optional[int] = None) -> bool:
-        """Whether an evaluation follows update ``step`` (on the ``eval_every`` cadence; the
-        run's last, update ``total``, too with ``eval_at_end``, as Trainer does)."""
-        return self.eval_data is not None and self.eval_every is not None and (
-            step % self.eval_every == 0 or self.eval_at_end and step == total)
-
-    def epoch_eval_due(self, epoch: int) -> bool:
-        """Whether an evaluation follows epoch ``epoch`` (0-based): every
-        ``eval_every_epochs``, or every epoch when no cadence is set."""
-        if self.eval_data is None or (self.eval_every is not None and self.eval_every_epochs is None):
-            return False
-        return (epoch + 1) % (self.eval_every_epochs or 1) == 0
 
 
 @dataclass(frozen=True)
@@ -349,23 +302,25 @@ def run_config(cfg) -> dict:
     strings and flags as they are, the optimizer as its kind and hyperparameters, paths
     as strings, data as its kind (and size when known), anything else as its repr."""
     out: dict = {}
-    for f in dataclasses.fields(cfg):
-        v = getattr(cfg, f.name)
+    loader = hasattr(cfg, "epochs")
+    for name, v in settings_of(cfg):
+        if name in LOADER and not loader:
+            continue
         if v is None or isinstance(v, (bool, int, float, str)):
-            out[f.name] = v
+            out[name] = v
         elif isinstance(v, Optimizer):
-            out[f.name] = v.kind
-            out.update({f"{f.name}.{k}": _plain(x) for k, x in dataclasses.asdict(v.hyper).items()})
+            out[name] = v.kind
+            out.update({f"{name}.{k}": _plain(x) for k, x in dataclasses.asdict(v.hyper).items()})
         elif isinstance(v, os.PathLike):
-            out[f.name] = os.fspath(v)
-        elif f.name == "eval_data":
+            out[name] = os.fspath(v)
+        elif name == "eval_data":
             sets = v if isinstance(v, Mapping) else {"": v}
-            out[f.name] = ", ".join(f"{k or type(d).__name__}" + (f"({len(d)})" if hasattr(d, "__len__") else "")
-                                    for k, d in sets.items())
-        elif f.name == "eval_metrics":
-            out[f.name] = ", ".join(v)
+            out[name] = ", ".join(f"{k or type(d).__name__}" + (f"({len(d)})" if hasattr(d, "__len__") else "")
+                                  for k, d in sets.items())
+        elif name == "eval_metrics":
+            out[name] = ", ".join(v)
         else:
-            out[f.name] = _plain(v)
+            out[name] = _plain(v)
     return out
 
 

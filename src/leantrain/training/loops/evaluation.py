@@ -144,15 +144,6 @@ def check_eval_sets(op: str, data: object) -> None:
             raise ConfigError(f"{op}: {where} is empty: an evaluation over nothing measures nothing")
 
 
-def result_names(cfg) -> set[str]:
-    """The names a loop's evaluations give (what ``EarlyStopping``, ``keep_best`` and the
-    plateau schedule may monitor)."""
-    base = {"loss", "items", *(cfg.eval_metrics or {})}
-    if isinstance(cfg.eval_data, Mapping):
-        return {f"{name}_{key}" for name in cfg.eval_data for key in base}
-    return base
-
-
 def evaluate_sets(runner: Runner, data: Union[EvalData, Mapping[str, EvalData]],
                   metrics: Optional[Mapping[str, Metric]] = None, *, ema: bool = False,
                   draws: str = "restore") -> dict[str, float]:

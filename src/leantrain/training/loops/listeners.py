@@ -31,8 +31,8 @@ class Listeners:
     this rank runs (rank 0: all; others: those that run on ``every_rank``)."""
 
     def __init__(self, op: str, runner: Runner, strategy: Strategy, callback: Optional[StepCallback],
-                 whole: Sequence[Callback], given: Sequence[Callback]) -> None:
-        self.op, self.runner, self.strategy = op, runner, strategy
+                 whole: Sequence[Callback], given: Sequence[Callback], failed=None) -> None:
+        self.op, self.runner, self.strategy, self.failed = op, runner, strategy, failed
         self.callback, self.callbacks = callback, [cb for cb in whole if strategy.main or cb.every_rank]
         self.may_change = callback is not None or not all(cb.reads_only for cb in self.callbacks)
         self.users = callback is not None or any(not type(cb).__module__.startswith("leantrain.") for cb in given)
@@ -53,7 +53,7 @@ class Listeners:
             for cb in self.callbacks:
                 stop = wants_stop(self.op, f"{type(cb).__name__}.on_step", cb.on_step(event)) or stop
         self._ran()
-        return self._decided("on_step", stop)
+        return stop
 
     def epoch_end(self, event: StepEvent) -> bool:
         """After a loader epoch's last update: each callback's ``on_epoch_end``. True: stop."""
@@ -62,7 +62,7 @@ class Listeners:
             for cb in self.callbacks:
                 stop = wants_stop(self.op, f"{type(cb).__name__}.on_epoch_end", cb.on_epoch_end(event)) or stop
         self._ran()
-        return self._decided("on_epoch_end", stop)
+        return stop
 
     def evaluated(self, step: int, results: dict, user_metrics: bool) -> bool:
         """After an evaluation: each callback's ``on_eval`` (``user_metrics``: the user's
@@ -74,13 +74,23 @@ class Listeners:
         if user_metrics:
             self.runner.user_code_ran()
         self._ran()
-        return self._decided("on_eval", stop)
+        return stop
 
-    def _decided(self, hook: str, stop: bool) -> bool:
-        """The job's answer: under torch.distributed a stop any rank's code asked for stops
-        every rank at this update (one tiny collective of host memory, where ``hook`` may
-        stop the run at all), as Lightning reduces ``should_stop``."""
-        return self.strategy.any_rank(stop) if hook in self.decides else stop
+    def decide(self, stop: bool, step: int, hooks: tuple) -> bool:
+        """The job's answer after update ``step``, whose ``hooks`` ran (this rank's answer
+        ``stop``): under torch.distributed a stop any rank's code asked for stops every rank
+        at this update (one tiny collective of host memory, where one of ``hooks`` may stop
+        the run at all), as Lightning reduces ``should_stop``. A peer lost meanwhile is
+        reported by ``failed(error, where)`` (the session's: a ``CollectiveError``)."""
+        if not any(h in self.decides for h in hooks):
+            return stop
+        try:
+            return self.strategy.any_rank(stop)
+        except Exception as e:
+            if self.failed is None:
+                raise
+            self.failed(e, f"after update {step} (the job's decision to stop, {'/'.join(hooks)})")
+            raise  # failed raises; never reached
 
 
 def decisions(callback: Optional[StepCallback], given: Sequence[Callback]) -> tuple[str, ...]:

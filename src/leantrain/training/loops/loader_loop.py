@@ -224,7 +224,7 @@ def train_loader(
                       f"advances only when a pass of the loader ends, so a stream that never ends trains at the "
                       f"rate {cfg.scheduler.lr_at(0)!r} throughout; set schedule_per='step' to schedule over "
                       f"updates", stacklevel=2)
-    with distributed.collectives(cfg.collective_timeout):  # fail, not hang, on a lost peer
+    with distributed.collectives(cfg.parallel.collective_timeout):  # fail, not hang, on a lost peer
         session = Session(op, runner, cfg, "loader", log=log, callback=callback, callbacks=callbacks, local=local)
         with session.computing():  # autocast and the loss scale, for this loop only
             partition = local and not isinstance(loader, DataLoader)  # a sampler's depends on the world size

@@ -13,11 +13,10 @@ import numpy
 import torch
 
 from ...errors import ConfigError
-from ...optim.plateau import Plateau
+from ...optim.schedules.plateau import Plateau
 from ...optim.rules import elementwise
 
 from .callbacks import Callback, EarlyStopping, PlateauFeed, ProgressBar
-from .evaluation import result_names
 from ...params.meta import refuse_unfilled
 from ..runner.runner import Runner
 from ..parallel.sharding.state import check_shardable
@@ -30,12 +29,13 @@ def check_inputs(op: str, runner: object, cfg: object, kind: type) -> None:
         raise ConfigError(f"{op}: expected a Runner, got {type(runner).__name__}")
     if not isinstance(cfg, kind):
         raise ConfigError(f"{op}: expected a {kind.__name__}, got {type(cfg).__name__}")
-    join_launcher(op, runner.device, cfg.collective_timeout)  # torchrun's processes train one run, not N
-    if cfg.sharding is not None:
+    par = cfg.parallel
+    join_launcher(op, runner.device, par.collective_timeout)  # torchrun's processes train one run, not N
+    if par.sharding is not None:
         check_shardable(op, runner)
         if not elementwise(cfg.optimizer.hyper):
             raise ConfigError(
-                f"{op}: sharding={cfg.sharding!r} cuts each slot's optimizer state into ranges, but "
+                f"{op}: sharding={par.sharding!r} cuts each slot's optimizer state into ranges, but "
                 f"{cfg.optimizer.kind} updates a whole matrix at a time (Newton-Schulz needs it whole); "
                 f"train it unsharded, or with data parallelism alone")
     check_filling(op, runner, cfg)
@@ -53,15 +53,16 @@ def check_filling(op: str, runner: Runner, cfg) -> None:
     ``"parameters"`` run's ``init_weights``/``init_from`` or by a resumed checkpoint; the
     two options fill only such a model; a run that ends with the module released keeps its
     result in its checkpoint, so it needs one."""
-    fills = cfg.init_weights is not None or cfg.init_from is not None
-    resumes = cfg.resume_from is not None and cfg.resume_from != "auto"
+    par, resume_from = cfg.parallel, cfg.checkpoints.resume_from
+    fills = par.init_weights is not None or par.init_from is not None
+    resumes = resume_from is not None and resume_from != "auto"
     if runner.unfilled and not fills and not resumes:
         refuse_unfilled(op, runner.unfilled)
     if fills and not runner.unfilled:
         raise ConfigError(f"{op}: init_weights/init_from fill a model built on torch's meta device, but this "
                           f"model's tensors all have values (nothing to fill): build the model under "
                           f"torch.device('meta'), or drop the option")
-    if cfg.sharding == "parameters" and not ends_whole(cfg, runner) and cfg.checkpoint_path is None:
+    if par.sharding == "parameters" and not ends_whole(par, runner) and cfg.checkpoints.path is None:
         raise ConfigError(f"{op}: this sharding='parameters' run ends with the module released (a model built on "
                           f"meta, or gather_at_end=False): its result is its sharded checkpoint; set "
                           f"checkpoint_path, or gather_at_end=True")
@@ -92,7 +93,7 @@ def check_schedule(op: str, cfg, runner: Runner) -> None:
 
 
 def _check_groups(op: str, cfg) -> None:
-    from ...optim.lr_scheduler.replay import describe
+    from ...optim.schedules.lr_scheduler.replay import describe
 
     sched = cfg.scheduler
     bases = getattr(sched, "bases", None)
@@ -118,28 +119,26 @@ def loop_callbacks(op: str, cfg, callbacks: Sequence[Callback], main: bool) -> l
     for i, cb in enumerate(callbacks):
         if not isinstance(cb, Callback):
             raise ConfigError(f"{op}: callbacks[{i}] is a {type(cb).__name__}, not a leantrain Callback")
+    evaluates, names = cfg.evaluation.data is not None, cfg.evaluation.result_names()
     for cb in callbacks:
         if isinstance(cb, EarlyStopping):  # refused before training, not after the first evaluation
-            if cfg.eval_data is None:
+            if not evaluates:
                 raise ConfigError(f"{op}: EarlyStopping watches evaluations: set eval_data (and eval_every)")
-            names = result_names(cfg)
             if cb.monitor not in names:
                 raise ConfigError(f"{op}: EarlyStopping monitors {cb.monitor!r}, but the evaluations give "
                                   f"{sorted(names)}")
     out = list(callbacks)
     if isinstance(cfg.scheduler, Plateau):
-        if cfg.eval_data is None:
+        if not evaluates:
             raise ConfigError(f"{op}: the plateau schedule reads evaluations: set eval_data (and eval_every)")
-        names = result_names(cfg)
         if cfg.scheduler.monitor not in names:
             raise ConfigError(f"{op}: the plateau schedule monitors {cfg.scheduler.monitor!r}, but the evaluations "
                               f"give {sorted(names)}")
         out.insert(0, PlateauFeed(cfg.scheduler))
     if main and cfg.log_every and sys.stderr.isatty() and not any(isinstance(c, ProgressBar) for c in out):
         out.append(ProgressBar())
-    results = result_names(cfg) if cfg.eval_data is not None else set()
     for cb in out:
-        cb.check_names(op, results)  # a tracker's rules, before the first update rather than at the first evaluation
+        cb.check_names(op, names)  # a tracker's rules, before the first update rather than at the first evaluation
     return out
 
 

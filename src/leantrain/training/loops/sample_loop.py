@@ -106,7 +106,7 @@ def train_samples(
         raise DataError(f"{op}: empty sample list; nothing to train on")
     samples = [check_sample(op, s, i) for i, s in enumerate(samples)]
     n, k = len(samples), cfg.batch_size
-    with distributed.collectives(cfg.collective_timeout):  # fail, not hang, on a lost peer
+    with distributed.collectives(cfg.parallel.collective_timeout):  # fail, not hang, on a lost peer
         session = Session(op, runner, cfg, "samples", log=log, callback=callback, callbacks=callbacks)
         with session.computing():  # autocast and the loss scale, for this loop only
             state, ck = session.start(lambda: runner.mean_loss(samples), {"batch_size": k, "n_samples": n})

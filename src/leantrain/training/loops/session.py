@@ -8,8 +8,10 @@ loss and the ``TrainReport``. The loops only say what a batch is and in which or
 they come. Its components each own their concern and state, as torchtitan's trainer
 holds its checkpointer: the ``Strategy`` (how processes share the run, chosen once:
 ``parallel/choose.py``), the ``Checkpointer`` (``checkpointing.py``), the
-``Listeners`` (the user's code between updates), the run's ``RunRecord``. Updates are
-numbered from 1 everywhere (``events.py``).
+``Listeners`` (the user's code between updates), the ``Evaluator`` (``evaluator.py``:
+evaluation's settings, cadence and results), the run's ``RunRecord``. Each is handed its
+own settings record (``cfg.checkpoints``, ``cfg.evaluation``, ``cfg.parallel``), not the
+config. Updates are numbered from 1 everywhere (``events.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import torch
 
 from ...errors import NonFiniteError
 from ...io.loading import Checkpoint
-from ...metrics import BUILTIN as BUILTIN_METRICS
 from ...optim import OptState, Optimizer
 from ...optim.optimizer import NATIVE
 from ..parallel.choose import choose
@@ -35,7 +36,7 @@ from ..update.step import Update, update
 from .callbacks import Callback
 from .checkpointing import Checkpointer, resumed, uses_native
 from .config import TrainReport, run_config
-from .evaluation import evaluate_sets
+from .evaluator import Evaluator
 from .events import Progress, StepCallback, StepEvent
 from .listeners import Listeners
 from .loop_checks import check_start, loop_callbacks
@@ -68,19 +69,24 @@ class Session:
         self.op, self.runner, self.cfg, self.kind = op, runner, cfg, kind
         self.opt: Optimizer = cfg.optimizer
         # How the processes share the run, chosen once (the seam: parallel/); its reduction shares each update.
-        self.strategy: Strategy = choose(cfg, local=local)
+        self.strategy: Strategy = choose(cfg.parallel, local=local)
         self.reduction = self.strategy.reduction
         self.main = self.strategy.main  # under torch.distributed only rank 0 logs and writes
         self.user_log = log
         # ``print`` and ``None`` (no log lines) are not the user's code: nothing to confirm after them.
         self.log: Log = _silent if log is None or not self.main else log if log is print else self._log
         whole = loop_callbacks(op, cfg, callbacks, self.main)  # alike on every rank: their states resume on each
-        self.listeners = Listeners(op, runner, self.strategy, callback, whole, callbacks)
+        self.listeners = Listeners(op, runner, self.strategy, callback, whole, callbacks, self._collective_failed)
         self.callbacks = self.listeners.callbacks  # this rank's
         self.record = RunRecord()  # what the run measured and logged, resumed entries first
         # float16's dynamic loss scale
         self.scaler: Optional[LossScaler] = LossScaler(runner.device) if cfg.autocast == "float16" else None
-        self.checkpoints = Checkpointer(op, cfg, self.strategy, kind, self.record, whole, self.scaler, self.log)
+        self.checkpoints = Checkpointer(op, cfg.checkpoints, self.strategy, kind, self.record, whole, self.scaler,
+                                        self.log, run=dict(ema_decay=cfg.ema_decay, autocast=cfg.autocast, seed=cfg.seed),
+                                        averaging=cfg.averaging, sharded=cfg.parallel.sharding is not None,
+                                        span=self._range)
+        self.evaluator = Evaluator(cfg.evaluation, kind, runner, self.strategy, self.listeners, self.record, self._range,
+                                   self._collective_failed)
         self.started = time.perf_counter()
         # The device-side count of skipped steps (skip mode), read once, at the end.
         self.skipped = (torch.zeros((), device=runner.device)
@@ -88,6 +94,7 @@ class Session:
         self.stopped, self.total = False, None  # total: the run's updates (begin)
         self.last: Optional[StepEvent] = None  # the newest update's event (an epoch's end hears it)
         self.epoch_ended: Optional[tuple[int, int]] = None  # (epoch, update) whose end a resumed checkpoint saw
+        self.resumed_from: Optional[str] = None  # the checkpoint the run continues
         self.meter = Throughput(runner, cfg.peak_flops, cfg.log_memory)  # rates read at the log cadence only
         self.profiler = UpdateProfiler(op, *cfg.profile, cfg.profile_dir, runner.device) if cfg.profile else None
         self._options: Optional[StepOptions] = None  # how the updates run: built at the first one
@@ -123,19 +130,17 @@ class Session:
     def start(self, measure: Callable[[], Optional[float]], expect: dict, loader_check=None
               ) -> tuple[OptState, Optional[Checkpoint]]:
         """A fresh history and the ``before`` loss (``measure()``, with ``measure_loss``), or, with
-        ``cfg.resume_from``, the checkpoint's state (its progress must match ``expect``,
+        ``resume_from``, the checkpoint's state (its progress must match ``expect``,
         and ``loader_check(manifest, tensors)`` find no problem)."""
-        cfg, runner, strategy, ck = self.cfg, self.runner, self.strategy, self.checkpoints
+        cfg, runner, strategy = self.cfg, self.runner, self.strategy
         check_start(self.op, cfg, runner, type(strategy) is Strategy)
-        refused = ck.start(expect)
-        strategy.agree_on_start(self.op, dict(ck.expect, resume=ck.resume_from is not None, refused=refused,
-                                              decides=self.listeners.decides))
-        # Nothing of the runner changes (its mode, its moving average) until the start is accepted.
-        if ck.resume_from is None:
+        # Nothing of the runner changes (its mode, its moving average) until the start is accepted by every rank.
+        saved = self.checkpoints.start(runner, self.opt, expect, {"decides": self.listeners.decides}, loader_check)
+        if saved is None:
             if cfg.seed is not None:
                 seed_everything(cfg.seed)  # a fresh run only: a resume restores the saved generators
-            strategy.start_replicas(self.op, runner, cfg.replica_check)
-            state = strategy.start(self.op, cfg, runner, self.opt, uses_native(runner, self.opt))
+            strategy.start_replicas(self.op, runner)
+            state = strategy.start(self.op, runner, self.opt, uses_native(runner, self.opt))
             runner.train()
             if cfg.ema_decay is not None:
                 runner.keep_ema(strategy.ema(runner, cfg.ema_decay))
@@ -145,13 +150,12 @@ class Session:
             except Exception as e:
                 self._collective_failed(e, "the measuring pass before update 1")
             return state, None
-        saved = ck.load(runner, self.opt, loader_check)
         runner.train()
-        ck.restore(saved)
+        self.resumed_from = str(saved.path)
         if saved.progress.get("epoch_end"):
             self.epoch_ended = (saved.progress["epoch"], saved.progress["step"])
-        strategy.start_replicas(self.op, runner, cfg.replica_check)
-        state = strategy.start(self.op, cfg, runner, self.opt, saved.state.path == NATIVE, saved.state)
+        strategy.start_replicas(self.op, runner)
+        state = strategy.start(self.op, runner, self.opt, saved.state.path == NATIVE, saved.state)
         if cfg.ema_decay is not None:
             runner.keep_ema(strategy.ema(runner, cfg.ema_decay, saved.ema))
         return state, resumed(saved)
@@ -213,13 +217,12 @@ class Session:
             event = self.last = StepEvent(step, done.state, loss, at.epoch, at.batch, grad_norm=record.last_norm,
                                           throughput=record.last_rates)
             stop = self.listeners.step(event)
-            evaluated = self.cfg.eval_due(step, self.total)
+            evaluated = self.evaluator.due(step, self.total)
             if evaluated:
-                stop = self.evaluate(step) or stop
-            ck.hold(dict(at.record(), step=step), done.state, loader_state)
-            if ck.due(step, stop, evaluated):
-                with self._range("leantrain.checkpoint"):
-                    ck.save(self.runner)
+                stop = self.evaluator.run(step) or stop
+            hooks = ("on_step", "on_eval") if evaluated else ("on_step",)
+            stop = ck.turn(self.runner, dict(at.record(), step=step), done.state, loader_state, stop=stop,
+                           evaluated=evaluated, decide=lambda s: self.listeners.decide(s, step, hooks))
             self.stopped = stop
             self.runner.confirm_steady()  # after the user's code: the checks still hold, or are made again
         if self.profiler is not None:
@@ -250,25 +253,18 @@ class Session:
         event = self.last
         if event is None or event.step != at.step:
             event = self.last = StepEvent(at.step, state, None, at.epoch, at.batch)
-        self.checkpoints.epoch_ended(dict(at.record(), step=at.step), state, loader_state)
         stop = self.listeners.epoch_end(event)
-        evaluated = self.cfg.epoch_eval_due(at.epoch) and not (self.record.evals and self.record.evals[-1][0] == at.step)
+        evaluated = self.evaluator.epoch_due(at.epoch, at.step)
         if evaluated:
-            stop = self.evaluate(at.step) or stop
-        if (stop or (evaluated and self.cfg.keep_best is not None)) and self.checkpoints.path:
-            self.checkpoints.save(self.runner)  # with its metric, to be ranked; or because the run stops
+            stop = self.evaluator.run(at.step) or stop
+        hooks = ("on_epoch_end", "on_eval") if evaluated else ("on_epoch_end",)
+        # saved with its metric, to be ranked; or because the job stops
+        stop = self.checkpoints.turn(self.runner, dict(at.record(), step=at.step), state, loader_state, stop=stop,
+                                     evaluated=evaluated, epoch_end=True,
+                                     decide=lambda s: self.listeners.decide(s, at.step, hooks))
         self.stopped = self.stopped or stop
         self.runner.confirm_steady()
         return stop
-
-    def evaluate(self, step: int) -> bool:
-        """Evaluate on ``cfg.eval_data`` after update ``step``, keep the results, tell the callbacks."""
-        with self._range("leantrain.evaluate"):
-            results = self.strategy.from_main(evaluate_sets(self.runner, self.cfg.eval_data, self.cfg.eval_metrics,
-                                                            ema=self.cfg.eval_ema, draws=self.cfg.eval_draws))
-        self.record.evals.append((step, results))
-        metrics = (self.cfg.eval_metrics or {}).values()
-        return self.listeners.evaluated(step, results, any(fn not in BUILTIN_METRICS for fn in metrics))
 
     # ---------------------------------------------------------------- finish
     def finish(self, measure: Callable[[], Optional[float]], steps: int, seen: int) -> TrainReport:
@@ -283,12 +279,12 @@ class Session:
         after = measure() if self.cfg.measure_loss and not early else after
         self.runner.sync()  # intentional, once: the module shows the trained values
         skipped = 0 if self.skipped is None else int(self.skipped.item())  # intentional, end of run
-        r, resumed_from = self.record, self.checkpoints.resume_from
+        r, resumed_from = self.record, self.resumed_from
         report = TrainReport(
             r.before, after, steps, seen, tuple(r.logged), time.perf_counter() - self.started,
             interrupted=self.stopped, skipped_steps=skipped, evals=tuple(r.evals), grad_norms=tuple(r.grad_norms),
             best_checkpoint=None if best is None else str(best),
-            resumed_from=None if resumed_from is None else str(resumed_from),
+            resumed_from=resumed_from,
         )
         for cb in self.callbacks:
             cb.on_end(report)

@@ -23,7 +23,7 @@ from ..runner.runner import Runner
 from ..update.mean import item_gradients, sum_hooked
 from ..update.mean import Mean
 from ..update.reduction import Reduction
-from .strategy import Strategy
+from .strategy import ParallelOptions, Strategy
 from ...errors import CollectiveError, DataError
 from ...samples import LossSum, add_losses
 
@@ -85,8 +85,9 @@ class DataParallelStrategy(Strategy):
 
     watches_updates = True  # the ranks compare their first batch (once per loop)
 
-    def __init__(self, exact: bool = False, local: bool = False, reduction: Optional[DataParallel] = None) -> None:
-        super().__init__(reduction if reduction is not None else DataParallel(exact, local))
+    def __init__(self, settings: ParallelOptions, local: bool = False, reduction: Optional[DataParallel] = None) -> None:
+        super().__init__(reduction if reduction is not None else DataParallel(settings.exact_reduction, local),
+                         settings)
         self.local = local
         self.agreed = False  # whether the ranks compared their first batch (once per loop)
         self.name = self.reduction.name
@@ -95,9 +96,9 @@ class DataParallelStrategy(Strategy):
     def agree_on_start(self, op: str, what: dict) -> None:
         distributed.agree(op, what)  # every rank, or none
 
-    def start_replicas(self, op: str, runner: Runner, check: bool) -> None:
+    def start_replicas(self, op: str, runner: Runner) -> None:
         try:
-            distributed.start_replicas(runner, check)
+            distributed.start_replicas(runner, self.settings.replica_check)
         except distributed.ReplicaError:  # the replicas differ: that message, as it is
             raise
         except RuntimeError as e:

@@ -22,16 +22,104 @@ and everything else that differs between one process, data parallel and sharding
 from __future__ import annotations
 
 import contextlib
-from typing import Iterable, NoReturn, Optional
+import os
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Iterable, NoReturn, Optional, Union
 
-from ...errors import CheckpointError
+from torch import nn
+
+from ...errors import CheckpointError, ConfigError
 from ...io.checkpoint import save_checkpoint
 from ...optim import OptState, Optimizer
 from ..runner.ema import EMA, restored_ema
 from ..runner.runner import Runner, Sample
 from ..update.reduction import ONE_PROCESS, Reduction
+from ...validate import check_bool, check_choice
+from .sharding.plan import SHARD_BY, SHARDING_MODES
+
+PathArg = Union[str, os.PathLike]
 
 NOTHING = contextlib.nullcontext()  # a context that does nothing (reusable: it keeps no state)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelOptions:
+    """The ``Strategy``'s settings: how the ranks share a run under ``torch.distributed``
+    (a loop config's ``parallel``; each also a keyword of the config by its own name).
+
+    ``sharding``: ``None`` (every rank holds everything), ``"optimizer"`` (ZeRO stage 1:
+    each rank keeps the optimizer state of its ranges only), ``"gradients"`` (stage 2: its
+    ranges of the reduced gradient too) or ``"parameters"`` (stage 3: its ranges of the
+    parameters too, each module's gathered into its own Parameters around its use);
+    ``shard_by``: ``"range"`` (each slot cut at multiples of 64 elements) or ``"slot"``
+    (whole slots per rank); ``exact_reduction``: every rank folds all items' gradients in
+    item order, so any number of ranks gives the one-process bits (it needs
+    ``accumulation="exact"``); ``collective_timeout``: seconds a collective waits for the
+    slowest rank before the loop raises ``CollectiveError`` (``None``: the process group's
+    own); ``replica_check``: verify that the ranks hold the same parameters at the start. Under ``sharding="parameters"``,
+    a model built on torch's meta device is filled on each rank, its own ranges only, unit
+    by unit: ``init_weights`` (a function called on every module in ``module.apply``'s
+    order, or ``"reset_parameters"``: each module's own) and/or ``init_from`` (a weights
+    file or Hugging Face folder, read by name after ``init_weights``); ``gather_at_end``:
+    the module gathered whole when the run ends (``None``: when it started whole; a run
+    started on meta ends with its result in its sharded checkpoint, the module released).
+    ``item_seeds``: ``False`` (the default): every item draws the random numbers (dropout)
+    it draws in one process, on any number of ranks, the plain loop's numbers: a rank runs
+    its own items' forwards only, each started where one process starts it (the update's
+    generator state moved ahead by the earlier items' draws, counted once per item shape,
+    ``runner/draw_shift.py``); ``True``: each item draws from a generator of its own,
+    seeded by one draw of the run's generator per update and the item's index (other
+    numbers than the plain loop's, alike on any number of ranks). ``shard_units``: module classes whose
+    instances are each gathered whole for their forward and backward under ``"parameters"``
+    (FSDP2's ``fully_shard`` on each transformer block): fewer, larger gathers than one per
+    module holding parameters, for one block's memory at a time (``None``: every element of
+    an ``nn.ModuleList``, as a transformer's blocks; ``()``: every module holding parameters
+    its own unit)."""
+
+    sharding: Optional[str] = None
+    shard_by: str = "range"
+    exact_reduction: bool = False
+    collective_timeout: Optional[float] = 300.0
+    replica_check: bool = True
+    init_weights: Union[None, str, Callable] = None
+    init_from: Optional[PathArg] = None
+    gather_at_end: Optional[bool] = None
+    item_seeds: bool = False
+    shard_units: Optional[tuple] = None
+
+    OP: ClassVar[str] = "ParallelOptions"
+
+    def __post_init__(self) -> None:
+        op = self.OP
+        check_bool(op, "replica_check", self.replica_check)
+        check_bool(op, "exact_reduction", self.exact_reduction)
+        t = self.collective_timeout
+        if t is not None and not (isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < 10**7):
+            raise ConfigError(f"{op}: collective_timeout must be seconds > 0 (below 10**7) or None, got {t!r}")
+        if self.sharding is not None and self.sharding not in SHARDING_MODES:
+            raise ConfigError(f"{op}: sharding must be one of {SHARDING_MODES} or None, got {self.sharding!r}")
+        check_choice(op, "shard_by", self.shard_by, SHARD_BY)
+        w = self.init_weights
+        if not (w is None or w == "reset_parameters" or callable(w) and not isinstance(w, str)):
+            raise ConfigError(f"{op}: init_weights must be a function of a module, 'reset_parameters' or None, "
+                              f"got {w!r:.60}")
+        if self.init_from is not None and not isinstance(self.init_from, (str, os.PathLike)):
+            raise ConfigError(f"{op}: init_from must be a path or None, got {type(self.init_from).__name__}")
+        for name in ("gather_at_end", "item_seeds"):
+            if getattr(self, name) is not None:
+                check_bool(op, name, getattr(self, name))
+        units = self.shard_units
+        if units is not None and not (isinstance(units, (tuple, list)) and all(
+                isinstance(u, type) and issubclass(u, nn.Module) for u in units)):
+            raise ConfigError(f"{op}: shard_units must be a tuple of torch.nn.Module classes (e.g. your transformer "
+                              f"block's), got {units!r:.60}")
+        for name in ("init_weights", "init_from", "gather_at_end", "shard_units"):
+            if getattr(self, name) is not None and self.sharding != "parameters":
+                raise ConfigError(f"{op}: {name} is for sharding='parameters' (a model filled and kept in ranges "
+                                  f"per rank), got sharding={self.sharding!r}")
+
+
+ONE_PROCESS_SETTINGS = ParallelOptions()
 
 
 class Strategy:
@@ -48,12 +136,12 @@ class Strategy:
     #: the run ends with the module whole (parameter sharding may end it released: gather_at_end)
     ends_whole = True
 
-    def __init__(self, reduction: Reduction = ONE_PROCESS) -> None:
-        self.reduction = reduction
+    def __init__(self, reduction: Reduction = ONE_PROCESS, settings: ParallelOptions = ONE_PROCESS_SETTINGS) -> None:
+        self.reduction, self.settings = reduction, settings
 
     # ------------------------------------------------------------------ start
 
-    def resume_ranges(self, runner, cfg):
+    def resume_ranges(self, runner):
         """What of a resumed checkpoint this process reads (``None``: all of it)."""
         return None
 
@@ -72,12 +160,12 @@ class Strategy:
         """Every rank sees where the checkpoints go (one process: nothing to compare)."""
         return None
 
-    def start_replicas(self, op: str, runner: Runner, check: bool) -> None:
-        """The ranks' parameters made alike before the first update (``check``: compared
-        first); a lost peer is reported as ``failed`` says."""
+    def start_replicas(self, op: str, runner: Runner) -> None:
+        """The ranks' parameters made alike before the first update (compared first with
+        ``replica_check``); a lost peer is reported as ``failed`` says."""
         return None
 
-    def start(self, op: str, cfg, runner: Runner, opt: Optimizer, native: bool,
+    def start(self, op: str, runner: Runner, opt: Optimizer, native: bool,
               whole: Optional[OptState] = None) -> OptState:
         """The loop's optimizer history: fresh, or ``whole`` (a resumed checkpoint's)."""
         return whole if whole is not None else opt.init(runner.params, native=native)
@@ -137,4 +225,5 @@ class Strategy:
         raise e
 
 
-ONE_PROCESS_RUN = Strategy()
+ONE_PROCESS_RUN = Strategy()  # a public one-update call's
+__all__ = ["ONE_PROCESS", "ONE_PROCESS_RUN", "ParallelOptions", "Strategy"]

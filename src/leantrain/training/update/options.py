@@ -62,7 +62,7 @@ class StepOptions:
            scaler: Optional[LossScaler] = None) -> "StepOptions":
         """A loop's options, from its (already validated) config and its chosen reduction."""
         return cls(reduction, native, cfg.accumulation, cfg.nonfinite, cfg.clip_grad_norm, cfg.clip_grad_value,
-                   skipped, scaler, seeding(reduction, cfg.item_seeds))
+                   skipped, scaler, seeding(reduction, cfg.parallel.item_seeds))
 
     def __post_init__(self) -> None:
         # Read by every update: plain fields, computed once (not properties).

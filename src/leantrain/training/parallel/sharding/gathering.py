@@ -50,6 +50,7 @@ from collections import Counter
 import torch
 
 from ....errors import CollectiveError, ConfigError, LeantrainError
+from ....params.meta import guard_released
 from .guard import Guard
 from .fetch import Fetch
 from .plan import ShardPlan
@@ -363,6 +364,7 @@ class ParameterShards:
         self.release(self.sharded)
         self.values.clear()
         runner.unfilled = {id(self.full[c]): self.names[c] for c in self.sharded}
+        guard_released(runner.module, runner.unfilled)  # the module's own forward refuses by name too
 
     def _chunks(self) -> list[list[int]]:
         """The sharded slots in order, in runs of at most ``CLOSE_CHUNK`` bytes (a larger

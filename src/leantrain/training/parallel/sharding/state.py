@@ -82,15 +82,15 @@ def own_range(t: torch.Tensor, r, device) -> torch.Tensor:
     return v if read_in_part(t) and v.device == torch.device(device) else v.to(device, copy=True)
 
 
-def loop_start(op: str, cfg, runner, opt: Optimizer, native: bool,
+def loop_start(op: str, settings, runner, opt: Optimizer, native: bool,
                whole: Optional[OptState] = None) -> tuple[Optional[ShardPlan], OptState]:
     """A loop's plan (``None`` unsharded) and its history: fresh, or ``whole`` (a
-    resumed checkpoint's state) cut to this rank's ranges."""
+    resumed checkpoint's state) cut to this rank's ranges (``settings``: the run's ``ParallelOptions``)."""
     params = runner.params
-    if cfg.sharding is None:
+    if settings.sharding is None:
         return None, whole if whole is not None else opt.init(params, native=native)
     rank, world = distributed.rank_world()
-    plan = plan_for(cfg.sharding, params, world, cfg.shard_by)
+    plan = plan_for(settings.sharding, params, world, settings.shard_by)
     check_shardable(op, runner)  # as the loop's start checked it (the module may have changed since)
     return plan, sharded(whole, plan, rank, params) if whole is not None else fresh(opt, params, plan, rank, native)
 

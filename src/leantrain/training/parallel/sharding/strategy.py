@@ -16,6 +16,7 @@ from ....errors import ConfigError
 from ...runner.runner import Runner
 from .. import distributed
 from ..data_parallel import DataParallelStrategy
+from ..strategy import ParallelOptions
 from .checkpoint import save_sharded
 from .ema import ShardedEMA
 from .fill import fill
@@ -25,10 +26,11 @@ from .reduction import Sharded
 from .state import check_plan, loop_start
 
 
-def ends_whole(cfg, runner: Runner) -> bool:
-    """Whether a ``"parameters"`` run gathers the module whole when it ends: ``gather_at_end``,
-    or by default when the module was not built on meta (that one's result is its checkpoint)."""
-    return cfg.gather_at_end if cfg.gather_at_end is not None else not runner.built_on_meta
+def ends_whole(settings, runner: Runner) -> bool:
+    """Whether a ``"parameters"`` run gathers the module whole when it ends: ``gather_at_end``
+    (of its ``ParallelOptions``), or by default when the module was not built on meta (that
+    one's result is its checkpoint)."""
+    return settings.gather_at_end if settings.gather_at_end is not None else not runner.built_on_meta
 
 
 def check_trainable_kept(op: str, runner: Runner) -> None:
@@ -52,15 +54,15 @@ class ShardedStrategy(DataParallelStrategy):
 
     host_state = True  # a resume reads the state into host memory and moves this rank's ranges only
 
-    def __init__(self, exact: bool = False, local: bool = False) -> None:
-        reduction = Sharded(exact, local)
-        super().__init__(exact, reduction.local, reduction)
+    def __init__(self, settings: ParallelOptions, local: bool = False) -> None:
+        reduction = Sharded(settings.exact_reduction, local)
+        super().__init__(settings, reduction.local, reduction)
         self.name = reduction.name
         self.ranged: dict = {}  # a resume's ranges of the parameters (under "parameters"), until the start takes them
 
-    def start(self, op: str, cfg, runner: Runner, opt, native: bool, whole=None):
-        r = self.reduction
-        plan, state = loop_start(op, cfg, runner, opt, native, whole)
+    def start(self, op: str, runner: Runner, opt, native: bool, whole=None):
+        r, settings = self.reduction, self.settings
+        plan, state = loop_start(op, settings, runner, opt, native, whole)
         if plan.mode == "parameters":
             if r.local:
                 raise ConfigError(f"{op}: sharding='parameters' needs every rank to read the same batches (each "
@@ -71,19 +73,19 @@ class ShardedStrategy(DataParallelStrategy):
             if ranged:  # a resume read this rank's ranges of the parameters (resume.py)
                 filling = lambda shards: take(shards, ranged, runner.params)  # noqa: E731
             elif runner.unfilled:  # a model built on meta: each rank fills its ranges (fill.py)
-                filling = lambda shards: fill(op, shards, runner, cfg.init_weights, cfg.init_from)  # noqa: E731
+                filling = lambda shards: fill(op, shards, runner, settings.init_weights, settings.init_from)  # noqa: E731
             else:
                 filling = None
-            self.ends_whole = ends_whole(cfg, runner)
+            self.ends_whole = ends_whole(settings, runner)
             r.shards = ParameterShards(op, runner, plan, r.rank, filling,  # the parameters' memory released from here
-                                       cfg.shard_units)
+                                       settings.shard_units)
             runner.unfilled, self.ranged = {}, {}
             r.guard_next = True
         r.plan = plan
         return state
 
-    def resume_ranges(self, runner: Runner, cfg):
-        return wanted_ranges(cfg, runner)  # each rank reads its own ranges of a sharded folder
+    def resume_ranges(self, runner: Runner):
+        return wanted_ranges(self.settings, runner)  # each rank reads its own ranges of a sharded folder
 
     def resumed(self, runner: Runner, ranged: dict) -> None:
         installed(runner, ranged)

@@ -1,4 +1,6 @@
-"""Learning-rate schedules (spec §4): ``lr_at(t)`` for a 0-based index ``t``.
+"""Learning-rate schedules (spec §4): ``lr_at(t)`` for a 0-based index ``t``. The base
+``Schedule``, upstream's forms (``Constant``, ``Step``, ``Exponential``, ``WarmupCosine``)
+and ``Sequential``, schedules of any form one after another.
 
 In-memory loops index by optimizer step, loader loops by epoch. A schedule fully
 overrides the optimizer's lr, even at ``t = 0``.
@@ -6,13 +8,14 @@ overrides the optimizer's lr, even at ``t = 0``.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
-from ..errors import ConfigError
-from ..validate import check_count, is_number
-from .hyper import check_rate
+from ...errors import ConfigError
+from ...validate import check_count, is_int, is_number
+from ..hyper import check_rate
 
 
 def _check_count(op: str, name: str, value: object, positive: bool = False) -> int:
@@ -150,3 +153,53 @@ class WarmupCosine(Schedule):
 
     def max_rate(self) -> float:
         return self.peak  # warm-up reaches peak at most; the cosine stays between min and peak
+
+
+def refuse_plateau(op: str, schedules) -> None:
+    """A plateau schedule is fed evaluations by the loop, as the run's schedule; inside a
+    composition it would never be fed (torch's SequentialLR and ChainedScheduler refuse it)."""
+    for k, s in enumerate(schedules):
+        if getattr(s, "fed_by_evaluations", False):
+            raise ConfigError(f"{op}: schedules[{k}] is a plateau schedule, which the loop feeds with evaluations "
+                              f"only as the run's own scheduler (torch's SequentialLR and ChainedScheduler refuse "
+                              f"ReduceLROnPlateau too); give it as the scheduler itself")
+
+
+@dataclass(frozen=True)
+class Sequential(Schedule):
+    """``schedules[k]`` from ``milestones[k-1]`` on, each starting from its own index 0
+    there: torch's ``SequentialLR`` of closed forms (a torch scheduler made from a rate,
+    ``optim.multi_step``..., is one; one made with an optimizer carries its rate over
+    in torch: ``lr_scheduler.SequentialLR``)."""
+
+    constructor: ClassVar[str] = "sequential"
+
+    schedules: tuple
+    milestones: tuple
+
+    def __post_init__(self) -> None:
+        op = "optim.sequential"
+        if not (isinstance(self.schedules, (list, tuple)) and self.schedules
+                and all(isinstance(s, Schedule) for s in self.schedules)):
+            raise ConfigError(f"{op}: schedules must be a non-empty list of leantrain schedules")
+        refuse_plateau(op, self.schedules)
+        for k, part in enumerate(self.schedules):
+            if hasattr(part, "torch_name") and not part.on_rate:
+                raise ConfigError(f"{op}: schedules[{k}] is torch's {part.torch_name} made with an optimizer, whose "
+                                  f"rate carries over at a milestone as in torch: compose it with "
+                                  f"lr_scheduler.SequentialLR")
+        ms = self.milestones
+        if not (isinstance(ms, (list, tuple)) and len(ms) == len(self.schedules) - 1
+                and all(is_int(m) and m >= 0 for m in ms) and list(ms) == sorted(ms)):
+            raise ConfigError(f"{op}: milestones must be {len(self.schedules) - 1} increasing integers >= 0, got "
+                              f"{ms!r}")
+        object.__setattr__(self, "schedules", tuple(self.schedules))
+        object.__setattr__(self, "milestones", tuple(ms))
+
+    def lr_at(self, t: int) -> float:
+        k = bisect.bisect_right(self.milestones, t)
+        return self.schedules[k].lr_at(t - (self.milestones[k - 1] if k else 0))
+
+    def max_rate(self) -> Optional[float]:
+        rates = [s.max_rate() for s in self.schedules]
+        return None if any(r is None for r in rates) else max(rates)

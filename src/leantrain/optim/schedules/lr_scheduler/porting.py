@@ -12,9 +12,10 @@ import math
 
 import torch
 
-from ...errors import ConfigError
+from ....errors import ConfigError
 from . import annealing, composed, factors
 from .plateau import ReduceLROnPlateau
+from .replay import check_replay
 
 
 def _kind(opt) -> tuple:
@@ -114,6 +115,7 @@ def port_scheduler(s, op: str = "optim.from_torch"):
     """leantrain's schedule for torch scheduler ``s``: index 0 is the rate its optimizer holds now."""
     if isinstance(s, torch.optim.lr_scheduler.ReduceLROnPlateau):
         return _plateau(s)
+    check_replay(op, _steps(s), f"{type(s).__name__} stands")  # before a replay that would not end
     plan = _build(s, op)
     plan.skip = _steps(s)
     now = [_plain(g["lr"]) for g in s.optimizer.param_groups]

@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 
 
-from ..errors import ConfigError
-from ..validate import check_count, is_number
-from .hyper import check_rate
-from .schedules import Schedule
+from ...errors import ConfigError
+from ...validate import check_count, is_number
+from ..hyper import check_rate
+from .upstream import Schedule
 
 
 class Plateau(Schedule):

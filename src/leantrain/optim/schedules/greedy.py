@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 
-from ..errors import ConfigError
-from ..validate import check_count, is_number
+from ...errors import ConfigError
+from ...validate import check_count, is_number
 from .plateau import Plateau
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from typing import Callable, Optional
 
-from ...errors import ConfigError
-from ...validate import check_count, is_number
+from ....errors import ConfigError
+from ....validate import check_count, is_number
 from .replay import LRScheduler, Run, current, per_group
 
 
@@ -122,6 +122,9 @@ class CosineAnnealingWarmRestarts(LRScheduler):
 
     def attach(self, run: Run) -> None:
         run.T_i, run.T_cur = self.T_0, self.last_epoch
+
+    def max_rate(self) -> float:
+        return max(max(self.bases), self.eta_min)
 
     def get_lr(self, run: Run) -> list:
         return [self.eta_min + (base - self.eta_min) * (1 + math.cos(math.pi * run.T_cur / run.T_i)) / 2

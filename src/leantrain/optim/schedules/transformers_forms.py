@@ -12,10 +12,10 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
-from ..errors import ConfigError
-from ..validate import check_count, is_number
-from .hyper import check_rate
-from .schedules import Schedule
+from ...errors import ConfigError
+from ...validate import check_count, is_number
+from ..hyper import check_rate
+from .upstream import Schedule
 
 SHAPES = ("linear", "cosine", "1-sqrt")
 

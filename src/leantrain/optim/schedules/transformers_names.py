@@ -16,11 +16,11 @@ import math
 from collections.abc import Mapping
 from typing import Optional
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .greedy import Greedy
 from .lr_scheduler import LambdaLR, ReduceLROnPlateau
 from .lr_scheduler.replay import describe
-from .warmup_schedules import (
+from .transformers_forms import (
     ConstantWithWarmup, CosineWarmupWithMinLR, CosineWithMinLR, CosineWithWarmup, InverseSqrt, Linear, Polynomial,
     WarmupStableDecay,
 )

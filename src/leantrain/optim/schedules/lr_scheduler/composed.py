@@ -13,8 +13,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Optional
 
-from ...errors import ConfigError
-from ...validate import is_int
+from ....errors import ConfigError
+from ....validate import is_int
 from ..plateau import Plateau
 from .replay import LRScheduler, ParamGroups
 

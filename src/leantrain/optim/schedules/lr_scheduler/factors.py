@@ -6,11 +6,12 @@ the group's current rate, in place: ``replay.py``), so its rates are torch's, bi
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Callable, Union
 
-from ...errors import ConfigError
-from ...validate import check_count, is_int, is_number
+from ....errors import ConfigError
+from ....validate import check_count, is_int, is_number
 from .replay import LRScheduler, Run, current, per_group
 
 Lambda = Union[Callable[[int], float], list]
@@ -49,8 +50,9 @@ class LambdaLR(LRScheduler):
 
     def lr_at(self, t: int) -> float:
         value = super().lr_at(t)
-        if not (is_number(value) and value >= 0):
-            raise ConfigError(f"{self.op}: lr_lambda gives the rate {value!r} at index {t}; a rate must be >= 0")
+        if not (is_number(value) and math.isfinite(value) and value >= 0):
+            raise ConfigError(f"{self.op}: the rate at index {t}, base * fn({t}) (lr_lambda), is {value!r}; a rate "
+                              f"must be finite and >= 0")
         return value
 
 
@@ -113,6 +115,9 @@ class MultiStepLR(LRScheduler):
         if run.last_epoch not in self.milestones:
             return current(run)
         return [g["lr"] * self.gamma ** self.milestones[run.last_epoch] for g in run.groups]
+
+    def max_rate(self) -> float:
+        return max(self.bases)  # gamma <= 1: the rate never rises
 
     def closed_form(self, run: Run) -> list:
         from bisect import bisect_right

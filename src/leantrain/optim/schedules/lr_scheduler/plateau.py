@@ -6,8 +6,8 @@ counters in checkpoints (``optim.plateau``)."""
 
 from __future__ import annotations
 
-from ...errors import ConfigError
-from ...validate import is_number
+from ....errors import ConfigError
+from ....validate import is_number
 from ..plateau import Plateau
 from .replay import describe, per_group
 

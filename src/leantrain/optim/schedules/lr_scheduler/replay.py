@@ -21,11 +21,25 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from ...errors import ConfigError
-from ...validate import is_number
-from ..schedules import Schedule
+from ....errors import ConfigError
+from ....validate import is_number
+from ..upstream import Schedule
 
 ParamGroups = list[dict]
+
+#: the most steps a resumed or ported scheduler is replayed through before its index 0
+MAX_REPLAY = 10**7
+
+
+def check_replay(op: str, steps: int, what: str) -> None:
+    """A scheduler that stands ``steps`` steps in is replayed through them (torch's bits:
+    its arithmetic from the construction on); past ``MAX_REPLAY`` that would take minutes
+    to hours, so it is refused by name instead of hanging."""
+    if steps > MAX_REPLAY:
+        raise ConfigError(f"{op}: {what} {steps} steps in: leantrain replays torch's arithmetic from the "
+                          f"construction to give its bits, and {steps} steps is past the {MAX_REPLAY:,} it replays; "
+                          f"start the schedule at a smaller index (or write the rates as a closed form, "
+                          f"optim.lambda_schedule)")
 
 
 def describe(optimizer) -> tuple[tuple[float, ...], Optional[str], Optional[tuple[float, ...]]]:
@@ -33,8 +47,8 @@ def describe(optimizer) -> tuple[tuple[float, ...], Optional[str], Optional[tupl
     kind of momentum the optimizer has (``"momentum"``, ``"betas"`` or ``None``) and each
     group's value of it. A leantrain ``Optimizer`` (its groups), or a rate (one group) or a
     list of rates (one per group) with no momentum."""
-    from ..optimizer import Optimizer
-    from ..opt_state import MOMENTUM_FIELD
+    from ...optimizer import Optimizer
+    from ...opt_state import MOMENTUM_FIELD
 
     if isinstance(optimizer, Optimizer):
         name = MOMENTUM_FIELD.get(optimizer.kind)
@@ -105,7 +119,9 @@ class LRScheduler(Schedule):
         self.op = f"lr_scheduler.{self.torch_name}"
         if not (isinstance(last_epoch, int) and not isinstance(last_epoch, bool) and last_epoch >= -1):
             raise ConfigError(f"{self.op}: last_epoch must be an integer >= -1, got {last_epoch!r}")
+        check_replay(self.op, last_epoch + 1, f"last_epoch={last_epoch} stands")
         self.bases, self.momentum_kind, self.momenta = describe(optimizer)
+        self.on_rate = not hasattr(optimizer, "groups_rates")  #: made from a rate, not a leantrain optimizer
         self.last_epoch = last_epoch
         self._memo: Optional[tuple[int, Any]] = None
 
