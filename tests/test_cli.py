@@ -514,3 +514,29 @@ def test_a_token_mean_loss_that_would_train_another_objective_under_torchrun_is_
         build_job(plan)
     assert not (tmp_path / "run").exists()
     build_job(Plan(cfg, False, 1, True, 0))  # one process trains what it asks for
+
+
+def test_a_per_update_schedule_is_checked_over_the_runs_updates(tmp_path, capsys):
+    """#70: ``--scheduler polynomial --epochs 1 --max-steps 6 --warmup 2 --schedule-per step``
+    was refused as if an epoch had one update, blaming ``--scheduler-args``; it trains
+    with transformers' rates. Per epoch (1 epoch, 2 warm-up epochs) it is refused, naming
+    ``--scheduler``, the horizon and ``--schedule-per step``."""
+    transformers = pytest.importorskip("transformers")
+    base = ["train", "--scheduler", "polynomial", "--epochs", "1", "--max-steps", "6", "--warmup", "2",
+            "--log-every", "1"]
+    assert main([*base, "--out", str(tmp_path / "e")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --scheduler: optim.polynomial: total_steps (1) must exceed warmup_steps (2)")
+    assert "--schedule-per step indexes updates" in err and "--scheduler-args" not in err
+    assert main([*base, "--schedule-per", "step", "--out", str(tmp_path / "s")]) == 0
+    rates = [r["lr"] for r in map(json.loads, (tmp_path / "s" / "metrics.jsonl").read_text().splitlines())
+             if r["kind"] == "step"]
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.002)
+    sched = transformers.get_polynomial_decay_schedule_with_warmup(opt, 2, 6)
+    theirs = []
+    for _ in range(6):
+        theirs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert rates == theirs

@@ -124,3 +124,65 @@ def test_log_to_mlflow_works_on_mlflow_s_default_store(tmp_path, capsys, monkeyp
         assert main(["train", "--epochs", "1", "--out", "run2", "--log-to", "mlflow"]) == 2
         err = capsys.readouterr().err
         assert "cannot be used" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "run2").exists()
+
+
+def test_the_command_keeps_the_best_k_and_stops_early(tmp_path, capsys):
+    """#70: ``--keep-best accuracy:2`` keeps the best two (and the newest), ``--early-stopping
+    0`` stops at the first evaluation without improvement, as a finished run (exit 0, the
+    reason in the console and report.json); both from a TOML file too; a bad form is one
+    line."""
+    out = tmp_path / "run"
+    assert main(["train", "--epochs", "6", "--keep-best", "accuracy:2", "--early-stopping", "0",
+                 "--early-stopping-monitor", "accuracy", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    evals = [r for r in records(out) if r["kind"] == "eval"]
+    accs = [r["accuracy"] for r in evals]
+    stop = next(k for k in range(1, len(accs)) if accs[k] <= max(accs[:k]))  # the first without improvement
+    assert len(evals) == stop + 1 and evals[-1]["step"] == 45 * (stop + 1)
+    assert f"stopped early at step {45 * (stop + 1)} (--early-stopping: accuracy did not improve" in text
+    report = json.loads((out / "report.json").read_text())
+    assert report["stopped_early"].startswith("accuracy did not improve") and report["steps"] == 45 * (stop + 1)
+    ranked = sorted(evals, key=lambda r: (-r["accuracy"], r["step"]))[:2]
+    kept = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert kept == sorted({f"step{r['step']}.ckpt" for r in ranked} | {f"step{evals[-1]['step']}.ckpt"})
+    toml = tmp_path / "job.toml"
+    toml.write_text('epochs = 2\nkeep_best = 3\nearly_stopping = 5\n')
+    assert main(["train", str(toml), "--out", str(tmp_path / "t")]) == 0
+    assert len(list((tmp_path / "t" / "checkpoints").iterdir())) == 2  # two evaluations: both within the best 3
+    capsys.readouterr()
+    assert main(["train", "--keep-best", "accuracy:best", "--out", str(tmp_path / "x")]) == 2
+    assert "optionally :K" in capsys.readouterr().err
+    assert main(["train", "--early-stopping-threshold", "0.5", "--out", str(tmp_path / "y")]) == 2
+    assert "needs --early-stopping" in capsys.readouterr().err
+
+
+def test_predict_writes_the_runs_outputs_with_its_best_checkpoint(tmp_path, capsys, monkeypatch):
+    """#70: ``leantrain predict RUN -o preds.pt``: the run's model (its config.json), its best
+    checkpoint, its test split (or ``--split train``, or ``--data``): one tensor, the
+    outputs ``lt.predict`` gives with that checkpoint, in the data's order."""
+    import torch
+
+    from leantrain.cli.digits import digits_split
+    from leantrain.cli.usermodel import PRESETS
+
+    out = tmp_path / "run"
+    assert main(["train", "--epochs", "2", "--eval-every", "20", "--keep-best", "accuracy", "--out", str(out)]) == 0
+    best = json.loads((out / "report.json").read_text())["best_checkpoint"]
+    capsys.readouterr()
+    assert main(["predict", str(out), "-o", str(tmp_path / "p.pt")]) == 0
+    assert f"with {best}" in capsys.readouterr().out
+    preds = torch.load(tmp_path / "p.pt")
+    _, test = digits_split()
+    runner = lt.Runner.from_module(PRESETS["digits-mlp"](), "cross_entropy")
+    lt.load_checkpoint(best, runner, restore_rng=False)
+    ours = torch.cat(lt.predict(runner, [(torch.stack([x for x, _ in test]), torch.stack([y for _, y in test]))],
+                                collect=True))
+    assert preds.shape == (len(test), 10) and torch.equal(preds, ours)
+    assert main(["predict", str(out), "--split", "train", "--step", "90", "-o", str(tmp_path / "t.pt")]) == 0
+    assert torch.load(tmp_path / "t.pt").shape[0] == 1437
+    (tmp_path / "few.py").write_text("import torch\ndef samples():\n    return [(torch.zeros(1, 8, 8), torch.tensor(1))] * 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["predict", str(out), "--data", "few:samples", "-o", str(tmp_path / "f.pt")]) == 0
+    assert torch.load(tmp_path / "f.pt").shape == (3, 10)
+    assert main(["predict", str(tmp_path), "-o", str(tmp_path / "n.pt")]) == 2
+    assert "not a run folder" in capsys.readouterr().err

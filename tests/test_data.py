@@ -69,3 +69,36 @@ def test_the_vectorised_shuffle_is_upstreams_order(seed, n):
     from leantrain.data import lcg_permutation, lcg_permutation_per_item
 
     assert lcg_permutation(seed, n) == lcg_permutation_per_item(seed, n)
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_for_over_a_loader_is_one_pass_and_the_next_for_the_next_pass(lazy):
+    """#70: ``for batch in loader`` works as a torch user expects: each ``for`` one pass,
+    the batches ``epoch()`` gives, the next ``for`` the next pass's shuffle; ``epoch()``
+    keeps the value form; a loader given to ``train_loader`` after a ``for`` starts from
+    the pass it stands at."""
+    import torch
+    items = [(torch.tensor([float(i)]), torch.tensor([float(i)])) for i in range(10)]
+
+    class MapStyle:  # a torch-style map dataset: read by index, never copied
+        def __len__(self):
+            return len(items)
+
+        def __getitem__(self, i):
+            return items[i]
+
+    source = MapStyle() if lazy else items
+
+    def make():
+        return lt.DataLoader(source, batch_size=4, shuffle=True, seed=7)
+
+    first_next, first = make().epoch()
+    _, second = first_next.epoch()
+    loader = make()
+    same = lambda a, b: len(a) == len(b) and all(  # noqa: E731
+        len(x) == len(y) and all(torch.equal(p[0], q[0]) for p, q in zip(x, y)) for x, y in zip(a, b))
+    assert same([b for b in loader], first) and same([b for b in loader], second)
+    assert not same(first, second)
+    fresh = make()
+    _, again = fresh.epoch()
+    assert same(again, first) and same([b for b in fresh], first)  # epoch() changed nothing

@@ -288,3 +288,45 @@ def test_cpu_memory_readings_are_psutils_and_a_file_read_does_not_look_like_a_le
             pass
     after = _cpu_rss_and_free()[1]
     assert before - after < 128 * 2**20, (before - after) / 2**20
+
+
+def test_the_report_counts_the_tokens_seen_and_a_resume_continues_the_count(tmp_path):
+    """#70: ``TrainReport.tokens_seen`` (Trainer's ``num_input_tokens_seen``): the tokens of
+    every update (an attention mask's ones), over the whole run, a resumed run's included;
+    ``None`` for data that are not tokens."""
+    import leantrain as lt
+
+    class TokenModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(20, 4)
+            self.head = torch.nn.Linear(4, 20)
+
+        def forward(self, input_ids, attention_mask, labels):
+            import types
+
+            logits = self.head(self.emb(input_ids))
+            return types.SimpleNamespace(loss=torch.nn.functional.cross_entropy(
+                logits.reshape(-1, 20), labels.reshape(-1), ignore_index=-100))
+
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, 20, (int(n),), generator=g) for n in torch.randint(2, 9, (24,), generator=g)]
+    expected = sum(len(s) for s in seqs) * 2  # two epochs, every sequence once per epoch
+
+    def run(steps=None, resume=None):
+        torch.manual_seed(0)
+        runner = lt.Runner.from_module(TokenModel(), "model")
+        cfg = lt.LoaderTrainConfig(epochs=2, max_steps=steps, log_every=0, checkpoint_path=tmp_path / "ck",
+                                   checkpoint_every=2, resume_from=resume)
+        loader = lt.DataLoader(seqs, batch_size=4, shuffle=True, seed=1, collate=lt.collate.pad_tokens)
+        return lt.train_loader(runner, cfg, loader, log=None)[0]
+
+    straight = run()
+    assert straight.tokens_seen == expected
+    (tmp_path / "ck").unlink()
+    assert run(steps=5).tokens_seen < expected
+    resumed = run(resume="auto")
+    assert resumed.resumed_from is not None and resumed.tokens_seen == expected
+    plain = lt.train_samples(lt.Runner.from_module(torch.nn.Linear(2, 1), "mse"), lt.TrainConfig(steps=1),
+                             [(torch.zeros(2), torch.zeros(1))], log=None)
+    assert plain.tokens_seen is None

@@ -237,7 +237,6 @@ def test_a_loop_trains_with_torchs_rates_and_momenta_as_the_hand_loop(kind, make
     (lambda o: L.CosineAnnealingWarmRestarts(o, T_0=5, T_mult=0), "T_mult"),
     (lambda o: L.CyclicLR(o, 0.01, 0.1, mode="sawtooth"), "mode"),
     (lambda o: L.CyclicLR(0.05, 0.01, 0.1), "cycle_momentum=True"),
-    (lambda o: L.CyclicLR(optim.sgd(0.05), 0.01, 0.1), "momentum=0"),
     (lambda o: L.CyclicLR(optim.adagrad(0.05), 0.01, 0.1), "cycle_momentum=True"),
     (lambda o: L.OneCycleLR(o, 0.1), "total_steps"),
     (lambda o: L.OneCycleLR(o, 0.1, total_steps=10, anneal_strategy="exp"), "anneal_strategy"),

@@ -209,3 +209,69 @@ def test_torchs_schedulers_are_implemented_once():
     assert optim.Sequential.__module__ == "leantrain.optim.schedules.upstream"  # schedules of any form, in turn
     with pytest.raises(lt.ConfigError, match="made with an optimizer"):
         optim.sequential([optim.constant(0.1), L.StepLR(optim.sgd(0.1), 3)], [4])
+
+
+@pytest.mark.parametrize("name", ["OneCycleLR", "CyclicLR"])
+def test_a_momentum_cycle_on_sgd_made_without_momentum_trains_as_torch(name):
+    """#70: torch's default ``cycle_momentum=True`` on ``SGD(lr)`` (no momentum): torch
+    writes the momentum before the first step, so its SGD keeps a buffer from there. The
+    same script ported gives torch's parameters bit for bit (it was refused)."""
+    import copy
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 2))
+    ref = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(5, generator=g), torch.randn(2, generator=g)) for _ in range(40)]
+    args = dict(max_lr=0.1, total_steps=10) if name == "OneCycleLR" else dict(base_lr=0.01, max_lr=0.1, step_size_up=3)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    sched = getattr(S, name)(opt, **args)
+    for k in range(10):
+        opt.zero_grad()
+        for x, y in data[4 * k: 4 * k + 4]:  # the accumulation contract: item gradients summed, then 1/n
+            torch.nn.functional.mse_loss(ref(x), y).backward()
+        for p in ref.parameters():
+            p.grad.mul_(1 / 4)
+        opt.step()
+        sched.step()
+    ours = optim.sgd(0.1, foreach=False)  # torch's CPU default, the per-tensor loop
+    cfg = lt.TrainConfig(steps=10, batch_size=4, optimizer=ours, log_every=0,
+                         scheduler=getattr(optim.lr_scheduler, name)(ours, **args))
+    lt.train_samples(lt.Runner.from_module(model, "mse"), cfg, data, log=None)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), ref.parameters()))
+    assert ours.hyper.momentum == 0.0  # the user's optimizer is untouched
+
+
+def test_a_momentum_cycle_on_rmsprop_made_without_momentum_is_refused_by_the_loop():
+    """RMSprop's updates keep no momentum buffer without momentum, and leantrain does not
+    start one: refused before training, naming the way out (SGD's case above trains)."""
+    ours = optim.rmsprop(0.01)
+    cfg = lt.TrainConfig(steps=2, optimizer=ours, scheduler=optim.lr_scheduler.OneCycleLR(ours, 0.1, total_steps=2))
+    runner = lt.Runner.from_module(torch.nn.Linear(2, 1), "mse")
+    before = [p.clone() for p in runner.module.parameters()]
+    with pytest.raises(lt.ConfigError, match="cycles the momentum of a rmsprop made with momentum=0"):
+        lt.train_samples(runner, cfg, [(torch.randn(2), torch.randn(1))] * 2, log=None)
+    assert all(torch.equal(a, b) for a, b in zip(before, runner.module.parameters()))
+
+
+def test_a_plateau_ported_mid_run_continues_from_torchs_counters():
+    """#70: ``from_torch`` of a ``ReduceLROnPlateau`` taken mid-run carries torch's best and
+    bad epochs, and the loop starts from them (it reset them: 0.05 three times, then 0.025)."""
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=0.1)
+    sched = S.ReduceLROnPlateau(opt, patience=1, factor=0.5)
+    for _ in range(3):
+        sched.step(1.0)  # best 1.0, then two bad epochs: the rate halves to 0.05
+    plan = optim.from_torch(sched)
+    theirs = []
+    for _ in range(4):
+        theirs.append(opt.param_groups[0]["lr"])
+        sched.step(1.0)  # the metric never improves
+    theirs.append(opt.param_groups[0]["lr"])
+    rates = []
+    cfg = lt.TrainConfig(steps=5, optimizer=optim.sgd(0.05), scheduler=plan, log_every=0, eval_every=1,
+                         eval_data=[(torch.zeros(2), torch.zeros(1))], eval_metrics={"flat": lambda o, t: torch.ones(())})
+    plan.monitor = "flat"
+    lt.train_samples(lt.Runner.from_module(torch.nn.Linear(2, 1), "mse"), cfg, [(torch.randn(2), torch.randn(1))] * 5,
+                     log=None, callback=lambda e: rates.append(e.state.lr))
+    assert theirs == [0.05, 0.05, 0.025, 0.025, 0.0125] and rates == theirs

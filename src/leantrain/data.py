@@ -9,7 +9,7 @@ advanced seed. Batch order is therefore identical across runs and resumes.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Callable, Generic, Iterable, Iterator, Optional, TypeVar
 
 import numpy
@@ -384,11 +384,17 @@ class DataLoader(Generic[T]):
         base: list = [None] * n
         for j, o in enumerate(self.current_order()):
             base[o] = self.dataset.samples[j]
-        return replace(
-            self, dataset=Dataset(base[o] for o in order), seed=seed, order=tuple(order)
-        )
+        return replace(self, dataset=Dataset(base[o] for o in order), seed=seed, order=tuple(order))
 
     def __len__(self) -> int:
         n, k = len(self.dataset), self.batch_size
         return n // k if self.drop_last else -(-n // k)
+
+    def __iter__(self) -> Iterator[list]:
+        """One pass per ``for`` (``epoch()``'s batches); the loader then stands at the next pass,
+        as torch's reshuffles per iteration (``epoch()``: the value form, nothing changed)."""
+        nxt, batches = replace(self).epoch_batches("DataLoader.__iter__")  # read from a copy of this pass
+        for f in fields(self):  # a frozen dataclass: the next pass's state taken in place
+            object.__setattr__(self, f.name, getattr(nxt, f.name))
+        return batches
 

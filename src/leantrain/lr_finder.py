@@ -152,7 +152,8 @@ def find_lr(runner: Runner, data, optimizer: Optimizer, *, start_lr: float = 1e-
         data: what ``train_loader`` reads (a loader, a list of batches); read again
             from its start if the sweep outlasts it.
         optimizer: the optimizer to sweep (its own rate is replaced by the sweep's).
-        start_lr, end_lr: the sweep's first and last rates (0 < start < end).
+        start_lr: the sweep's first rate (0 < start_lr < end_lr).
+        end_lr: the sweep's last rate.
         steps: updates in the sweep (at least 3).
         accumulate: loader batches per update, as in ``LoaderTrainConfig``.
         smoothing: the moving average's weight of each new loss (0 < smoothing <= 1).

@@ -177,6 +177,8 @@ COMMANDS = {
     "cmd_keep_last": ["--epochs", "1", "--max-steps", "12", "--checkpoint-every", "4", "--keep-last", "2",
                       "--log-to", "csv"],
     "cmd_max_steps": ["--epochs", "2", "--max-steps", "7"],
+    "cmd_early_stop_best_k": ["--epochs", "1", "--max-steps", "30", "--eval-every", "3", "--keep-best", "loss:2",
+                              "--early-stopping", "3", "--early-stopping-threshold", "2.2"],
 }
 
 

@@ -85,3 +85,8 @@ def test_the_decisions_are_the_jobs(table):
     assert results["averaging", 1][0]["averaged"] != results["averaging", 1][0]["weights"]
     cmd = results["cmd_keep_best", 1][0]
     assert "best checkpoint (loss)" in cmd["console"]
+    early = results["cmd_early_stop_best_k", 1][0]  # the command's early stop and best K: the job's on every world
+    assert "stopped early at step" in early["console"] and early["report"]["steps"] < 30
+    for world in cases.WORLDS:
+        kept = list((out / str(world) / "cmd_early_stop_best_k" / "checkpoints").glob("step*.ckpt"))
+        assert 2 <= len(kept) <= 3  # the best two, and the newest

@@ -77,6 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "may reach (required on CPU; on CUDA default: the device's free memory)")
     b.add_argument("--max-batch-size", type=positive, help="stop doubling there")
     b.add_argument("--steps", type=positive, default=2, help="updates per trial (default 2)")
+    r = sub.add_parser("predict", help="a trained run's outputs on data (its test split, or --data), as one "
+                       "tensor in a .pt file")
+    r.add_argument("run", help="the run folder (its config.json names the model; its best, else newest, checkpoint)")
+    r.add_argument("--data", metavar="PKG.MOD:FN", help="a function returning the samples to predict (default: the "
+                   "run's test split)")
+    r.add_argument("--split", choices=["test", "train"], default="test", help="without --data: which split of the "
+                   "run's data (default test)")
+    r.add_argument("--step", type=positive, help="of a run keeping a folder of checkpoints: the one of update N")
+    r.add_argument("--batch-size", type=positive, default=512, help="samples per forward (default 512)")
+    r.add_argument("-o", "--output", required=True, help="the .pt file to write (torch.load reads it back)")
     p = sub.add_parser("plot", help="plot a metrics.jsonl file")
     p.add_argument("metrics")
     p.add_argument("-o", "--output", required=True, help="PNG file to write")
@@ -98,6 +108,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return cmd_quickstart(args)
         if args.command == "train":
             return cmd_train(args)
+        if args.command == "predict":
+            from .predict import cmd_predict
+
+            return cmd_predict(args)
         if args.command == "inspect":
             return cmd_inspect(args)
         if args.command == "export":

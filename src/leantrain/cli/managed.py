@@ -135,26 +135,48 @@ def describe_kept(path: Path, folder: Path) -> Path:
     return chosen
 
 
-def keep_best(value: Optional[str]) -> tuple[Optional[str], str]:
-    """``--keep-best METRIC[:min|max]``: the evaluation result watched (``test_`` as the
-    metrics file names it, or not) and the direction (by default lower is better for
-    losses, perplexity and errors, higher for anything else)."""
+def best_spec(value) -> Optional[tuple[str, str, int]]:
+    """``--keep-best [METRIC][:min|max][:K]`` (or a bare ``K``, by the test loss) read as
+    ``(metric, direction, K)``; ``None`` when it does not read. The metric as the
+    evaluation names it (``test_`` as the metrics file names it, or not), the direction by
+    default lower-is-better for losses, perplexity and errors, higher for anything else."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not value:
+        return None
+    parts = value.split(":")
+    count = 1
+    if parts[-1].isdigit():
+        count = int(parts.pop())
+        if count < 1:
+            return None
+        if not parts:
+            parts = ["loss"]
+    if not parts or len(parts) > 2 or not parts[0] or parts[0].isdigit():
+        return None
+    name, mode = parts[0].removeprefix("test_"), (parts[1] if len(parts) == 2 else "")
+    if mode not in ("", "min", "max"):
+        return None
+    return name, mode or ("min" if name.endswith(LOWER_IS_BETTER) else "max"), count
+
+
+def keep_best(value) -> tuple[Optional[str], str]:
+    """``--keep-best``'s metric and direction (``None, "min"`` without the flag)."""
     if value is None:
         return None, "min"
-    name, _, mode = value.partition(":")
-    name = name.removeprefix("test_")
-    if mode not in ("", "min", "max"):
-        raise UserError(f"--keep-best {value}: the direction after ':' is min or max")
-    return name, mode or ("min" if name.endswith(LOWER_IS_BETTER) else "max")
+    spec = best_spec(value)
+    if spec is None:
+        raise UserError(f"--keep-best {value}: {KEEP_BEST_RULE}")
+    return spec[0], spec[1]
 
 
-def check_keep_best(value: Optional[str]) -> Optional[str]:
-    """The rule ``--keep-best`` breaks (``None``: fine): a metric name, then ``:min`` or ``:max``."""
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value or value.partition(":")[2] not in ("", "min", "max"):
-        return "expected a metric of the evaluation (loss, accuracy), optionally :min or :max"
-    return None
+KEEP_BEST_RULE = ("expected a metric of the evaluation (loss, accuracy), optionally :min or :max, optionally :K "
+                  "(keep the best K; a bare K keeps the best K by the loss)")
+
+
+def check_keep_best(value) -> Optional[str]:
+    """The rule ``--keep-best`` breaks (``None``: fine)."""
+    return None if value is None or best_spec(value) is not None else KEEP_BEST_RULE
 
 
 def profile_range(value: Optional[str]) -> Optional[tuple[int, int]]:

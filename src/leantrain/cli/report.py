@@ -21,10 +21,12 @@ def report_run(plan, job, report: TrainReport) -> int:
     if not plan.main:
         return 0
     cfg, out = plan.cfg, plan.out
-    if report.interrupted:
+    if report.interrupted and job.early_stop is None:
         print(f"interrupted at step {report.steps}; checkpoint saved to {plan.checkpoint}\n"
               f"continue with: leantrain train --resume {out}")
         return EXIT_INTERRUPTED
+    if job.early_stop is not None:  # a finished run: the job decided to stop (every rank stopped there)
+        print(f"stopped early at step {report.steps} (--early-stopping: {job.early_stop})")
     res = evaluate(job.runner, job.test_batches, job.metrics)
     res_ema = evaluate(job.runner, job.test_batches, job.metrics, ema=True) if cfg.ema is not None else None
     reps = job.runner.params.canonical_slot_indices()
@@ -37,6 +39,8 @@ def report_run(plan, job, report: TrainReport) -> int:
         "aliased_slots": sum(1 for i, c in enumerate(reps) if c is not None and c != i),
         "frozen_slots": sum(1 for c in reps if c is None),
     }
+    if job.early_stop is not None:
+        result["stopped_early"] = job.early_stop
     if job.classify:  # a run without accuracy has no key for it (not null)
         result["test_accuracy"] = res["accuracy"]
     if res_ema is not None:

@@ -44,7 +44,6 @@ PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}  # -> the loo
 # The optimizers whose hyperparameters include a weight decay (read from their records).
 DECAYING = tuple(kind for kind, h in optim.HYPERS.items() if "weight_decay" in {f.name for f in dataclasses.fields(h)})
 SWITCH = "switch"  # a flag without a value (store_true); the TOML key takes true or false
-
 Check = Callable[[Any], Optional[str]]  # the rule a value breaks, or None
 
 
@@ -162,11 +161,11 @@ FIELDS = (
           "there (linear, cosine... as transformers' get_scheduler); warmup_cosine is upstream's warm-up cosine "
           "down to lr/20; wsd and plateau name warmup_stable_decay and reduce_lr_on_plateau. Per epoch; per update "
           "with --schedule-per step; reduce_lr_on_plateau and greedy read the test split's loss each epoch",
-          _choice(SCHEDULERS)),
+          _choice(SCHEDULERS), needs=lambda c: None if c.scheduler_args else _schedule_works(c)),
     Field("scheduler_args", None, "the schedule's other keyword arguments, Trainer's lr_scheduler_kwargs (e.g. "
           "\"num_cycles = 2\" for cosine, \"min_lr = 1e-5\" for cosine_with_min_lr, \"gamma = 0.5, milestones = "
           "[10, 20]\" for multi_step, \"patience = 2\" for reduce_lr_on_plateau)", _arguments, key_values,
-          metavar="KEYS", needs=lambda c: _schedule_works(c)),
+          metavar="KEYS", needs=lambda c: _schedule_works(c) if c.scheduler_args else None),
     Field("seed", 0, "model initialisation and shuffling seed", _seed, seed_arg, BOTH),
     Field("device", "cpu", "cpu or cuda", _choice(DEVICES)),
     Field("out", "runs/latest", "output folder", _folder),
@@ -228,9 +227,20 @@ FIELDS = (
           _integer(1, optional=True), positive, metavar="N"),
     Field("keep_last", None, "keep a folder of checkpoints (checkpoints/stepN.ckpt), the last K of them",
           _integer(1, optional=True), positive, metavar="K"),
-    Field("keep_best", None, "keep the best checkpoint by a test metric (loss, accuracy; :min or :max, by default "
-          "min for losses, max otherwise); each evaluation then saves a checkpoint", check_keep_best,
-          metavar="METRIC"),
+    Field("keep_best", None, "keep the best checkpoint(s) by a test metric: METRIC (loss, accuracy), :min or :max "
+          "(by default min for losses, max otherwise), :K to keep the best K (a bare K: the best K by the loss); "
+          "each evaluation then saves a checkpoint", check_keep_best, metavar="METRIC"),
+    Field("early_stopping", None, "stop when the test metric of --early-stopping-monitor has not improved for "
+          "PATIENCE evaluations in a row (0: the first evaluation without improvement); a NaN or inf stops at once",
+          _integer(0, optional=True), int, metavar="PATIENCE"),
+    Field("early_stopping_monitor", "loss", "with --early-stopping: the test metric watched, METRIC[:min|max] (as "
+          "--keep-best)", check_keep_best, metavar="METRIC", needs=lambda c: _with_early_stopping(c, "loss")),
+    Field("early_stopping_threshold", None, "with --early-stopping: stop once the metric reaches X (good enough)",
+          _finite("expected a finite number", lambda v: True, optional=True), float, metavar="X",
+          needs=lambda c: _with_early_stopping(c, None, "early_stopping_threshold")),
+    Field("divergence_threshold", None, "with --early-stopping: stop once the metric is worse than X (diverging)",
+          _finite("expected a finite number", lambda v: True, optional=True), float, metavar="X",
+          needs=lambda c: _with_early_stopping(c, None, "divergence_threshold")),
     Field("log_to", None, "also log to " + ", ".join(TRACKERS) + " (comma-separated; wandb and mlflow need "
           "pip install 'leantrain[wandb]' or 'leantrain[mlflow]')", check_log_to, metavar="LIST"),
     Field("profile", None, "profile updates A to B with torch.profiler, the trace in OUT/profile", check_profile,
@@ -336,13 +346,29 @@ RunConfig = dataclasses.make_dataclass(
 )
 
 
+# What the settings check a per-update schedule with, before the data says how many updates an epoch has:
+# an epoch as long as any, so only a horizon the run cannot reach (--max-steps, --warmup) is refused here.
+ANY_EPOCH = 10**9
+
+
+def _with_early_stopping(c, default, name: str = "early_stopping_monitor") -> Optional[str]:
+    return "needs --early-stopping" if c.early_stopping is None and getattr(c, name) != default else None
+
+
 def _schedule_works(c) -> Optional[str]:
+    """Why the schedule cannot be made (``None``: it can): its arguments, and its horizon as
+    the run will have it (epochs, or with ``--schedule-per step`` the run's updates, which
+    ``--max-steps`` bounds); the run builds it again with the epoch's real length."""
     if c.scheduler_args and c.scheduler in NO_ARGUMENTS:
         return f"--scheduler {c.scheduler} takes no arguments"
     try:
-        c.make_schedule(1)
+        c.make_schedule(ANY_EPOCH)
     except (ConfigError, TypeError) as e:  # TypeError: a key the schedule does not take
-        return str(e)
+        if c.schedule_per == "step":
+            horizon = f"{c.max_steps} updates (--max-steps)" if c.max_steps is not None else "the run's updates"
+        else:
+            horizon = f"{c.epochs} epoch(s) (--epochs; indexed per epoch: --schedule-per step indexes updates)"
+        return f"{e} (its horizon: {horizon}; warm-up --warmup {c.warmup})"
     return None
 
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from ..data import DataLoader, Dataset
 from ..metrics import accuracy
 from ..training.parallel import distributed
-from ..training.loops.callbacks import Callback, ProgressBar
+from ..training.loops.callbacks import Callback, EarlyStopping, ProgressBar
 from ..training.loops.loggers import JSONLLogger
 from ..training.loops.config import LoaderTrainConfig, TrainReport
 from ..training.loops.events import StepEvent
@@ -35,7 +35,7 @@ from ..training.loops.evaluation import predict
 from ..training.loops.loader_loop import train_loader
 from ..samples import LossSum, TokenWeighted, loss_target
 from ..training.runner.runner import Runner
-from .managed import checkpoint_path, keep_best, managed, profile_range, resumable, trackers
+from .managed import best_spec, checkpoint_path, keep_best, managed, profile_range, resumable, trackers
 from .report import report_run
 from .run_folder import check_folder, check_metrics, partial_start_of
 from .runconfig import PRECISIONS, RunConfig, flag_values
@@ -154,6 +154,7 @@ class Job:
     steps_per_epoch: int
     loss: object = None  # the loss setting as resolved ("model", "cross_entropy", a function)
     tokens_per_sample: Optional[float] = None  # dict samples of tokens: their mean length
+    early_stop: Optional[str] = None  # why --early-stopping stopped the run (rank 0), after it ran
 
     @property
     def metrics(self) -> Optional[dict]:
@@ -178,8 +179,10 @@ def build_job(plan: Plan) -> Job:
         runner.to(f"cuda:{torch.cuda.current_device()}")
     classify = loss == "cross_entropy"
     monitor, mode = keep_best(cfg.keep_best)
-    if monitor not in (None, "loss") and not (classify and monitor == "accuracy"):
-        raise UserError(f"--keep-best {cfg.keep_best}: the test split gives loss" + (", accuracy" if classify else ""))
+    gives = ("loss", "accuracy") if classify else ("loss",)
+    for flag, value in (("--keep-best", cfg.keep_best), ("--early-stopping-monitor", cfg.early_stopping_monitor)):
+        if value is not None and keep_best(value)[0] not in gives:
+            raise UserError(f"{flag} {value}: the test split gives {', '.join(gives)}")
     collate = collate_for(cfg, train)
     test_batches = collate(512)(test)
     pieces = cfg.pieces or (EXACT_PIECES if cfg.exact_reduction else plan.world)  # items per minibatch
@@ -196,7 +199,8 @@ def build_job(plan: Plan) -> Job:
         autocast=PRECISIONS[cfg.precision], compile=cfg.compile, schedule_per=cfg.schedule_per,
         max_steps=cfg.max_steps, eval_data=test_batches, sharding=cfg.sharding, shard_by=cfg.shard_by,
         eval_metrics={"accuracy": accuracy} if classify else None, eval_every=cfg.eval_every,
-        keep_last=cfg.keep_last, keep_best=1 if cfg.keep_best else None, monitor=monitor or "loss", mode=mode,
+        keep_last=cfg.keep_last, keep_best=best_spec(cfg.keep_best)[2] if cfg.keep_best else None,
+        monitor=monitor or "loss", mode=mode,
         deterministic=cfg.deterministic, profile=profile_range(cfg.profile),
         profile_dir=plan.out / "profile" if cfg.profile else None,
         measure_batches=None,  # report.json's loss_before/loss_after: the mean over the training split
@@ -282,8 +286,16 @@ def run_job(plan: Plan, job: Job, loggers: list) -> TrainReport:
     interrupt = Interrupt(job.runner.device, len(job.loader), plan.world)
     callbacks = [interrupt, ProgressBar(file=None, eval_line=epoch_line, disable=None),
                  JSONLLogger(plan.metrics, epoch_results="test_"), *loggers]
+    if cfg.early_stopping is not None:  # rank 0's callback; the stop is the job's (every rank stops there)
+        watched, direction = keep_best(cfg.early_stopping_monitor)
+        callbacks.append(EarlyStopping(watched, cfg.early_stopping, direction,
+                                       stopping_threshold=cfg.early_stopping_threshold,
+                                       divergence_threshold=cfg.divergence_threshold))
     with interrupt.installed():
         report, _ = train_loader(job.runner, job.tcfg, job.loader, log=None, callbacks=callbacks)
+    stopper = callbacks[-1] if isinstance(callbacks[-1], EarlyStopping) else None
+    if stopper is not None and stopper.stopped_step is not None and not interrupt.requested:
+        job.early_stop = stopper.reason
     return report
 
 

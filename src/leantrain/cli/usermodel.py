@@ -46,7 +46,7 @@ def resolve(ref: str, what: str) -> Callable:
     return obj
 
 
-def _call(fn: Callable, ref: str, what: str):
+def call_user(fn: Callable, ref: str, what: str):
     try:
         return fn()
     except SystemExit as e:
@@ -55,7 +55,7 @@ def _call(fn: Callable, ref: str, what: str):
         raise UserError(f"--{what} {ref}: calling it raised {type(e).__name__}: {e}") from None
 
 
-def _samples(value: object, ref: str, which: str, stacked: bool) -> list:
+def checked_samples(value: object, ref: str, which: str, stacked: bool) -> list:
     """A ``data`` part: a non-empty list (or Dataset) of ``(x, y)`` tensor pairs or of dicts
     of tensors (token sequences). Pairs the command stacks (no ``collate``) need one shape."""
     if isinstance(value, Dataset):
@@ -91,7 +91,7 @@ def collate_for(cfg, train: list) -> Callable[[int], Callable[[list], list]]:
         def collate(samples: list) -> list:
             out = []
             for i in range(0, len(samples), piece):
-                item = _call(lambda: make(samples[i: i + piece]), cfg.collate or "pad_tokens", "collate")
+                item = call_user(lambda: make(samples[i: i + piece]), cfg.collate or "pad_tokens", "collate")
                 out.append(item)
             return out
         return collate
@@ -100,7 +100,7 @@ def collate_for(cfg, train: list) -> Callable[[int], Callable[[list], list]]:
 
 def build_model(ref: str) -> torch.nn.Module:
     """The module ``--model ref`` builds (the factory called once)."""
-    model = _call(resolve(ref, "model"), ref, "model")
+    model = call_user(resolve(ref, "model"), ref, "model")
     if not isinstance(model, torch.nn.Module):
         raise UserError(f"--model {ref}: returned a {type(model).__name__}, expected a torch.nn.Module")
     return model
@@ -118,11 +118,12 @@ def build_task(cfg) -> tuple[Callable[[], torch.nn.Module], object, list, list]:
     if cfg.data is None:
         train, test = text_split() if cfg.preset == "text-gpt" and cfg.model is None else digits_split()
     else:
-        parts = _call(resolve(cfg.data, "data"), cfg.data, "data")
+        parts = call_user(resolve(cfg.data, "data"), cfg.data, "data")
         if not isinstance(parts, (list, tuple)) or len(parts) != 2:
             raise UserError(f"--data {cfg.data}: must return (train, test), got {type(parts).__name__}")
         stacked = cfg.collate is None
-        train, test = _samples(parts[0], cfg.data, "train", stacked), _samples(parts[1], cfg.data, "test", stacked)
+        train = checked_samples(parts[0], cfg.data, "train", stacked)
+        test = checked_samples(parts[1], cfg.data, "test", stacked)
     loss = cfg.loss if cfg.loss is not None else default_loss(cfg, train)
     loss = loss if loss in LOSSES else resolve(loss, "loss")
     return factory, loss, train, test

@@ -66,6 +66,7 @@ def _forwarding(cls):
     build.__doc__ = cls.__doc__
     build.__signature__ = inspect.signature(cls).replace(return_annotation=cls.__name__)
     build.__module__ = __name__
+    build.__wrapped__ = cls  # documented as its class (the reference's entry)
     return build
 
 

@@ -10,7 +10,7 @@ one object per run.
 from __future__ import annotations
 
 import math
-
+from typing import Optional
 
 from ...errors import ConfigError
 from ...validate import check_count, is_number
@@ -47,12 +47,17 @@ class Plateau(Schedule):
 
     bases: tuple = ()  # each param group's starting rate (``ReduceLROnPlateau`` on a grouped optimizer)
     min_lrs: tuple = ()
+    start: Optional[dict] = None  # a port's counters (``optim.from_torch`` of a scheduler taken mid-run)
 
     def reset(self) -> None:
-        """Back to the start of a run: the base rate, no best value, no counters."""
+        """Back to the start of a run: the base rate, no best value, no counters; or, for a
+        scheduler ported mid-run, the rates and counters torch's held then (its best, bad
+        epochs and cooldown: torch's next ``step(value)`` continues from them)."""
         self.lrs = list(self.bases or (self.base,))
         self.best = math.inf if self.mode == "min" else -math.inf
         self.bad = self.cooldown_left = 0
+        if self.start is not None:
+            self.load_state_dict(self.start)
 
     @property
     def lr(self) -> float:

@@ -18,6 +18,7 @@ when one is configured). The loop calls, in order:
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import IO, Callable, Optional
 
@@ -87,21 +88,42 @@ class Callback:
 
 
 class EarlyStopping(Callback):
-    """Stop when ``monitor`` (a key of the evaluation results) has not improved by more
-    than ``min_delta`` for ``patience`` evaluations in a row (``mode``: "min" or "max")."""
+    """Stop when ``monitor`` has not improved by more than ``min_delta`` for ``patience``
+    checks in a row (``mode``: "min" or "max"; ``patience=0``: the first check without
+    improvement stops), as Lightning's ``EarlyStopping``. ``monitor``: a key of the
+    evaluation results, or ``"train_loss"``: the training loss of each logged update (no
+    evaluation needed; ``log_every`` sets how often it is checked). At each check, in
+    Lightning's order: a value that is not finite stops the run (``check_finite``); one
+    that reaches ``stopping_threshold`` stops it (good enough); one worse than
+    ``divergence_threshold`` stops it (diverging); else the patience rule. Under
+    ``torch.distributed`` the decision is the job's (every rank stops at that update)."""
 
     reads_only = True
+    TRAIN = "train_loss"
 
-    def __init__(self, monitor: str = "loss", patience: int = 3, mode: str = "min", min_delta: float = 0.0) -> None:
+    def __init__(self, monitor: str = "loss", patience: int = 3, mode: str = "min", min_delta: float = 0.0,
+                 stopping_threshold: Optional[float] = None, divergence_threshold: Optional[float] = None,
+                 check_finite: bool = True) -> None:
         op = "EarlyStopping"
-        check_count(op, "patience", patience, 1)
+        check_count(op, "patience", patience, 0)
         check_choice(op, "mode", mode, ("min", "max"))
         if not isinstance(monitor, str):
             raise ConfigError(f"{op}: monitor must be a result name, got {monitor!r}")
+        if not isinstance(check_finite, bool):
+            raise ConfigError(f"{op}: check_finite must be True or False, got {check_finite!r}")
+        for name, value in (("min_delta", min_delta), ("stopping_threshold", stopping_threshold),
+                            ("divergence_threshold", divergence_threshold)):
+            if (value is not None or name == "min_delta") and not (
+                    isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+                raise ConfigError(f"{op}: {name} must be a finite number{'' if name == 'min_delta' else ' or None'}, "
+                                  f"got {value!r}")
         self.monitor, self.patience, self.mode, self.min_delta = monitor, patience, mode, float(min_delta)
+        self.stopping_threshold, self.divergence_threshold = stopping_threshold, divergence_threshold
+        self.check_finite = check_finite
         self.best: Optional[float] = None
         self.bad = 0
         self.stopped_step: Optional[int] = None
+        self.reason: Optional[str] = None  # why it stopped the run
 
     def state_dict(self) -> dict:
         return {"best": self.best, "bad": self.bad, "stopped_step": self.stopped_step}
@@ -109,19 +131,39 @@ class EarlyStopping(Callback):
     def load_state_dict(self, state: dict) -> None:
         self.best, self.bad, self.stopped_step = state["best"], state["bad"], state["stopped_step"]
 
+    def on_step(self, event: StepEvent) -> bool:
+        if self.monitor != self.TRAIN or event.loss is None:
+            return False
+        return self._check(event.step, event.loss)
+
     def on_eval(self, step: int, results: dict) -> bool:
+        if self.monitor == self.TRAIN:
+            return False
         if self.monitor not in results:
             raise ConfigError(f"EarlyStopping: no result named {self.monitor!r}; the evaluation gives {sorted(results)}")
-        value = results[self.monitor]
+        return self._check(step, results[self.monitor])
+
+    def _check(self, step: int, value: float) -> bool:
+        value = float(value)
         sign = 1.0 if self.mode == "min" else -1.0
+        if self.check_finite and not math.isfinite(value):
+            return self._stop(step, f"{self.monitor} = {value} is not finite")
+        if self.stopping_threshold is not None and sign * (value - self.stopping_threshold) < 0:
+            return self._stop(step, f"{self.monitor} = {value} reached stopping_threshold={self.stopping_threshold}")
+        if self.divergence_threshold is not None and sign * (value - self.divergence_threshold) > 0:
+            return self._stop(step, f"{self.monitor} = {value} diverged past divergence_threshold="
+                                    f"{self.divergence_threshold}")
         if self.best is None or sign * (self.best - value) > self.min_delta:
             self.best, self.bad = value, 0
             return False
         self.bad += 1
-        if self.bad >= self.patience:
-            self.stopped_step = step
-            return True
+        if self.bad >= max(self.patience, 1):  # patience=0: the first check without improvement
+            return self._stop(step, f"{self.monitor} did not improve for {self.bad} check(s)")
         return False
+
+    def _stop(self, step: int, reason: str) -> bool:
+        self.stopped_step, self.reason = step, reason
+        return True
 
 
 class PlateauFeed(Callback):

@@ -17,7 +17,7 @@ from ..runner.precision import scaler_state_problems
 from .callbacks import Callback
 
 # What a checkpoint written before a setting existed implies for it.
-EXPECT_DEFAULTS = {"accumulate": 1, "ema_decay": None, "autocast": None}
+EXPECT_DEFAULTS = {"accumulate": 1, "ema_decay": None, "autocast": None, "limit_train_batches": None}
 
 
 def check_savable(op: str, callbacks: Sequence[Callback]) -> None:
@@ -63,6 +63,8 @@ def progress_problems(kind: str, p: dict) -> list[str]:
         v = p.get(key)
         if not (is_int(v) and 0 <= v < 2**63):
             out.append(f"progress.{key}: expected an integer >= 0, got {v!r}")
+    if "tokens_seen" in p and not (is_int(p["tokens_seen"]) and 0 <= p["tokens_seen"] < 2**63):
+        out.append(f"progress.tokens_seen: expected an integer >= 0, got {p['tokens_seen']!r:.40}")
     if p.get("before") is not None and not is_number(p.get("before")):
         out.append(f"progress.before: expected a number or null, got {p.get('before')!r}")
     for key in ("losses", "grad_norms"):

@@ -16,6 +16,7 @@ from ..runner.neftune import check_alpha
 from ..runner.precision import check_autocast
 from ...validate import check_bool, check_choice, check_count, is_int
 from .checkpoint_folder import template_fields
+from .evaluation import check_limit
 from .settings import LOADER, flat_keywords, group, settings_of
 from .run_options import check_run_options
 from .schedule_index import check_epoch_indexing, epoch_schedule_varies  # noqa: F401 (the loader loop's too)
@@ -222,7 +223,11 @@ class LoaderTrainConfig(LoopOptions):
     (``split_rows``), so a collated batch is shared by the ranks under
     ``torch.distributed`` (item ``j`` on rank ``j mod world``); a number that does not
     depend on the world size keeps ``exact_reduction``'s bits the same on any number of
-    ranks. Pieces count as items in ``samples_seen``; ``before``/``after`` read uncut items."""
+    ranks. Pieces count as items in ``samples_seen``; ``before``/``after`` read uncut items.
+    ``limit_train_batches``: each epoch reads at most that many of the loader's batches (an
+    integer), or that fraction of them (a float in (0, 1] of a loader with a length, rounded
+    down), as Lightning's: the quick-iteration habit; a resume is exact, and refused with
+    another limit."""
 
     epochs: Optional[int]
     optimizer: Optimizer = field(default_factory=lambda: sgd(0.01))
@@ -235,6 +240,7 @@ class LoaderTrainConfig(LoopOptions):
     schedule_per: str = "epoch"
     measure_batches: Optional[int] = 1  # None: whole passes (upstream's; a run's cost grows by two forwards per batch)
     pieces: Optional[int] = None
+    limit_train_batches: Union[None, int, float] = None
 
     def __post_init__(self) -> None:
         op = "LoaderTrainConfig"
@@ -255,6 +261,7 @@ class LoaderTrainConfig(LoopOptions):
             if getattr(self, name) is not None:
                 check_count(op, name, getattr(self, name), 1)
         check_choice(op, "schedule_per", self.schedule_per, SCHEDULE_PER)
+        check_limit(op, "limit_train_batches", self.limit_train_batches)
         _common(op, self)
         check_epoch_indexing(op, self.scheduler, self.epochs, self.schedule_per)
 
@@ -295,6 +302,9 @@ class TrainReport:
     grad_norms: tuple[tuple[int, float], ...] = ()  # (step, norm before clipping), logged steps
     best_checkpoint: Optional[str] = None  # with keep_best: the best checkpoint kept (loaded with load_best_at_end)
     resumed_from: Optional[str] = None  # the checkpoint this run continued (resume_from, "auto" resolved)
+    # token data (dict items with input_ids): the tokens of this run's updates (an attention_mask's ones where
+    # the inputs have one, else input_ids' size; Trainer's num_input_tokens_seen counts these), over every rank
+    tokens_seen: Optional[int] = None
 
 
 def run_config(cfg) -> dict:

@@ -12,6 +12,7 @@ example, over items when it returns one value per item.
 
 from __future__ import annotations
 
+import itertools
 from contextlib import nullcontext
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
@@ -30,22 +31,55 @@ Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 EvalData = Union[list, Dataset, DataLoader, Iterable]
 
 
-def eval_items(op: str, data: EvalData) -> Iterator[Sample]:
+def eval_items(op: str, data: EvalData, limit=None) -> Iterator[Sample]:
     """The items of ``data``, read lazily: a sample list, a Dataset, a DataLoader or an
     iterable of batches (a collated ``(x, y)`` batch is one item). Nothing is kept: memory
-    does not grow with the data."""
+    does not grow with the data. ``limit``: at most that many of its batches (an integer)
+    or that fraction of them (a float in (0, 1], of a set with a length), Lightning's
+    ``limit_val_batches``: a loader's batches, a sample list's samples (each its own)."""
     if isinstance(data, Dataset):
         data = data.to_list()
+    count = batch_count(op, data, limit, "limit_eval_batches")
     if isinstance(data, (list, tuple)):
-        return (check_sample(op, s, i) for i, s in enumerate(data))
-    if isinstance(data, DataLoader) or isinstance(data, Iterable):
-        return loader_samples(op, data)
+        return (check_sample(op, s, i) for i, s in enumerate(data if count is None else data[:count]))
+    if isinstance(data, DataLoader):
+        return loader_samples(op, data) if count is None else iter(data.iter_items(op, count))
+    if isinstance(data, Iterable):
+        return loader_samples(op, data if count is None else itertools.islice(data, count))
     raise ConfigError(f"{op}: expected a sample list, a Dataset or a loader, got {type(data).__name__}")
+
+
+def batch_count(op: str, data, limit, name: str) -> Optional[int]:
+    """How many batches of ``data`` a ``limit`` reads (``None``: all): an integer as it is,
+    a fraction of ``len(data)`` rounded down (Lightning's rule), refused when ``data`` has
+    no length or the fraction gives no batch."""
+    if limit is None or (isinstance(limit, float) and limit == 1.0):
+        return None
+    if isinstance(limit, int):
+        return limit
+    try:
+        n = len(data)
+    except TypeError:
+        raise ConfigError(f"{op}: {name}={limit} is a fraction of the batches, but the data has no length: give "
+                          f"a number of batches") from None
+    count = int(n * limit)
+    if count < 1:
+        raise ConfigError(f"{op}: {name}={limit} of {n} batches is no batch: give a larger fraction, or a number")
+    return count
+
+
+def check_limit(op: str, name: str, value) -> None:
+    """A ``limit_*_batches`` setting: ``None``, a count >= 1, or a fraction in (0, 1]."""
+    ok = value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1) or (
+        isinstance(value, float) and 0.0 < value <= 1.0)
+    if not ok:
+        raise ConfigError(f"{op}: {name} must be a number of batches (an integer >= 1), a fraction of them (a float "
+                          f"in (0, 1]) or None, got {value!r}")
 
 
 def evaluate(
     runner: Runner, data: EvalData, metrics: Optional[Mapping[str, Metric]] = None, *, ema: bool = False,
-    draws: str = "restore",
+    draws: str = "restore", limit_batches: Union[None, int, float] = None,
 ) -> dict[str, float]:
     """The mean loss and metrics of ``runner`` on ``data``, in eval mode, with no gradient
     and no buffer update; the runner's mode is left as found, and the random generators
@@ -62,6 +96,8 @@ def evaluate(
         ema: evaluate the moving average of the weights (``ema_decay``) in their place.
         draws: ``"restore"`` (every generator put back: torch's, CUDA's, Python's, NumPy's
             and the loader's own) or ``"advance"`` (left as the pass leaves them).
+        limit_batches: at most that many of the data's batches (an integer), or that
+            fraction of them (a float in (0, 1]), as Lightning's ``limit_val_batches``.
 
     Returns:
         ``{"loss": mean loss over the examples, name: metric, ..., "items": count}`` (upstream's rule:
@@ -78,13 +114,14 @@ def evaluate(
         if runner.ema is None:
             raise ConfigError(f"{op}: ema=True but the runner keeps no moving average (train with ema_decay)")
         with runner.ema.applied(runner.params):
-            return evaluate(runner, data, metrics, draws=draws)
+            return evaluate(runner, data, metrics, draws=draws, limit_batches=limit_batches)
     metrics = dict(metrics or {})
     for name, fn in metrics.items():
         if not isinstance(name, str) or not callable(fn) or name in ("loss", "items"):
             raise ConfigError(f"{op}: metric {name!r}: expected a name (not 'loss' or 'items') and a callable")
     check_choice(op, "draws", draws, ("restore", "advance"))
-    items = eval_items(op, data)
+    check_limit(op, "limit_batches", limit_batches)
+    items = eval_items(op, data, limit_batches)
     sums = {name: [torch.zeros((), dtype=torch.float64, device=runner.device), 0] for name in metrics}
     total, n, weighted, rows = None, 0, None, []
     with runner.in_mode("eval"):
@@ -146,14 +183,15 @@ def check_eval_sets(op: str, data: object) -> None:
 
 def evaluate_sets(runner: Runner, data: Union[EvalData, Mapping[str, EvalData]],
                   metrics: Optional[Mapping[str, Metric]] = None, *, ema: bool = False,
-                  draws: str = "restore") -> dict[str, float]:
+                  draws: str = "restore", limit_batches=None) -> dict[str, float]:
     """``evaluate`` on one set, or on each named set of a dict with its results' names
     prefixed by the set's (``val_loss``, ``test_accuracy``), in the dict's order."""
     if not isinstance(data, Mapping):
-        return evaluate(runner, data, metrics, ema=ema, draws=draws)
+        return evaluate(runner, data, metrics, ema=ema, draws=draws, limit_batches=limit_batches)
     out: dict[str, float] = {}
     for name, one in data.items():
-        out.update({f"{name}_{k}": v for k, v in evaluate(runner, one, metrics, ema=ema, draws=draws).items()})
+        out.update({f"{name}_{k}": v for k, v in evaluate(runner, one, metrics, ema=ema, draws=draws,
+                                                         limit_batches=limit_batches).items()})
     return out
 
 

@@ -11,14 +11,14 @@ so what the ranks decide from them cannot differ.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Mapping, Optional
+from typing import Callable, ClassVar, Mapping, Optional, Union
 
 from ...errors import ConfigError
 from ...metrics import BUILTIN as BUILTIN_METRICS
 from ...validate import check_bool, check_choice, check_count
 from ..parallel.strategy import Strategy
 from ..runner.runner import Runner
-from .evaluation import check_eval_sets, evaluate_sets
+from .evaluation import check_eval_sets, check_limit, evaluate_sets
 from .listeners import Listeners
 from .record import RunRecord
 
@@ -39,7 +39,9 @@ class EvalOptions:
     ``"advance"`` (as a hand-written loop, Lightning and Trainer: the evaluation loader's
     iterator draws its seed from the global generator, and the run's later shuffles and
     augmentations follow from there), ``at_end``: evaluate after the run's last update too
-    when it falls off the ``every`` cadence (Trainer's rule; True by default)."""
+    when it falls off the ``every`` cadence (Trainer's rule; True by default),
+    ``limit_batches`` (``limit_eval_batches=``): each evaluation reads at most that many of
+    each set's batches, or that fraction of them (Lightning's ``limit_val_batches``)."""
 
     data: Optional[object] = field(default=None, metadata={"flat": "eval_data"})
     every: Optional[int] = field(default=None, metadata={"flat": "eval_every"})
@@ -48,6 +50,7 @@ class EvalOptions:
     every_epochs: Optional[int] = field(default=None, metadata={"flat": "eval_every_epochs", "loader": True})
     draws: str = field(default="restore", metadata={"flat": "eval_draws"})
     at_end: bool = field(default=True, metadata={"flat": "eval_at_end"})
+    limit_batches: Union[None, int, float] = field(default=None, metadata={"flat": "limit_eval_batches"})
 
     OP: ClassVar[str] = "EvalOptions"
 
@@ -59,6 +62,7 @@ class EvalOptions:
         check_bool(op, "eval_ema", self.ema)
         check_choice(op, "eval_draws", self.draws, EVAL_DRAWS)
         check_bool(op, "eval_at_end", self.at_end)
+        check_limit(op, "limit_eval_batches", self.limit_batches)
         check_eval_sets(op, self.data)
         if self.metrics is not None and (
             not isinstance(self.metrics, Mapping) or not all(callable(f) for f in self.metrics.values())
@@ -121,7 +125,8 @@ class Evaluator:
         record, told to the callbacks. True: the job stops."""
         s = self.settings
         with self.span("leantrain.evaluate"):
-            results = evaluate_sets(self.runner, s.data, s.metrics, ema=s.ema, draws=s.draws)
+            results = evaluate_sets(self.runner, s.data, s.metrics, ema=s.ema, draws=s.draws,
+                                    limit_batches=s.limit_batches)
         try:
             results = self.strategy.from_main(results)
         except Exception as e:  # a peer lost: a CollectiveError naming where and the last checkpoint

@@ -36,8 +36,9 @@ class Listeners:
         self.callback, self.callbacks = callback, [cb for cb in whole if strategy.main or cb.every_rank]
         self.may_change = callback is not None or not all(cb.reads_only for cb in self.callbacks)
         self.users = callback is not None or any(not type(cb).__module__.startswith("leantrain.") for cb in given)
-        #: the hooks whose answer may stop the run: decided once for the job, shared by every rank
-        self.decides = decisions(callback, given)
+        #: the hooks whose answer may stop the run, decided once for the job and shared by every rank (one
+        #: process: none to share)
+        self.decides = decisions(callback, given) if strategy.reduction.ranks else ()
 
     def _user_code(self):
         return self.strategy.user_code() if self.users else _NOTHING
@@ -99,7 +100,8 @@ def decisions(callback: Optional[StepCallback], given: Sequence[Callback]) -> tu
     ``on_eval`` (leantrain's loggers, trackers and progress bar never stop a run)."""
     def may(hook: str) -> bool:
         return any((not type(cb).__module__.startswith("leantrain.") and getattr(type(cb), hook) is not
-                    getattr(Callback, hook)) or (hook == "on_eval" and isinstance(cb, EarlyStopping)) for cb in given)
+                    getattr(Callback, hook)) or (isinstance(cb, EarlyStopping) and hook == (
+                        "on_step" if cb.monitor == EarlyStopping.TRAIN else "on_eval")) for cb in given)
 
     hooks = ("on_step",) if callback is not None or may("on_step") else ()
     return hooks + tuple(h for h in ("on_epoch_end", "on_eval") if may(h))

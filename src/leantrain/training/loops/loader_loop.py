@@ -12,6 +12,7 @@ so a resume inside any epoch continues with the batches the interrupted run had 
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from typing import Iterable, Iterator, Optional, Sequence, Union
 
@@ -21,6 +22,7 @@ from ...optim import OptState, Optimizer
 from .batches import Loader, as_list_batch, examples_in, loader_generators
 from ..runner.binding import rng_preserved
 from .config import LoaderTrainConfig, TrainReport, epoch_schedule_varies, scheduled
+from .evaluation import batch_count
 from ..runner.runner import Runner, Sample
 from ...samples import split_rows
 from .callbacks import Callback
@@ -124,7 +126,10 @@ def _groups(op: str, stream: Stream, at: Progress, cfg: LoaderTrainConfig, sessi
     run's were."""
     group: list[Sample] = []
     read = at.batch
-    for raw in _batches(op, stream.epoch(at.epoch, at.batch), session):
+    batches = stream.epoch(at.epoch, at.batch)
+    if stream.limit is not None:  # limit_train_batches: the epoch ends after its first ``limit`` batches
+        batches = itertools.islice(batches, max(0, stream.limit - at.batch))
+    for raw in _batches(op, batches, session):
         read += 1
         items = as_list_batch(op, raw)
         session.meter.saw(examples_in(raw, items))  # for the throughput: host shapes only
@@ -218,6 +223,7 @@ def train_loader(
         )
     local = rank_local(op, loader, cfg.accumulate_at(0), cfg.pieces)  # each rank reads its own items (rank_data.py)
     stream = stream_of(op, loader)
+    stream.limit = batch_count(op, loader, cfg.limit_train_batches, "limit_train_batches")
     if cfg.schedule_per == "epoch" and cfg.epochs is None and epoch_schedule_varies(cfg.scheduler) \
             and stream.size() is None:
         warnings.warn(f"{op}: schedule_per='epoch' with a loader that has no length and epochs=None: the schedule "
@@ -229,6 +235,7 @@ def train_loader(
         with session.computing():  # autocast and the loss scale, for this loop only
             partition = local and not isinstance(loader, DataLoader)  # a sampler's depends on the world size
             expect = {"n_samples": stream.size(), "accumulate": cfg.accumulate_record(),
+                      "limit_train_batches": cfg.limit_train_batches,
                       **({"world": distributed.rank_world()[1]} if partition else {})}
             state, ck = session.start(lambda: _measure(session, stream, cfg), expect,
                                       lambda manifest, tensors: stream.problems(loader_record(manifest, tensors))
@@ -239,7 +246,7 @@ def train_loader(
                 p = ck.progress
                 start = Progress(p["step"], p["epoch"], p["batch"], p["seen"])
                 stream.restore(ck.loader_state, start.epoch, start.batch)
-            session.begin(_total_steps(stream.loader, cfg), start.step)
+            session.begin(_total_steps(stream.loader, cfg, stream.limit), start.step)
             loader, state, _, steps, seen = run_loader_epochs(
                 runner, cfg, stream.loader, cfg.optimizer, state, scheduled(cfg),
                 start=start, session=session, stream=stream,
@@ -271,10 +278,10 @@ def _measure(session: Session, stream: Stream, cfg: LoaderTrainConfig) -> Option
         return session.strategy.mean_loss(runner, stream.samples(cfg.measure_batches))  # rank-local: all ranks
 
 
-def _total_steps(loader: Loader, cfg: LoaderTrainConfig) -> Optional[int]:
+def _total_steps(loader: Loader, cfg: LoaderTrainConfig, limit: Optional[int] = None) -> Optional[int]:
     """Updates in the whole run, when the loader knows its length (or ``max_steps`` bounds it)."""
     try:
-        n = len(loader)
+        n = len(loader) if limit is None else min(len(loader), limit)
         total = sum(-(-n // cfg.accumulate_at(e)) for e in range(cfg.epochs))
     except TypeError:  # a loader without a length, or epochs=None
         return cfg.max_steps

@@ -5,6 +5,7 @@ checkpoint's checks are the ``Checkpointer``'s (``checkpointing.py``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from typing import Sequence
@@ -75,6 +76,23 @@ def check_start(op: str, cfg, runner: Runner, one_process: bool) -> None:
         cfg.averaging.check(op, runner.module, hasattr(cfg, "epochs"), one_process)
 
 
+def run_optimizer(op: str, cfg):
+    """The optimizer a run steps with: ``cfg.optimizer``, or, for an SGD made without
+    momentum under a schedule that cycles it (torch's ``OneCycleLR``/``CyclicLR`` default
+    ``cycle_momentum=True``), that SGD with the schedule's first momentum: torch writes the
+    momentum into the group before the first step, so its SGD keeps a buffer from there
+    (its momentum then set by the schedule at every step), as this one does."""
+    opt, sched = cfg.optimizer, cfg.scheduler
+    if not getattr(sched, "starts_momentum", False):
+        return opt
+    if opt.kind != "sgd" or any("momentum" in o for o in opt.group_options):
+        raise ConfigError(f"{op}: the scheduler cycles the momentum of a {opt.kind} made with momentum=0, whose "
+                          f"updates keep no momentum buffer; make it with momentum > 0, or the scheduler with "
+                          f"cycle_momentum=False")
+    return dataclasses.replace(opt, hyper=dataclasses.replace(opt.hyper, momentum=sched.max_momentums[0]),
+                               _resolved={})
+
+
 def check_schedule(op: str, cfg, runner: Runner) -> None:
     """Refuse, before training starts, a schedule whose largest rate does not survive
     rounding to a trainable parameter's dtype (``1e308`` is infinite in binary32), and a
@@ -121,9 +139,14 @@ def loop_callbacks(op: str, cfg, callbacks: Sequence[Callback], main: bool) -> l
             raise ConfigError(f"{op}: callbacks[{i}] is a {type(cb).__name__}, not a leantrain Callback")
     evaluates, names = cfg.evaluation.data is not None, cfg.evaluation.result_names()
     for cb in callbacks:
-        if isinstance(cb, EarlyStopping):  # refused before training, not after the first evaluation
+        if isinstance(cb, EarlyStopping) and cb.monitor == EarlyStopping.TRAIN:
+            if not cfg.log_every:
+                raise ConfigError(f"{op}: EarlyStopping monitors 'train_loss', the loss of each logged update: "
+                                  f"set log_every > 0 (how often it is checked)")
+        elif isinstance(cb, EarlyStopping):  # refused before training, not after the first evaluation
             if not evaluates:
-                raise ConfigError(f"{op}: EarlyStopping watches evaluations: set eval_data (and eval_every)")
+                raise ConfigError(f"{op}: EarlyStopping watches evaluations: set eval_data (and eval_every), or "
+                                  f"monitor='train_loss' (the loss of the logged updates)")
             if cb.monitor not in names:
                 raise ConfigError(f"{op}: EarlyStopping monitors {cb.monitor!r}, but the evaluations give "
                                   f"{sorted(names)}")

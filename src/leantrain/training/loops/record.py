@@ -10,7 +10,7 @@ leantrain numbered losses and norms from 1 is read with its 0-based indices shif
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 
 @dataclass
@@ -26,6 +26,14 @@ class RunRecord:
     evals: list = field(default_factory=list)
     last_norm: Optional[float] = None
     last_rates: Optional[dict] = None  # the newest logged update's throughput (throughput.py)
+    tokens_before: int = 0  # token data: the tokens the resumed run had seen
+    count_tokens: Optional[Callable[[], Optional[int]]] = None  # this session's tokens (the job's; None: no tokens)
+
+    def tokens_seen(self) -> Optional[int]:
+        """The run's tokens so far, resumed ones included (``None``: not token data); a device
+        count is read (at a save, at the end)."""
+        now = None if self.count_tokens is None else self.count_tokens()
+        return None if now is None else self.tokens_before + now
 
     def resume(self, progress: dict) -> None:
         """Take the record a checkpoint's progress holds (in place: the run's components
@@ -35,12 +43,15 @@ class RunRecord:
         self.logged = [(int(k) + shift, v) for k, v in progress["losses"]]
         self.grad_norms = [(int(k) + shift, v) for k, v in progress.get("grad_norms", [])]
         self.evals = [(int(step), dict(results)) for step, results in progress.get("evals", [])]
+        self.tokens_before = int(progress.get("tokens_seen", 0))
 
     def progress(self) -> dict:
         """The fields a checkpoint's progress saves."""
+        tokens = self.tokens_seen()
         return dict(before=self.before, losses=[list(x) for x in self.logged],
                     evals=[[k, r] for k, r in self.evals], numbered_from=1,
-                    **({"grad_norms": [list(x) for x in self.grad_norms]} if self.grad_norms else {}))
+                    **({"grad_norms": [list(x) for x in self.grad_norms]} if self.grad_norms else {}),
+                    **({"tokens_seen": tokens} if tokens is not None else {}))
 
     def metric_at(self, step: int, name: str) -> Optional[float]:
         """``name`` from the evaluation made after update ``step`` (``None``: none made)."""

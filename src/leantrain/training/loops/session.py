@@ -39,7 +39,7 @@ from .config import TrainReport, run_config
 from .evaluator import Evaluator
 from .events import Progress, StepCallback, StepEvent
 from .listeners import Listeners
-from .loop_checks import check_start, loop_callbacks
+from .loop_checks import check_start, loop_callbacks, run_optimizer
 from .profiling import UpdateProfiler
 from .record import RunRecord
 from .run_options import loop_context, seed_everything
@@ -67,7 +67,7 @@ class Session:
                  callback: Optional[StepCallback] = None, callbacks: Sequence[Callback] = (),
                  local: bool = False) -> None:
         self.op, self.runner, self.cfg, self.kind = op, runner, cfg, kind
-        self.opt: Optimizer = cfg.optimizer
+        self.opt: Optimizer = run_optimizer(op, cfg)  # cfg.optimizer (an SGD under a momentum cycle: a buffer)
         # How the processes share the run, chosen once (the seam: parallel/); its reduction shares each update.
         self.strategy: Strategy = choose(cfg.parallel, local=local)
         self.reduction = self.strategy.reduction
@@ -96,6 +96,7 @@ class Session:
         self.epoch_ended: Optional[tuple[int, int]] = None  # (epoch, update) whose end a resumed checkpoint saw
         self.resumed_from: Optional[str] = None  # the checkpoint the run continues
         self.meter = Throughput(runner, cfg.peak_flops, cfg.log_memory)  # rates read at the log cadence only
+        self.record.count_tokens = lambda: self.strategy.total(self.meter.tokens_seen())
         self.profiler = UpdateProfiler(op, *cfg.profile, cfg.profile_dir, runner.device) if cfg.profile else None
         self._options: Optional[StepOptions] = None  # how the updates run: built at the first one
 
@@ -221,8 +222,9 @@ class Session:
             if evaluated:
                 stop = self.evaluator.run(step) or stop
             hooks = ("on_step", "on_eval") if evaluated else ("on_step",)
+            decide = (lambda s: self.listeners.decide(s, step, hooks)) if self.listeners.decides else None
             stop = ck.turn(self.runner, dict(at.record(), step=step), done.state, loader_state, stop=stop,
-                           evaluated=evaluated, decide=lambda s: self.listeners.decide(s, step, hooks))
+                           evaluated=evaluated, decide=decide)
             self.stopped = stop
             self.runner.confirm_steady()  # after the user's code: the checks still hold, or are made again
         if self.profiler is not None:
@@ -284,7 +286,7 @@ class Session:
             r.before, after, steps, seen, tuple(r.logged), time.perf_counter() - self.started,
             interrupted=self.stopped, skipped_steps=skipped, evals=tuple(r.evals), grad_norms=tuple(r.grad_norms),
             best_checkpoint=None if best is None else str(best),
-            resumed_from=resumed_from,
+            resumed_from=resumed_from, tokens_seen=r.tokens_seen(),
         )
         for cb in self.callbacks:
             cb.on_end(report)

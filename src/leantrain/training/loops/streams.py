@@ -32,6 +32,7 @@ class Stream:
     holds what every kind shares; each kind is a subclass."""
 
     kind = ""  #: the kind's name in checkpoints and messages
+    limit: Optional[int] = None  #: batches read per epoch at most (``limit_train_batches``; ``None``: all)
 
     def __init__(self, op: str, loader: object) -> None:
         self.op, self.loader = op, loader

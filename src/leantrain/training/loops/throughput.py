@@ -72,6 +72,7 @@ class Throughput:
         self.items, self.tokens = 0, 0
         self.examples = 0  # a loader loop counts its batches' examples here; else each item is one
         self.device_tokens: Optional[torch.Tensor] = None
+        self.seen, self.device_seen = 0, None  # the run's tokens (host, and a device sum read once, at the end)
         self.counter: Optional[Callable] = None
         self.decided = False
         self.since = time.perf_counter()
@@ -94,8 +95,17 @@ class Throughput:
             k = self.counter(s)
             if isinstance(k, torch.Tensor) and k.device.type != "cpu":
                 self.device_tokens = k.to(torch.int64) if self.device_tokens is None else self.device_tokens + k
+                self.device_seen = k.to(torch.int64) if self.device_seen is None else self.device_seen + k
             else:
                 self.tokens += int(k)  # a host tensor or a number: no device read
+                self.seen += int(k)
+
+    def tokens_seen(self) -> Optional[int]:
+        """The tokens of every update this run made (``None``: not token data); reads the
+        device's count back once (the run's end)."""
+        if self.counter is None:
+            return None
+        return self.seen + (0 if self.device_seen is None else int(self.device_seen.item()))  # intentional, at the end
 
     def read(self) -> dict:
         """The rates since the last read (a log line is due: the device already waited)."""

@@ -120,6 +120,11 @@ class DataParallelStrategy(Strategy):
     def from_main(self, value):
         return distributed.from_main(value)
 
+    def total(self, count):
+        if not self.local or count is None:  # every rank read every item: its count is the job's
+            return count
+        return sum(distributed.everyone(count))  # rank-local data: each rank counted its own items
+
     def failed(self, op: str, e: RuntimeError, where: str, last: str):
         rank, world = distributed.rank_world()
         if not (isinstance(e, CollectiveError) or distributed.from_a_collective(e)):  # the user's own: as it is

@@ -211,6 +211,11 @@ class Strategy:
         """Rank 0's ``value`` on every rank (the run's id, an evaluation's results)."""
         return value
 
+    def total(self, count):
+        """A count over the job's data (each rank counted the items it read; one process:
+        ``count``)."""
+        return count
+
     # ------------------------------------------------------------------- end
     def finish(self, runner: Runner) -> None:
         """What a run does when its loop ends, before its ``after`` loss."""

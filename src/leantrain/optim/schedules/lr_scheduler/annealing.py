@@ -35,9 +35,13 @@ def _check_strategy(op: str, strategy) -> str:
 
 
 class _Cycling(LRScheduler):
-    """A scheduler that may cycle the optimizer's momentum (or first beta) against its rate."""
+    """A scheduler that may cycle the optimizer's momentum (or first beta) against its rate.
+    ``starts_momentum``: it cycles the momentum of an optimizer made with none (torch's SGD
+    then keeps a buffer from the first step, the momentum written before it: the loop runs
+    that SGD with a buffer, ``loops/loop_checks.run_optimizer``)."""
 
     cycle_momentum = False
+    starts_momentum = False
 
     def _momentum_bounds(self, base_momentum, max_momentum) -> None:
         if not self.cycle_momentum:
@@ -48,10 +52,11 @@ class _Cycling(LRScheduler):
                 f"give the leantrain optimizer itself (SGD with momentum, RMSprop with momentum, Adam's family), "
                 f"or set cycle_momentum=False")
         if self.momentum_kind == "momentum" and not all(m > 0 for m in self.momenta):
-            raise ConfigError(
-                f"{self.op}: cycle_momentum=True with an optimizer made with momentum=0: its updates keep no "
-                f"momentum buffer to cycle (torch's would start one mid-run); make it with momentum > 0, or set "
-                f"cycle_momentum=False")
+            if any(m > 0 for m in self.momenta):
+                raise ConfigError(
+                    f"{self.op}: cycle_momentum=True with param groups made with momentum=0 beside groups with "
+                    f"momentum: give every group momentum, or none, or set cycle_momentum=False")
+            self.starts_momentum = True  # torch writes the momentum before the first step: a buffer from there
         self.base_momentums = per_group(self.op, "base_momentum", base_momentum, self.groups)
         self.max_momentums = per_group(self.op, "max_momentum", max_momentum, self.groups)
         for name, values in (("base_momentum", self.base_momentums), ("max_momentum", self.max_momentums)):

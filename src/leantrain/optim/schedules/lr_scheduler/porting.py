@@ -98,9 +98,9 @@ def _plateau(s) -> ReduceLROnPlateau:
     rates = [float(g["lr"]) for g in s.optimizer.param_groups]
     plan = ReduceLROnPlateau(rates, s.mode, s.factor, s.patience, s.threshold, s.threshold_mode, s.cooldown,
                              list(s.min_lrs), s.eps)
-    plan.load_state_dict({"lr": rates[0], "lrs": rates, "best": s.best if math.isfinite(s.best) else None,
-                          "bad": s.num_bad_epochs, "cooldown_left": s.cooldown_counter})
-    plan.loaded_from_torch = True
+    plan.start = {"lr": rates[0], "lrs": rates, "best": s.best if math.isfinite(s.best) else None,
+                  "bad": s.num_bad_epochs, "cooldown_left": s.cooldown_counter}
+    plan.reset()  # where torch's stands; a fresh run starts there too (PlateauFeed.on_begin resets to it)
     return plan
 
 
