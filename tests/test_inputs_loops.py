@@ -19,7 +19,8 @@ LOOPS = [
     ("torch optimizer", lambda c: lt.TrainConfig(steps=1, optimizer=torch.optim.Adam), lt.ConfigError, "optimizer must be built with leantrain.optim"),
     ("checkpoint_every without path", lambda c: lt.TrainConfig(steps=1, checkpoint_every=5), lt.ConfigError, "needs a checkpoint_path"),
     ("nonfinite mode", lambda c: lt.TrainConfig(steps=1, nonfinite="ignore"), lt.ConfigError, "nonfinite must be one of"),
-    ("epochs float", lambda c: lt.LoaderTrainConfig(epochs=2.0), lt.ConfigError, "epochs must be an integer >= 0"),
+    ("epochs not finite", lambda c: lt.LoaderTrainConfig(epochs=float("inf")), lt.ConfigError,
+     "epochs must be an integer >= 0"),  # a finite float is Trainer's fractional epochs since #70
     ("empty samples", lambda c: lt.train_samples(c.runner, lt.TrainConfig(steps=2), []), lt.DataError, "empty sample list"),
     ("sample not a pair", lambda c: lt.train_samples(c.runner, lt.TrainConfig(steps=2), [sample(), (torch.zeros(3),)]), lt.DataError, r"item 1: expected an \(x, y\) pair"),
     ("sample wrong shape", lambda c: lt.step_batch(c.runner, c.opt, c.rstate, False, [sample(), sample(d=5)]), lt.DataError, r"rejected the sample \(x \(5, 5\)"),

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import leantrain as lt
+from injection import kill_at, unless_killed
 
 
 def samples(n=48, seed=0):
@@ -24,15 +25,9 @@ def run(tmp_path=None, kill=None, resume=None, **kw):
                                checkpoint_path=None if tmp_path is None else tmp_path / "ck",
                                checkpoint_every=0 if tmp_path is None else 1, resume_from=resume, **kw)
 
-    def killer(e):
-        if e.step == kill:
-            raise KeyboardInterrupt
-
-    try:
-        report, _ = lt.train_loader(lt.Runner.from_module(model, "mse"), cfg, loader(), log=None, callback=killer)
-    except KeyboardInterrupt:
-        return None, model
-    return report, model
+    done = unless_killed(lambda: lt.train_loader(lt.Runner.from_module(model, "mse"), cfg, loader(), log=None,
+                                                 callback=kill_at(kill)))
+    return (None if done is None else done[0]), model
 
 
 def test_a_limit_reads_the_first_batches_of_each_epoch_as_a_hand_loop_does():

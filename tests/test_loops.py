@@ -209,7 +209,8 @@ def test_memory_watch_samples_on_cpu():
         (lambda: lt.TrainConfig(steps=1, log_every=-2), "log_every must be an integer >= 0"),
         (lambda: lt.TrainConfig(steps=1, optimizer=torch.optim.SGD), "optimizer must be built with leantrain.optim"),
         (lambda: lt.TrainConfig(steps=1, accumulation="fast"), "accumulation must be one of"),
-        (lambda: lt.LoaderTrainConfig(epochs=1.5), "LoaderTrainConfig: epochs must be an integer >= 0, got 1.5"),
+        (lambda: lt.LoaderTrainConfig(epochs=-1.5), "LoaderTrainConfig: epochs must be an integer >= 0 or a finite "
+                                                    "number > 0"),  # 1.5 is taken since #70 (Trainer's fractions)
         (lambda: lt.LoaderTrainConfig(epochs=1, scheduler=0.1), "scheduler must be a leantrain.optim schedule"),
     ],
 )

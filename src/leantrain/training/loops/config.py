@@ -3,6 +3,7 @@ frozen dataclasses, validated when built."""
 
 from __future__ import annotations
 
+import math
 import os
 import dataclasses
 from dataclasses import dataclass, field
@@ -212,7 +213,9 @@ class LoaderTrainConfig(LoopOptions):
 
     ``max_steps``: stop after that many updates (counted over the whole run, resumed
     ones included), mid-epoch if need be: with an endless stream, ``epochs=1`` and
-    ``max_steps=N``. ``schedule_per``: ``"epoch"`` (upstream's rule: the schedule's
+    ``max_steps=N``. A fractional ``epochs`` (Trainer's ``num_train_epochs=1.5``): the
+    whole epochs, then that fraction of the next epoch's updates, rounded up (a loader with
+    a length). ``schedule_per``: ``"epoch"`` (upstream's rule: the schedule's
     index is the epoch) or ``"step"`` (its index is the update, so ``warmup_cosine``
     warms up over updates). ``measure_batches``: the ``before``/``after`` losses read the
     first this many batches of a measuring pass (default 1: the same batch at the first
@@ -229,7 +232,7 @@ class LoaderTrainConfig(LoopOptions):
     down), as Lightning's: the quick-iteration habit; a resume is exact, and refused with
     another limit."""
 
-    epochs: Optional[int]
+    epochs: Union[None, int, float]
     optimizer: Optimizer = field(default_factory=lambda: sgd(0.01))
     scheduler: Optional[Schedule] = None
     log_every: int = 1
@@ -247,6 +250,10 @@ class LoaderTrainConfig(LoopOptions):
         if self.epochs is None:
             if self.max_steps is None:
                 raise ConfigError(f"{op}: epochs=None trains until max_steps: set max_steps")
+        elif isinstance(self.epochs, float):  # Trainer's num_train_epochs=1.5: the last epoch's fraction of updates
+            if not (math.isfinite(self.epochs) and self.epochs > 0):
+                raise ConfigError(f"{op}: epochs must be an integer >= 0 or a finite number > 0 of epochs (1.5: "
+                                  f"one epoch and half the next one's updates), got {self.epochs!r}")
         else:
             check_count(op, "epochs", self.epochs, 0)
         if isinstance(self.accumulate, Mapping):
@@ -263,7 +270,8 @@ class LoaderTrainConfig(LoopOptions):
         check_choice(op, "schedule_per", self.schedule_per, SCHEDULE_PER)
         check_limit(op, "limit_train_batches", self.limit_train_batches)
         _common(op, self)
-        check_epoch_indexing(op, self.scheduler, self.epochs, self.schedule_per)
+        check_epoch_indexing(op, self.scheduler, None if self.epochs is None else math.ceil(self.epochs),
+                             self.schedule_per)
 
     def accumulate_at(self, epoch: int) -> int:
         """Loader batches per update in epoch ``epoch`` (from 0): ``accumulate``, or the

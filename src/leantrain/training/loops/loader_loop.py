@@ -12,7 +12,9 @@ so a resume inside any epoch continues with the batches the interrupted run had 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import math
 import warnings
 from typing import Iterable, Iterator, Optional, Sequence, Union
 
@@ -224,6 +226,8 @@ def train_loader(
     local = rank_local(op, loader, cfg.accumulate_at(0), cfg.pieces)  # each rank reads its own items (rank_data.py)
     stream = stream_of(op, loader)
     stream.limit = batch_count(op, loader, cfg.limit_train_batches, "limit_train_batches")
+    if isinstance(cfg.epochs, float):
+        cfg = fractional_epochs(op, cfg, loader, stream.limit)
     if cfg.schedule_per == "epoch" and cfg.epochs is None and epoch_schedule_varies(cfg.scheduler) \
             and stream.size() is None:
         warnings.warn(f"{op}: schedule_per='epoch' with a loader that has no length and epochs=None: the schedule "
@@ -276,6 +280,22 @@ def _measure(session: Session, stream: Stream, cfg: LoaderTrainConfig) -> Option
     runner = session.runner
     with rng_preserved(runner.device, loader_generators(stream.loader)):
         return session.strategy.mean_loss(runner, stream.samples(cfg.measure_batches))  # rank-local: all ranks
+
+
+def fractional_epochs(op: str, cfg: LoaderTrainConfig, loader: Loader, limit: Optional[int]) -> LoaderTrainConfig:
+    """A fractional ``epochs`` as the run trains it (Trainer's ``num_train_epochs=1.5``): its
+    whole epochs, then that fraction of the next epoch's updates rounded up, as
+    ``max_steps`` (the user's own ``max_steps`` if smaller), over ``ceil(epochs)`` passes."""
+    try:
+        n = len(loader) if limit is None else min(len(loader), limit)
+    except TypeError:
+        raise ConfigError(f"{op}: epochs={cfg.epochs} counts a fraction of an epoch's updates, but the loader has no "
+                          f"length: give a whole number of epochs and max_steps") from None
+    whole = int(cfg.epochs)
+    updates = sum(-(-n // cfg.accumulate_at(e)) for e in range(whole))
+    updates += math.ceil((cfg.epochs - whole) * -(-n // cfg.accumulate_at(whole)))
+    cap = updates if cfg.max_steps is None else min(updates, cfg.max_steps)
+    return dataclasses.replace(cfg, epochs=math.ceil(cfg.epochs), max_steps=cap)
 
 
 def _total_steps(loader: Loader, cfg: LoaderTrainConfig, limit: Optional[int] = None) -> Optional[int]:
