@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 PRELOAD = ["torch", "torch.distributed", "leantrain", "safetensors.torch", "crash_child", "shard_crash_child",
            "shard_cases", "dist_cases", "rank_cases", "rank_data_cases", "rank_loader_cases", "token_cases",
            "folder_cases", "overlap_worker", "meta_cases",
-           "item_seed_cases", "run_table_cases"]
+           "item_seed_cases", "run_table_cases", "engine_cases"]
 
 
 def context():
@@ -33,3 +33,21 @@ def spawn(fn, args: tuple, nprocs: int) -> None:
     server: ``fn(rank, *args)`` in each, a rank's exception raised here."""
     context()
     mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+
+
+def rank_of_a_table(rank: int, world: int, init_file: str, out: str, every_case) -> None:
+    """A rank of a case table: one thread, a gloo group of ``world`` ranks (none for one),
+    ``every_case(out, world, rank)`` with ``{out}/{world}`` made, the group ended after."""
+    import torch
+    import torch.distributed as dist
+    from pathlib import Path
+
+    torch.set_num_threads(1)
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        (Path(out) / str(world)).mkdir(parents=True, exist_ok=True)
+        every_case(Path(out), world, rank)
+    finally:
+        if world > 1:
+            dist.destroy_process_group()

@@ -275,3 +275,45 @@ def test_a_plateau_ported_mid_run_continues_from_torchs_counters():
     lt.train_samples(lt.Runner.from_module(torch.nn.Linear(2, 1), "mse"), cfg, [(torch.randn(2), torch.randn(1))] * 5,
                      log=None, callback=lambda e: rates.append(e.state.lr))
     assert theirs == [0.05, 0.05, 0.025, 0.025, 0.0125] and rates == theirs
+
+
+def _tensor_rate_cases():
+    from torch.optim import lr_scheduler as L
+
+    return {
+        "StepLR": lambda o: L.StepLR(o, 2, 0.3), "ExponentialLR": lambda o: L.ExponentialLR(o, 0.9),
+        "CosineAnnealingLR": lambda o: L.CosineAnnealingLR(o, 6, 0.001),
+        "SequentialLR": lambda o: L.SequentialLR(o, [L.LinearLR(o, 0.1, 1.0, 3), L.ExponentialLR(o, 0.9)], [3]),
+        "ChainedScheduler": lambda o: L.ChainedScheduler([L.ConstantLR(o, 0.5, 3), L.ExponentialLR(o, 0.9)]),
+        "PolynomialLR": lambda o: L.PolynomialLR(o, 5, 2.0), "LinearLR": lambda o: L.LinearLR(o, 0.2, 1.0, 4),
+        "MultiStepLR": lambda o: L.MultiStepLR(o, [2, 5], 0.5), "ConstantLR": lambda o: L.ConstantLR(o, 0.5, 3),
+        "LambdaLR": lambda o: L.LambdaLR(o, lambda e: 0.95 ** e),
+        "MultiplicativeLR": lambda o: L.MultiplicativeLR(o, lambda e: 0.95),
+        "CosineAnnealingWarmRestarts": lambda o: L.CosineAnnealingWarmRestarts(o, 3, 2, 0.001),
+        "OneCycleLR": lambda o: L.OneCycleLR(o, max_lr=0.1, total_steps=14),
+        "CyclicLR": lambda o: L.CyclicLR(o, 0.01, 0.1, step_size_up=3),
+    }
+
+
+@pytest.mark.parametrize("stepped", [0, 3])
+@pytest.mark.parametrize("name", list(_tensor_rate_cases()))
+def test_a_tensor_rate_is_ported_with_torchs_float32_arithmetic(name, stepped):
+    """#70: an optimizer made with ``lr=torch.tensor(0.05)`` (float32): torch computes and
+    fills the rate in float32; the ported schedule gives those bits at every index (it
+    computed in float64 before: 6 of 8 of SequentialLR's rates differed), ported fresh or
+    after 3 steps."""
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    opt = torch.optim.SGD(p, lr=torch.tensor(0.05), momentum=0.9)
+    sched = _tensor_rate_cases()[name](opt)
+    for _ in range(stepped):
+        opt.step()
+        sched.step()
+    plan = optim.from_torch(sched)
+    theirs, mine = [], []
+    for t in range(10):
+        theirs.append(float(opt.param_groups[0]["lr"]))
+        mine.append(plan.rates_at(t)[0][0])
+        opt.step()
+        sched.step()
+    assert mine == theirs
+    assert plan.rates_at(2)[0][0] == theirs[2]  # an earlier index (a resume): replayed again, the same bits

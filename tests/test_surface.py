@@ -10,6 +10,7 @@ def test_top_level_names():
         "canonical_gradients", "canonical_gradient", "add_gradient_packs", "scale_gradient_pack",
         "Runner", "Dataset", "DataLoader", "TrainConfig", "LoaderTrainConfig", "TrainReport",
         "CheckpointOptions", "EvalOptions", "ParallelOptions",  # a config's settings grouped by component
+        "DDP",  # torch's DistributedDataParallel as the engine, with its options (#69)
         "mean_gradients", "mean_loss_and_gradients", "step_batch", "step_batch_and_loss",
         "run_sample_steps", "train_samples", "train_dataset", "run_loader_epochs", "train_loader",
         "StepEvent", "save_checkpoint", "load_checkpoint", "read_checkpoint", "Checkpoint",

@@ -121,7 +121,8 @@ def test_the_commands_twelve_trainer_names_are_trainers_curves(per, warmup):
     """``--scheduler NAME`` for each of Trainer's lr_scheduler_type names: the rates of
     transformers' get_scheduler with Trainer's warm-up (``--warmup`` steps or
     ``--warmup-ratio``: ceil of the ratio of the run) over the run's indices."""
-    from leantrain.cli.runconfig import TRAINER_SCHEDULERS, RunConfig
+    from leantrain.cli.run_schedules import TRAINER_SCHEDULERS
+    from leantrain.cli.runconfig import RunConfig
 
     assert len(TRAINER_SCHEDULERS) == 12 == len(transformers.trainer_utils.SchedulerType)
     steps_per_epoch, epochs = 7, 4

@@ -81,6 +81,9 @@ def worker(rank, world, init_file, out):
         r = runner()
         report, _ = lt.train_loader(r, config(exact_reduction=False, measure_loss=True), mine(), log=None)
         kept(r, report, "default")
+        r = runner()  # torch's DDP over rank-local items (the tail update's shares 2/2/1 on 3 ranks)
+        report, _ = lt.train_loader(r, config(exact_reduction=False, engine="ddp"), mine(), log=None)
+        kept(r, report, "ddp")
         r = runner()  # sharded optimizer state and gradients over rank-local items
         report, _ = lt.train_loader(r, config(sharding="gradients"), mine(), log=None)
         kept(r, report, "sharded")

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 import leantrain as lt
+import spawning
 
 WORLDS = (1, 2, 3)
 STEPS_PER_EPOCH = 6  # 48 samples in list batches of 8 items
@@ -70,6 +71,7 @@ def fingerprint(module: nn.Module) -> str:
 def report_of(report: lt.TrainReport, out: Path) -> dict:
     return {"steps": report.steps, "samples_seen": report.samples_seen, "interrupted": report.interrupted,
             "losses": [list(x) for x in report.losses], "before": report.before, "after": report.after,
+            "train_loss": report.train_loss,
             "evals": [[s, {k: v for k, v in r.items()}] for s, r in report.evals],
             "best": None if report.best_checkpoint is None else os.path.relpath(report.best_checkpoint, out),
             "resumed_from": None if report.resumed_from is None else os.path.relpath(report.resumed_from, out)}
@@ -83,7 +85,7 @@ def config(folder: Path, **kw) -> lt.LoaderTrainConfig:
 
 
 def loader():
-    return lt.DataLoader(samples(), batch_size=8, shuffle=True, seed=5)
+    return lt.DataLoader(samples(), batch_size=8, shuffle=True, seed=5, collate=lt.collate.items)  # a row per item
 
 
 def python_cases(folder: Path, rank: int) -> dict:
@@ -199,12 +201,4 @@ def every_case(out: Path, world: int, rank: int) -> None:
 
 
 def worker(rank: int, world: int, init_file: str, out: str) -> None:
-    torch.set_num_threads(1)
-    if world > 1:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        (Path(out) / str(world)).mkdir(parents=True, exist_ok=True)
-        every_case(Path(out), world, rank)
-    finally:
-        if world > 1:
-            dist.destroy_process_group()
+    spawning.rank_of_a_table(rank, world, init_file, out, every_case)

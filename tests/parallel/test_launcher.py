@@ -36,7 +36,8 @@ cfg = lt.LoaderTrainConfig(epochs=4, optimizer=lt.optim.sgd(0.05), eval_data=hel
                            exact_reduction=True)
 with warnings.catch_warnings(record=True) as caught:
     report, _ = lt.train_loader(lt.Runner.from_module(model, "mse"), cfg,
-                                lt.DataLoader(data, batch_size=8, shuffle=True, seed=3), log=None,
+                                lt.DataLoader(data, batch_size=8, shuffle=True, seed=3, collate=lt.collate.items),
+                                log=None,
                                 callbacks=[lt.EarlyStopping(patience=2, min_delta=0.5)])
 result = {"rank": dist.get_rank(), "world": dist.get_world_size(), "steps": report.steps,
           "best": report.best_checkpoint, "weights": [float(p.sum()) for p in model.parameters()],

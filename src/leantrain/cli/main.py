@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--weights", action="store_true", help="a safetensors weights file (leantrain.weights)")
     e.add_argument("--consolidate", action="store_true",
                    help="one checkpoint file from a sharded checkpoint folder (what an unsharded run writes)")
+    e.add_argument("--dcp", action="store_true", help="a torch.distributed.checkpoint folder at -o DIR of the "
+                   "model's state dict, the plain module's names (what torchtitan and Lightning's FSDP read)")
     e.add_argument("--ema", action="store_true", help="the moving average of the weights (trained with --ema)")
     e.add_argument("--step", type=positive, help="of a run keeping a folder of checkpoints: the one of update N "
                    "(default: the best with --keep-best, else the newest)")

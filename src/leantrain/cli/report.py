@@ -39,6 +39,8 @@ def report_run(plan, job, report: TrainReport) -> int:
         "aliased_slots": sum(1 for i, c in enumerate(reps) if c is not None and c != i),
         "frozen_slots": sum(1 for c in reps if c is None),
     }
+    if report.train_loss is not None:  # the mean over the run's updates of each update's loss (Trainer's train_loss)
+        result["train_loss"] = report.train_loss
     if job.early_stop is not None:
         result["stopped_early"] = job.early_stop
     if job.classify:  # a run without accuracy has no key for it (not null)

@@ -26,19 +26,14 @@ from .. import optim
 from ..errors import ConfigError
 from ..io.atomic import path_problem
 from ..training.loops.config import SCHEDULE_PER
+from ..training.parallel.engines import ENGINES
 from ..training.parallel.sharding.plan import SHARD_BY, SHARDING_MODES
 from ..validate import is_int, is_number
 from .digits import PRESETS
+from .run_schedules import SCHEDULERS, make_schedule, schedule_works
 from .managed import TRACKERS, check_keep_best, check_log_to, check_profile
 from .usage import natural, positive, seed as seed_arg
 
-# Trainer's twelve lr_scheduler_type names, with Trainer's meaning (transformers' get_scheduler),
-# then leantrain's own: upstream's warm-up cosine and torch's curves.
-TRAINER_SCHEDULERS = tuple(optim.SCHEDULER_TYPES)
-ALIASES = {"wsd": "warmup_stable_decay", "plateau": "reduce_lr_on_plateau"}  # the names of earlier releases
-SCHEDULERS = ("none", *TRAINER_SCHEDULERS, "warmup_cosine", "step", "exponential", "one_cycle", "cosine_restarts",
-              "multi_step", *ALIASES)
-NO_ARGUMENTS = ("none", "constant", "constant_with_warmup", "warmup_cosine", "step", "exponential")
 DEVICES = ("cpu", "cuda")
 PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}  # -> the loops' autocast
 # The optimizers whose hyperparameters include a weight decay (read from their records).
@@ -161,11 +156,11 @@ FIELDS = (
           "there (linear, cosine... as transformers' get_scheduler); warmup_cosine is upstream's warm-up cosine "
           "down to lr/20; wsd and plateau name warmup_stable_decay and reduce_lr_on_plateau. Per epoch; per update "
           "with --schedule-per step; reduce_lr_on_plateau and greedy read the test split's loss each epoch",
-          _choice(SCHEDULERS), needs=lambda c: None if c.scheduler_args else _schedule_works(c)),
+          _choice(SCHEDULERS), needs=lambda c: None if c.scheduler_args else schedule_works(c)),
     Field("scheduler_args", None, "the schedule's other keyword arguments, Trainer's lr_scheduler_kwargs (e.g. "
           "\"num_cycles = 2\" for cosine, \"min_lr = 1e-5\" for cosine_with_min_lr, \"gamma = 0.5, milestones = "
           "[10, 20]\" for multi_step, \"patience = 2\" for reduce_lr_on_plateau)", _arguments, key_values,
-          metavar="KEYS", needs=lambda c: _schedule_works(c) if c.scheduler_args else None),
+          metavar="KEYS", needs=lambda c: schedule_works(c) if c.scheduler_args else None),
     Field("seed", 0, "model initialisation and shuffling seed", _seed, seed_arg, BOTH),
     Field("device", "cpu", "cpu or cuda", _choice(DEVICES)),
     Field("out", "runs/latest", "output folder", _folder),
@@ -206,6 +201,12 @@ FIELDS = (
           "state), gradients (ZeRO-2: of the reduced gradients too) or parameters (ZeRO-3: of the parameters too, "
           "each module's gathered around its use); the checkpoint becomes a folder",
           lambda v: None if v is None or one_of(v, SHARDING_MODES) else f"expected one of {', '.join(SHARDING_MODES)}"),
+    Field("engine", "leantrain", "under torchrun: leantrain (its own data parallel and --sharding; the bits of one "
+          "process with --exact-reduction) or ddp (torch's DistributedDataParallel reduces the gradients: the "
+          "engine your cluster tunes; no --sharding or --exact-reduction)", _choice(ENGINES),
+          needs=lambda c: None if c.engine == "leantrain" or not (c.sharding or c.exact_reduction or c.compile)
+          else "--engine ddp is torch's reduction: it takes neither --sharding nor --exact-reduction "
+               "(those are --engine leantrain's), nor --compile yet"),
     Field("shard_by", "range", "with --sharding: range (each slot cut at multiples of 64 elements) or slot (whole "
           "slots per rank: clipping by norm then has clip_grad_norm_'s bits)", _choice(SHARD_BY)),
     Field("pieces", None, "cut each minibatch into N items shared by the ranks (default: one per rank; 8 with "
@@ -309,34 +310,8 @@ class _Methods:
         return make(self.lr, **extra)
 
     def make_schedule(self, steps_per_epoch: int) -> Optional[optim.Schedule]:
-        """Indexed by epoch (upstream's rule), or by update with ``schedule_per="step"``:
-        then the same curves over the run's updates (``warmup`` counts updates)."""
-        per_step = self.schedule_per == "step"
-        total = self.epochs * steps_per_epoch if per_step else self.epochs
-        if per_step and self.max_steps is not None:
-            total = min(total, self.max_steps)
-        warm = optim.warmup_steps_for("--warmup-ratio", total, self.warmup, self.warmup_ratio)
-        name = ALIASES.get(self.scheduler, self.scheduler)
-        args = dict(self.scheduler_args or {})
-        if name == "none":
-            return None
-        if name in TRAINER_SCHEDULERS:  # as Trainer's create_scheduler
-            if name == "warmup_stable_decay":  # Trainer needs num_decay_steps; the command's default: a tenth
-                args.setdefault("num_decay_steps", max(1, (total - warm) // 10))
-            return optim.get_scheduler(name, self.lr, num_warmup_steps=warm, num_training_steps=total,
-                                       scheduler_specific_kwargs=args)
-        if name == "step":
-            return optim.step(self.lr, max(1, total // 3), 0.3)
-        if name == "exponential":
-            return optim.exponential(self.lr, 0.9 ** (1.0 / steps_per_epoch) if per_step else 0.9)
-        total = max(total, warm + 1)
-        if name == "warmup_cosine":
-            return optim.warmup_cosine(self.lr, self.lr / 20, warm, total)
-        if name == "one_cycle":
-            return optim.one_cycle(self.lr, total, **args)
-        if name == "cosine_restarts":
-            return optim.cosine_restarts(self.lr, args.pop("t_0", max(1, total // 4)), **args)
-        return optim.multi_step(self.lr, args.pop("milestones", [total // 2, 3 * total // 4]), **args)
+        """The run's schedule (``run_schedules.make_schedule``)."""
+        return make_schedule(self, steps_per_epoch)
 
 
 # The run's settings: a frozen dataclass with one field per row, checked when built.
@@ -346,30 +321,8 @@ RunConfig = dataclasses.make_dataclass(
 )
 
 
-# What the settings check a per-update schedule with, before the data says how many updates an epoch has:
-# an epoch as long as any, so only a horizon the run cannot reach (--max-steps, --warmup) is refused here.
-ANY_EPOCH = 10**9
-
-
 def _with_early_stopping(c, default, name: str = "early_stopping_monitor") -> Optional[str]:
     return "needs --early-stopping" if c.early_stopping is None and getattr(c, name) != default else None
-
-
-def _schedule_works(c) -> Optional[str]:
-    """Why the schedule cannot be made (``None``: it can): its arguments, and its horizon as
-    the run will have it (epochs, or with ``--schedule-per step`` the run's updates, which
-    ``--max-steps`` bounds); the run builds it again with the epoch's real length."""
-    if c.scheduler_args and c.scheduler in NO_ARGUMENTS:
-        return f"--scheduler {c.scheduler} takes no arguments"
-    try:
-        c.make_schedule(ANY_EPOCH)
-    except (ConfigError, TypeError) as e:  # TypeError: a key the schedule does not take
-        if c.schedule_per == "step":
-            horizon = f"{c.max_steps} updates (--max-steps)" if c.max_steps is not None else "the run's updates"
-        else:
-            horizon = f"{c.epochs} epoch(s) (--epochs; indexed per epoch: --schedule-per step indexes updates)"
-        return f"{e} (its horizon: {horizon}; warm-up --warmup {c.warmup})"
-    return None
 
 
 def no_decay_on_vectors(p) -> dict:

@@ -13,6 +13,7 @@ from ..io import torchlean
 from ..io.regular import read_json, read_regular
 from ..io.torchlean.framing import U64, ByteReader
 from ..io.checkpoint import read_checkpoint
+from ..io.dcp_export import export_dcp
 from ..io.loading import load_checkpoint
 from ..io.exporting import consolidate, optimizer_of, params_from_checkpoint
 from ..io.weights import save_weights
@@ -37,13 +38,21 @@ def cmd_export(args) -> int:
     kept in the checkpoint, or given with ``--config``), a folder ``from_pretrained``
     loads. ``--torchlean``: the parameters as the ``TLPF32B`` stream at ``-o FILE``;
     Adam/AdamW state, when the checkpoint has some, as ``TLADAMF`` at ``FILE.adam``.
+    ``--dcp``: a ``torch.distributed.checkpoint`` folder at ``-o DIR`` (``io/dcp_export.py``).
     ``--ema``: the checkpoint's moving average of the weights instead of the trained
     values. A run folder exports its checkpoint: its single file, or of a run keeping a
     folder of checkpoints the best (``--keep-best``), else the newest, or ``--step N``.
     Export is a data operation: it imports and calls nothing a file names."""
-    if args.weights + args.torchlean + args.consolidate != 1:
-        raise UserError("export: choose the format: --weights (safetensors), --torchlean or --consolidate")
+    if args.weights + args.torchlean + args.consolidate + args.dcp != 1:
+        raise UserError("export: choose the format: --weights (safetensors), --torchlean, --consolidate or --dcp")
     src, out = run_checkpoint(Path(args.checkpoint), args.step), Path(args.output)
+    if args.dcp:
+        if args.config is not None:
+            raise UserError("export: --config gives a Hugging Face config.json for --weights; drop it")
+        export_dcp(src, out, args.ema)
+        print(f"wrote {out} (torch.distributed.checkpoint, the {'moving average' if args.ema else 'weights'}; "
+              f"torch.distributed.checkpoint.load(model.state_dict(), checkpoint_id=...) reads it)")
+        return 0
     if args.config is not None and not args.weights:
         raise UserError("export: --config gives a Hugging Face config.json for --weights; drop it")
     hf = _model_config(src, args.config) if args.weights else None

@@ -198,6 +198,7 @@ def build_job(plan: Plan) -> Job:
         clip_grad_norm=cfg.clip_grad_norm, accumulate=cfg.accumulate, ema_decay=cfg.ema,
         autocast=PRECISIONS[cfg.precision], compile=cfg.compile, schedule_per=cfg.schedule_per,
         max_steps=cfg.max_steps, eval_data=test_batches, sharding=cfg.sharding, shard_by=cfg.shard_by,
+        engine=cfg.engine,
         eval_metrics={"accuracy": accuracy} if classify else None, eval_every=cfg.eval_every,
         keep_last=cfg.keep_last, keep_best=best_spec(cfg.keep_best)[2] if cfg.keep_best else None,
         monitor=monitor or "loss", mode=mode,
@@ -309,6 +310,8 @@ def describe(plan: Plan, job: Job) -> None:
           f"{cfg.epochs} epochs x {job.steps_per_epoch} steps, {cfg.optimizer} lr={cfg.lr}, "
           f"batch {cfg.batch_size} x accumulate {cfg.accumulate}, device {cfg.device}"
           + (f", {plan.world} processes" if plan.world > 1 else "")
+          + (", engine ddp (torch's all-reduce: not the bits of one process)" if plan.world > 1
+             and cfg.engine == "ddp" else "")
           + (f", precision {cfg.precision}" if cfg.precision != "fp32" else ""))
     print(f"slots: {len(params)} ({aliases} aliased, {frozen} frozen), "
           f"{sum(s.host.numel() for s in params.storages()):,} values in {len(params.storages())} storages"

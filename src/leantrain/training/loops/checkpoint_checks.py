@@ -65,6 +65,13 @@ def progress_problems(kind: str, p: dict) -> list[str]:
             out.append(f"progress.{key}: expected an integer >= 0, got {v!r}")
     if "tokens_seen" in p and not (is_int(p["tokens_seen"]) and 0 <= p["tokens_seen"] < 2**63):
         out.append(f"progress.tokens_seen: expected an integer >= 0, got {p['tokens_seen']!r:.40}")
+    pending = p.get("train_loss_pending", [])
+    if "train_loss_sum" in p and not (is_number(p["train_loss_sum"]) and is_int(p.get("train_loss_updates"))
+                                      and 0 <= p["train_loss_updates"] < 2**63 and isinstance(pending, list)
+                                      and len(pending) < 2**16 and all(is_number(v) for v in pending)):
+        out.append(f"progress.train_loss_sum/_updates/_pending: expected a number, an integer >= 0 and a short "
+                   f"list of numbers, got {p['train_loss_sum']!r:.40}, {p.get('train_loss_updates')!r:.40}, "
+                   f"{pending!r:.40}")
     if p.get("before") is not None and not is_number(p.get("before")):
         out.append(f"progress.before: expected a number or null, got {p.get('before')!r}")
     for key in ("losses", "grad_norms"):

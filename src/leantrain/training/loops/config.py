@@ -21,6 +21,7 @@ from .evaluation import check_limit
 from .settings import LOADER, flat_keywords, group, settings_of
 from .run_options import check_run_options
 from .schedule_index import check_epoch_indexing, epoch_schedule_varies  # noqa: F401 (the loader loop's too)
+from ..parallel.engines import torch_engine
 from ..update.options import ACCUMULATION_MODES, NONFINITE_MODES
 
 PathArg = Union[str, os.PathLike]
@@ -69,6 +70,12 @@ def _common(op: str, cfg) -> None:
                               f"run with sharding (use ema_decay, which averages on the shards)")
     if ev.ema and cfg.ema_decay is None:
         raise ConfigError(f"{op}: eval_ema evaluates the moving average: set ema_decay")
+    if torch_engine(par.engine):
+        for what, bad in (("accumulation='vectorized'", cfg.accumulation == "vectorized"),
+                          ("compile=True", cfg.compile)):
+            if bad:
+                raise ConfigError(f"{op}: engine='ddp' differentiates item by item through torch's wrapper; it "
+                                  f"does not take {what} yet: use engine='leantrain' for it")
     if par.exact_reduction and cfg.accumulation != "exact":
         raise ConfigError(f"{op}: exact_reduction folds items one by one: it needs accumulation='exact'")
     _check_kept_folder(op, cfg)
@@ -126,7 +133,7 @@ class LoopOptions:
     ``resume_from``, ``keep_last``, ``keep_best``, ``monitor``, ``mode``,
     ``load_best_at_end``; ``eval_data``, ``eval_every``, ``eval_metrics``, ``eval_ema``,
     ``eval_draws``, ``eval_at_end`` (loaders also ``eval_every_epochs``); ``sharding``,
-    ``shard_by``, ``exact_reduction``, ``collective_timeout``, ``replica_check``,
+    ``shard_by``, ``exact_reduction``, ``collective_timeout``, ``replica_check``, ``engine``,
     ``init_weights``, ``init_from``, ``gather_at_end``, ``item_seeds``, ``shard_units``.
     ``cfg.checkpoint_every`` reads one back, ``dataclasses.replace(cfg, eval_every=5)``
     changes one; a setting given both ways with two values is refused. After
@@ -313,6 +320,9 @@ class TrainReport:
     # token data (dict items with input_ids): the tokens of this run's updates (an attention_mask's ones where
     # the inputs have one, else input_ids' size; Trainer's num_input_tokens_seen counts these), over every rank
     tokens_seen: Optional[int] = None
+    # the mean over the run's updates of each update's mean loss (before its step; the items weighted as the
+    # update weights them), resumed updates included: Trainer's train_loss (None: a resume from an older file)
+    train_loss: Optional[float] = None
 
 
 def run_config(cfg) -> dict:

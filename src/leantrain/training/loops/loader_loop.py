@@ -18,6 +18,9 @@ import math
 import warnings
 from typing import Iterable, Iterator, Optional, Sequence, Union
 
+import torch
+
+from ...collate import single_row
 from ...data import DataLoader
 from ...errors import ConfigError, DataError
 from ...optim import OptState, Optimizer
@@ -223,6 +226,7 @@ def train_loader(
             f"read once, but epochs={cfg.epochs}; train it with epochs=1 (and max_steps), or pass a "
             f"re-iterable loader (a list of batches, a leantrain.DataLoader, a torch.utils.data.DataLoader)"
         )
+    row_by_row_hint(op, loader)
     local = rank_local(op, loader, cfg.accumulate_at(0), cfg.pieces)  # each rank reads its own items (rank_data.py)
     stream = stream_of(op, loader)
     stream.limit = batch_count(op, loader, cfg.limit_train_batches, "limit_train_batches")
@@ -260,6 +264,23 @@ def train_loader(
                               f"{cfg.max_steps}; max_steps counts updates over the whole run, so raise epochs to "
                               f"reach it", stacklevel=2)
             return session.finish(lambda: _measure(session, stream, cfg), steps, seen), loader
+
+
+def row_by_row_hint(op: str, loader) -> None:
+    """Said once at the point of use: an in-memory ``DataLoader`` without a collate whose
+    items are single rows trains each row as its own item (a forward and a backward each),
+    where a torch user means a minibatch. Nothing is read for it: the first stored item."""
+    if not (isinstance(loader, DataLoader) and loader.collate is None and loader.batch_size > 1
+            and not loader.lazy and len(loader.dataset) and single_row(loader.dataset.samples[0])):
+        return
+    first = loader.dataset.samples[0]
+    shape = tuple((first[0] if not isinstance(first, dict) else next(
+        v for v in first.values() if isinstance(v, torch.Tensor))).shape)
+    warnings.warn(f"{op}: the DataLoader has no collate and its items are single rows (the first's input shaped "
+                  f"{shape}): each of a batch's {loader.batch_size} rows is its own item, with a forward and a "
+                  f"backward of its own ({loader.batch_size} per update, the accumulation contract). For "
+                  f"minibatches pass collate=leantrain.collate.stack (rows stacked into one item); to train row "
+                  f"by row, say so with collate=leantrain.collate.items", stacklevel=3)
 
 
 def _epoch_problems(progress: dict, cfg: LoaderTrainConfig) -> list[str]:

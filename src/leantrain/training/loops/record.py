@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from .train_loss import TrainLoss
+
 
 @dataclass
 class RunRecord:
@@ -28,6 +30,7 @@ class RunRecord:
     last_rates: Optional[dict] = None  # the newest logged update's throughput (throughput.py)
     tokens_before: int = 0  # token data: the tokens the resumed run had seen
     count_tokens: Optional[Callable[[], Optional[int]]] = None  # this session's tokens (the job's; None: no tokens)
+    train_loss: TrainLoss = field(default_factory=TrainLoss)  # the run's mean loss (train_loss.py)
 
     def tokens_seen(self) -> Optional[int]:
         """The run's tokens so far, resumed ones included (``None``: not token data); a device
@@ -44,11 +47,12 @@ class RunRecord:
         self.grad_norms = [(int(k) + shift, v) for k, v in progress.get("grad_norms", [])]
         self.evals = [(int(step), dict(results)) for step, results in progress.get("evals", [])]
         self.tokens_before = int(progress.get("tokens_seen", 0))
+        self.train_loss.resume(progress)
 
     def progress(self) -> dict:
         """The fields a checkpoint's progress saves."""
         tokens = self.tokens_seen()
-        return dict(before=self.before, losses=[list(x) for x in self.logged],
+        return dict(before=self.before, losses=[list(x) for x in self.logged], **(self.train_loss.state() or {}),
                     evals=[[k, r] for k, r in self.evals], numbered_from=1,
                     **({"grad_norms": [list(x) for x in self.grad_norms]} if self.grad_norms else {}),
                     **({"tokens_seen": tokens} if tokens is not None else {}))

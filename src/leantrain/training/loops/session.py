@@ -186,13 +186,16 @@ class Session:
                 if watched:
                     strategy.before_update(self.op, self.runner, batch)  # the ranks' batch agreement: a collective
                 with strategy.guard(self.op) if watched else _NO_RANGE:
-                    done = update(self.op, self.runner, self.opt, state, batch, self.options(state), self.logs(step))
+                    # the loss always: the run's mean (TrainReport.train_loss; under torch.distributed one small
+                    # all-reduce beside the gradients')
+                    done = update(self.op, self.runner, self.opt, state, batch, self.options(state), True)
             except NonFiniteError as e:
                 raise NonFiniteError(f"update {step}: {e}") from None
             except Exception as e:  # a collective's failure, or the user's own error (with its rank under torchrun)
                 self._collective_failed(e, f"update {step}")
         if self.cfg.ema_decay is not None:
             self.runner.ema.update(self.runner.params)  # after the step, on the device
+        self.record.train_loss.add(done.loss, step)  # on the device, never read here
         return done
 
     def _range(self, name: str):
@@ -286,7 +289,7 @@ class Session:
             r.before, after, steps, seen, tuple(r.logged), time.perf_counter() - self.started,
             interrupted=self.stopped, skipped_steps=skipped, evals=tuple(r.evals), grad_norms=tuple(r.grad_norms),
             best_checkpoint=None if best is None else str(best),
-            resumed_from=resumed_from, tokens_seen=r.tokens_seen(),
+            resumed_from=resumed_from, tokens_seen=r.tokens_seen(), train_loss=r.train_loss.mean(),
         )
         for cb in self.callbacks:
             cb.on_end(report)

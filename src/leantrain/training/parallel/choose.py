@@ -5,7 +5,8 @@ No process group: one process (a ``Strategy``, whose reduction is
 ``update.reduction.ONE_PROCESS``), unless the settings ask for sharding (a one-rank
 plan). Under ``torch.distributed``: sharded when the config shards, else data parallel
 (overlapped, or exact with ``exact_reduction``; ``local`` when each rank reads its own
-items, ``rank_data.rank_local``).
+items, ``rank_data.rank_local``); with ``engine="ddp"``, torch's DDP reduces the gradients
+(``torch_ddp.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Optional
 
 from . import distributed
 from .data_parallel import DataParallelStrategy
+from .engines import torch_engine
 from .sharding.strategy import ShardedStrategy
+from .torch_ddp import DDPStrategy
 from .strategy import ONE_PROCESS, ONE_PROCESS_RUN, ParallelOptions, Strategy
 
 
@@ -26,5 +29,7 @@ def choose(settings: Optional[ParallelOptions] = None, *, local: bool = False) -
     if settings.sharding is not None:
         return ShardedStrategy(settings, local)
     if distributed.active() is None:
-        return Strategy(ONE_PROCESS, settings)
+        return Strategy(ONE_PROCESS, settings)  # any engine: one process has nothing to reduce
+    if torch_engine(settings.engine):
+        return DDPStrategy(settings, local)
     return DataParallelStrategy(settings, local)

@@ -35,6 +35,7 @@ from ..runner.ema import EMA, restored_ema
 from ..runner.runner import Runner, Sample
 from ..update.reduction import ONE_PROCESS, Reduction
 from ...validate import check_bool, check_choice
+from .engines import Engine, engine_of, torch_engine
 from .sharding.plan import SHARD_BY, SHARDING_MODES
 
 PathArg = Union[str, os.PathLike]
@@ -74,7 +75,10 @@ class ParallelOptions:
     (FSDP2's ``fully_shard`` on each transformer block): fewer, larger gathers than one per
     module holding parameters, for one block's memory at a time (``None``: every element of
     an ``nn.ModuleList``, as a transformer's blocks; ``()``: every module holding parameters
-    its own unit)."""
+    its own unit). ``engine``: ``"leantrain"`` (leantrain's own data parallel and sharding)
+    or ``"ddp"`` / ``leantrain.DDP(...)`` (torch's ``DistributedDataParallel`` reduces the
+    gradients, ``engines.py``: the loop's contract kept, one process's bits across world
+    sizes given up; it takes neither ``sharding`` nor ``exact_reduction``)."""
 
     sharding: Optional[str] = None
     shard_by: str = "range"
@@ -86,6 +90,7 @@ class ParallelOptions:
     gather_at_end: Optional[bool] = None
     item_seeds: bool = False
     shard_units: Optional[tuple] = None
+    engine: Engine = "leantrain"
 
     OP: ClassVar[str] = "ParallelOptions"
 
@@ -113,6 +118,12 @@ class ParallelOptions:
                 isinstance(u, type) and issubclass(u, nn.Module) for u in units)):
             raise ConfigError(f"{op}: shard_units must be a tuple of torch.nn.Module classes (e.g. your transformer "
                               f"block's), got {units!r:.60}")
+        object.__setattr__(self, "engine", engine_of(op, self.engine))
+        if torch_engine(self.engine):
+            for name, given in (("exact_reduction", self.exact_reduction), ("sharding", self.sharding)):
+                if given:
+                    raise ConfigError(f"{op}: {name}={given!r} is leantrain's own engine: it does not run under "
+                                      f"engine={self.engine.name!r} (torch's reduction); use engine='leantrain'")
         for name in ("init_weights", "init_from", "gather_at_end", "shard_units"):
             if getattr(self, name) is not None and self.sharding != "parameters":
                 raise ConfigError(f"{op}: {name} is for sharding='parameters' (a model filled and kept in ranges "

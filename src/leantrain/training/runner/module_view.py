@@ -7,7 +7,9 @@ the module still holds those objects (a replaced parameter or buffer is refused 
 the slot; a ``requires_grad`` turned on or off there is followed), then gives each
 trainable slot a leaf: the module's own tensor in the common case, its device mirror
 when computing elsewhere, and a later occurrence of a tie its own leaf over the same
-memory (its gradient is its own occurrence's, summed later in slot order).
+memory (its gradient is its own occurrence's, summed later in slot order); under torch's
+DDP (``runner.one_leaf_per_tensor``) the tied Parameter itself at every occurrence, its one
+``.grad`` the occurrences' sum, as in a plain torch loop.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class ModuleView:
         working = list(self.originals)
         swaps: list = []
         leaf_ids: set[int] = set()
+        one_leaf = runner.one_leaf_per_tensor
         for i, (table, attr, orig, trainable, on_device) in enumerate(self.slot_info):
             if table.get(attr) is not orig:
                 raise self.changed(op, i, views)
@@ -74,7 +77,9 @@ class ModuleView:
                 w = orig
             else:
                 w = s.make_mirror(dev)  # a host-to-device upload, never a read back
-            if slots_map[i] is not None:
+            if one_leaf and slots_map[i] is not None and id(w) in leaf_ids:
+                pass  # torch's DDP: the tied Parameter at every occurrence, one .grad (autograd's sum)
+            elif slots_map[i] is not None:
                 if id(w) in leaf_ids or not w.requires_grad:
                     # A later occurrence of a tie gets its own leaf over the same memory,
                     # so its gradient is its own occurrence's (summed later in slot order).

@@ -23,6 +23,7 @@ from .binding import MODEL_ERRORS, Binding, same_rng
 from .loop_state import LoopState, RunnerStats, Steady
 from .measure import mean_loss
 from .module_view import ModuleView
+from .wrapped import refuse_wrapped
 from ...samples import (  # noqa: F401  (re-exported: LOSSES, LossFn)
     LOSSES, LossFn, LossSum, model_loss_of, Sample, call_model, check_sample, checked_loss, describe, loss_target, to_device,
 )
@@ -37,11 +38,10 @@ class Runner:
     buffers as frozen slots: the entries of ``module.state_dict()``)."""
 
     def __init__(self, module: torch.nn.Module, loss: Union[str, LossFn] = "mse") -> None:
+        refuse_wrapped("Runner", module)  # DDP, fully_shard, DeepSpeed: the plain module and engine= instead
         if isinstance(loss, str):
             if loss not in LOSSES:
-                raise ConfigError(
-                    f"Runner: unknown loss {loss!r}; expected one of {sorted(LOSSES)} or a callable"
-                )
+                raise ConfigError(f"Runner: unknown loss {loss!r}; expected one of {sorted(LOSSES)} or a callable")
             loss_fn = model_loss_of(module) if loss == "model" else LOSSES[loss]
         elif callable(loss):
             loss_fn = loss
@@ -54,8 +54,7 @@ class Runner:
         self.module = module
         self.loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom")
         self.loss_fn: LossFn = loss_fn
-        # Where each slot lives in the module, and which slots are buffers: what a
-        # Binding reads and rebinds for one call (module_view.py).
+        # Where each slot lives in the module, which are buffers: what a Binding rebinds (module_view.py).
         self.view = ModuleView(module)
         self.locations = self.view.locations
         self.buffer_slots = self.view.buffer_slots
@@ -74,6 +73,7 @@ class Runner:
         # each item shape's draws (None: not countable), whether the replay was said (draw_shift.py)
         self.draw_shifts: dict = {}
         self.replay_said = False
+        self.one_leaf_per_tensor = False  # engine="ddp": a tie is one leaf (DDP reduces the module's own)
         self.sums_losses: Optional[bool] = None  # whether the loss is a LossSum (data parallel agrees on it once)
         hosts = [v.storage.host.device for v in self.params]
         self.device: torch.device = hosts[0] if hosts else torch.device("cpu")
@@ -85,8 +85,8 @@ class Runner:
     def from_module(cls, module: torch.nn.Module, loss: Union[str, LossFn] = "mse") -> "Runner":
         """A runner over ``module``'s parameters and persistent buffers. ``loss``: ``"mse"``,
         ``"cross_entropy"``, ``"model"`` (the output's own loss) or ``loss(output, target)``
-        returning a scalar tensor or a ``LossSum``. Raises ``ConfigError`` (an unknown loss, a
-        lazy module) or ``AliasError`` (parameters that partly share memory)."""
+        returning a scalar tensor or a ``LossSum``. Raises ``ConfigError`` (an unknown loss, a lazy
+        module, one wrapped by DDP/FSDP/DeepSpeed) or ``AliasError`` (parameters partly sharing memory)."""
         return cls(module, loss)
 
     # ------------------------------------------------------------------ modes

@@ -11,7 +11,7 @@ from typing import Callable, Optional
 
 from ....errors import ConfigError
 from ....validate import check_count, is_number
-from .replay import LRScheduler, Run, current, per_group
+from .replay import LRScheduler, Run, current, per_group, set_rate
 
 
 def _rates(op: str, name: str, value, groups: int) -> list:
@@ -145,7 +145,7 @@ class CosineAnnealingWarmRestarts(LRScheduler):
                 run.T_cur = run.T_cur % run.T_i
                 run.T_i = run.T_i * self.T_mult
         for g, lr in zip(run.groups, self.get_lr(run)):
-            g["lr"] = lr
+            set_rate(g, lr)
 
 
 class CyclicLR(_Cycling):
@@ -195,7 +195,7 @@ class CyclicLR(_Cycling):
     def attach(self, run: Run) -> None:
         if self.last_epoch == -1:
             for g, lr in zip(run.groups, self.base_lr):
-                g["lr"] = lr
+                set_rate(g, lr)
             self._write_max_momentum(run)
 
     def after_bases(self, run: Run) -> None:

@@ -16,7 +16,7 @@ from typing import Optional
 from ....errors import ConfigError
 from ....validate import is_int
 from ..plateau import Plateau
-from .replay import LRScheduler, ParamGroups
+from .replay import LRScheduler, ParamGroups, set_rate
 
 
 def _parts(op: str, schedulers) -> tuple:
@@ -111,7 +111,7 @@ class SequentialLR(_Composite):
         construction step undone, then the first part's initial step."""
         run.last_epoch += 1
         for g in run.groups:
-            g["lr"] = g["initial_lr"]
+            set_rate(g, g["initial_lr"])
         for r in run.runs:
             _undo(r)
         run.runs[bisect_right(self.milestones, 0)].initial_step()

@@ -31,6 +31,13 @@ def _plain(value):
     return float(value.item()) if isinstance(value, torch.Tensor) else value  # a tensor rate: its value
 
 
+def _rate_dtype(opt):
+    """The dtype of the optimizer's tensor rates (``lr=torch.tensor(...)``: torch fills them and
+    computes on them, so the replay holds one too), or ``None`` for number rates."""
+    tensors = [g["lr"] for g in opt.param_groups if isinstance(g["lr"], torch.Tensor)]
+    return tensors[0].dtype if tensors else None
+
+
 def _build(s, op: str):
     """leantrain's plan for torch scheduler ``s`` (fresh: from its construction)."""
     opt = s.optimizer
@@ -39,6 +46,7 @@ def _build(s, op: str):
         parts = [_build(p, op) for p in s._schedulers]
         plan = (composed.SequentialLR(parts[0]._rates_of, parts, list(s._milestones)) if name == "SequentialLR"
                 else composed.ChainedScheduler(parts))
+        plan.rate_dtype = _rate_dtype(opt)
         return plan
     bases = [_plain(g.get("initial_lr", g["lr"])) for g in opt.param_groups]
     rates = list(bases)
@@ -62,6 +70,7 @@ def _build(s, op: str):
     if c is None:
         raise ConfigError(f"{op}: leantrain has no counterpart of {type(s).__module__}.{name}")
     plan = c()
+    plan.rate_dtype = _rate_dtype(opt)
     kind, momenta = _kind(opt)
     plan.momentum_kind, plan.momenta = kind, momenta
     plan._rates_of = rates

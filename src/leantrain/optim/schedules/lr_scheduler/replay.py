@@ -8,7 +8,9 @@ arguments and the optimizer's groups (each group's rate and, where the optimizer
 its momentum or first beta). ``rates(t)`` replays torch's arithmetic on a list of plain
 groups: the construction, then ``t`` steps, in torch's order; a replay is kept and
 continued (the loop asks index after index), and started over for an earlier index (a
-resume): the same operations, so the same bits.
+resume): the same operations, so the same bits. A torch optimizer made with a tensor rate
+(``lr=torch.tensor(0.05)``) is ported with it: its groups hold a float32 tensor, which
+torch's arithmetic keeps and torch fills with each new rate, here too.
 
 ``Run`` is one replay's mutable side (torch's scheduler object: ``last_epoch``, the step
 count, whether the first step is running); a plan's ``get_lr(run)`` is torch's
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import math
 from typing import Any, Optional
+
+import torch
 
 from ....errors import ConfigError
 from ....validate import is_number
@@ -61,6 +65,15 @@ def describe(optimizer) -> tuple[tuple[float, ...], Optional[str], Optional[tupl
     return tuple(float(r) for r in rates), None, None
 
 
+def set_rate(group: dict, value) -> None:
+    """torch's write of a group's rate: a tensor rate is filled (the value rounded to its
+    dtype, float32), a number replaced."""
+    if isinstance(group["lr"], torch.Tensor):
+        group["lr"] = torch.full((), float(value), dtype=group["lr"].dtype)
+    else:
+        group["lr"] = value
+
+
 def per_group(op: str, name: str, value: Any, groups: int) -> list:
     """torch's ``_format_param``: a value per group (a list of that length, or one value for all)."""
     if isinstance(value, (list, tuple)):
@@ -77,8 +90,8 @@ class Run:
         self.plan, self.groups = plan, groups
         plan.attach(self)  # what the class's constructor writes into the groups first
         if last_epoch == -1:
-            for g in groups:
-                g.setdefault("initial_lr", g["lr"])
+            for g in groups:  # torch clones a tensor rate: the base stays as the rate was
+                g.setdefault("initial_lr", g["lr"].clone() if isinstance(g["lr"], torch.Tensor) else g["lr"])
         self.base_lrs = [g["initial_lr"] for g in groups]
         plan.after_bases(self)
         self.last_epoch = last_epoch
@@ -102,7 +115,7 @@ class Run:
             self.last_epoch = epoch
             values = self.plan.closed_form(self)
         for g, lr in zip(self.groups, values):
-            g["lr"] = lr
+            set_rate(g, lr)
 
     def lrs(self) -> list:
         return [g["lr"] for g in self.groups]
@@ -155,7 +168,7 @@ class LRScheduler(Schedule):
         """The optimizer's groups as torch's scheduler finds them."""
         out = []
         for k, lr in enumerate(self.bases):
-            g: dict = {"lr": lr}
+            g: dict = {"lr": lr if self.rate_dtype is None else torch.full((), lr, dtype=self.rate_dtype)}
             if self.momentum_kind == "momentum":
                 g["momentum"] = self.momenta[k]
             elif self.momentum_kind == "betas":
@@ -170,6 +183,7 @@ class LRScheduler(Schedule):
     def advance(self, replay: Any) -> None:
         replay.step()
 
+    rate_dtype: Optional[torch.dtype] = None  #: a port of an optimizer with tensor rates: their dtype
     skip: int = 0  #: steps a ported scheduler had taken (``from_torch``): index 0 is the rate after them
 
     def offset(self) -> int:

@@ -1,0 +1,225 @@
+"""The ranks of the engine table (``test_engines.py``): every rank of a world runs every
+case with ``engine="ddp"`` (torch's DistributedDataParallel reduces the gradients) and
+writes what it ended with (its parameters and buffers, its report) to
+``{out}/{world}/{case}.{rank}.pt``; the test compares them with the one-process runs. The
+worlds run in order (2, then 3).
+
+The cases: the tied GPT (a mask buffer, dropout), the BatchNorm CNN, a reentrant
+activation checkpoint, a frozen backbone, a token-weighted ``LossSum``, updates with fewer
+items than ranks, the same run twice (its bits repeat at a fixed world size), evaluation
+every N updates, ten loops in a row in one process (a rank was killed by the group's
+teardown), and a resume: a checkpoint written by ``engine="ddp"`` continued by a
+one-process run (the test) and by ``engine="ddp"`` on 3 ranks.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "zoo"))
+
+import leantrain as lt
+import spawning  # noqa: E402
+from zoo_models import BY_NAME  # noqa: E402
+
+STEPS = 4
+
+
+class Checkpointed(nn.Module):
+    """A reentrant activation checkpoint (``use_reentrant=True``): its backward runs a backward of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre, self.a, self.b, self.c = nn.Linear(6, 6), nn.Linear(6, 16), nn.Linear(16, 16), nn.Linear(16, 1)
+
+    def block(self, h):
+        return torch.tanh(self.b(torch.tanh(self.a(h))))
+
+    def forward(self, x):
+        return self.c(checkpoint(self.block, self.pre(x), use_reentrant=True))
+
+
+class Tokens(nn.Module):
+    """A model whose loss is a ``LossSum`` over the rows of an item (items of 1 to 4 rows)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(3, 8), nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+class Unused(nn.Module):
+    """A trainable layer the forward never uses (DDP must be told: find_unused_parameters)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.unused = nn.Linear(4, 8), nn.Linear(8, 1), nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+
+def regression(n: int) -> list:
+    g = torch.Generator().manual_seed(9)
+    return [(torch.randn(4, generator=g), torch.randn(1, generator=g)) for _ in range(n)]
+
+
+def unfreeze_at_2(model):
+    """A callback that turns the frozen first layer on after update 2 (gradual unfreezing)."""
+    def on_step(event):
+        if event.step == 2:
+            model[0].weight.requires_grad_(True)
+    return on_step
+
+
+def token_loss(out, y):
+    return lt.LossSum(((out - y) ** 2).sum(), y.shape[0])
+
+
+def token_samples(n: int) -> list:
+    g = torch.Generator().manual_seed(5)
+    out = []
+    for k in range(n):
+        rows = 1 + k % 4
+        out.append((torch.randn(rows, 3, generator=g), torch.randn(rows, 1, generator=g)))
+    return out
+
+
+def checkpointed_samples(n: int) -> list:
+    g = torch.Generator().manual_seed(7)
+    return [(torch.randn(2, 6, generator=g), torch.randn(2, 1, generator=g)) for _ in range(n)]
+
+
+def zoo(name):
+    e = BY_NAME[name]
+    return lambda: e.model(0), e.samples(4 * STEPS, rows=2), e.loss
+
+
+# name -> (a fresh model, the samples, the loss, items per update)
+CASES = {
+    "gpt": (*zoo("gpt"), 3),
+    "cnn_batchnorm": (*zoo("cnn_batchnorm"), 3),
+    "frozen_backbone": (*zoo("frozen_backbone"), 4),
+    "reentrant_checkpoint": (lambda: (torch.manual_seed(0), Checkpointed())[1], checkpointed_samples(4 * STEPS),
+                             "mse", 3),
+    "loss_sum": (lambda: (torch.manual_seed(0), Tokens())[1], token_samples(4 * STEPS), token_loss, 4),
+    "fewer_items_than_ranks": (*zoo("cnn_batchnorm"), 2),
+    "unused_found": (lambda: (torch.manual_seed(0), Unused())[1], regression(4 * STEPS), "mse", 4),
+    "unfreeze_clip_ema": (mlp, regression(4 * STEPS), "mse", 4),
+    "bucket_options": (mlp, regression(4 * STEPS), "mse", 4),
+}
+# what a case adds to the config (every world, one process too) and the DDP options it needs
+MORE = {"unused_found": {"engine": "ddp_unused"}, "unfreeze_clip_ema": {"clip_grad_norm": 0.5, "ema_decay": 0.9},
+        "bucket_options": {"engine": "ddp_buckets"}}
+
+
+# plain SGD where a wrong scale of the mean would show (Adam's update hardly sees one)
+SGD = {"reentrant_checkpoint", "loss_sum", "fewer_items_than_ranks", "bucket_options"}
+
+
+def config(name: str, batch: int, **more) -> lt.TrainConfig:
+    opt = lt.optim.sgd(0.1) if name in SGD else lt.optim.adamw(0.01)
+    return lt.TrainConfig(**{"steps": STEPS, "batch_size": batch, "optimizer": opt, "seed": 3, **more})
+
+
+def run(name: str, world: int, **more):
+    """One case trained (``engine="ddp"`` where the world has ranks): (model, report)."""
+    build, samples, loss, batch = CASES[name]
+    model = build()
+    callback = None
+    if name == "unfreeze_clip_ema":
+        model[0].weight.requires_grad_(False)
+        callback = unfreeze_at_2(model)
+    runner = lt.Runner.from_module(model, loss)
+    extra = {"engine": "ddp", **MORE.get(name, {})}
+    extra.update(more)
+    if extra["engine"] == "ddp_unused":
+        extra["engine"] = lt.DDP(find_unused_parameters=True)
+    if extra["engine"] == "ddp_buckets":  # gradients as views of tiny buckets (one per parameter)
+        extra["engine"] = lt.DDP(gradient_as_bucket_view=True, bucket_cap_mb=0.0001)
+    if world == 1:
+        extra.pop("engine")  # the one-process reference: leantrain's defaults
+    report = lt.train_samples(runner, config(name, batch, **extra), samples, log=None, callback=callback)
+    return model, report
+
+
+def unused_refused() -> str:
+    """A parameter the forward never uses, DDP not told: the job's ConfigError naming the option."""
+    torch.manual_seed(0)
+    runner = lt.Runner.from_module(Unused(), "mse")
+    try:
+        lt.train_samples(runner, config("x", 4, engine="ddp"), regression(16), log=None)
+    except lt.ConfigError as e:
+        return str(e)
+    return "trained"
+
+
+def ended(model, report) -> dict:
+    return {"state": {k: v.detach().clone() for k, v in model.state_dict().items()}, "steps": report.steps,
+            "losses": report.losses, "evals": report.evals, "tied": getattr(model, "lm_head", None) is None
+            or model.lm_head.weight is model.tok_emb.weight,
+            "grads": [p.grad for p in model.parameters()]}
+
+
+def every_case(out: Path, world: int, rank: int) -> None:
+    where = out / str(world)
+    for name in CASES:
+        torch.save(ended(*run(name, world)), where / f"{name}.{rank}.pt")
+    torch.save(ended(*run("gpt", world)), where / f"repeat.{rank}.pt")  # the same run again
+    _, samples, _, _ = CASES["cnn_batchnorm"]
+    torch.save(ended(*run("cnn_batchnorm", world, eval_data=samples[:5], eval_every=2)), where / f"eval.{rank}.pt")
+    torch.save({"message": unused_refused()}, where / f"unused_refused.{rank}.pt")
+    # loops in a row in one process (both engines): each loop's group torn down only when every rank is done
+    loops_in_a_row(where, rank)
+    # a resume: world 2 writes a checkpoint after 2 updates; world 3 continues it (the test: one process too)
+    if world == 2:
+        run("gpt", world, checkpoint_path=str(out / "after2.ckpt"), steps=2)
+    if world == 3:
+        torch.save(ended(*run("gpt", world, resume_from=str(out / "after2.ckpt"))), where / f"resumed.{rank}.pt")
+
+
+def loops_in_a_row(where: Path, rank: int) -> None:
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(8, 256, generator=g), torch.randint(0, 10, (8,), generator=g)) for _ in range(8)]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    runner = lt.Runner.from_module(model, "cross_entropy")
+    for engine in ("leantrain", "ddp") * 5:
+        lt.train_samples(runner, lt.TrainConfig(steps=2, batch_size=4, optimizer=lt.optim.sgd(0.01), log_every=0,
+                                                measure_loss=False, engine=engine), data, log=None)
+    torch.save({"loops": 10}, where / f"loops.{rank}.pt")
+
+
+def worker(rank: int, world: int, init_file: str, out: str) -> None:
+    spawning.rank_of_a_table(rank, world, init_file, out, every_case)
+
+
+def cuda_worker(rank: int, world: int, init_file: str, out: str) -> None:
+    """``engine="ddp"`` over NCCL, one CUDA device per rank (``test_engines.py``, ``-m cuda``)."""
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.save(ended(*cuda_run("gpt", torch.device("cuda", rank), engine="ddp")), Path(out) / f"cuda.{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def cuda_run(name: str, device: torch.device, **more):
+    build, samples, loss, batch = CASES[name]
+    model = build().to(device)
+    runner = lt.Runner.from_module(model, loss)
+    report = lt.train_samples(runner, config(name, batch, **more), samples, log=None)
+    return model, report
