@@ -10,7 +10,10 @@ ranks), ``torch.optim.AdamW(fused=True)``. leantrain runs ``train_samples`` with
 its own engine (``engine="leantrain"``). Prints time per update, the median of the runs'
 ratios and the best of N (each side's fastest run).
 
-Run: OMP_NUM_THREADS=1 .venv/bin/python benchmarks/engines.py [--steps 10] [--runs 7]
+``--memory``: each side alone, in fresh processes, the peak resident memory its run adds
+to each rank (Linux's high-water mark, after the model and data are built).
+
+Run: OMP_NUM_THREADS=1 .venv/bin/python benchmarks/engines.py [--steps 10] [--runs 7] [--memory]
 """
 
 from __future__ import annotations
@@ -80,13 +83,60 @@ def worker(rank: int, world: int, init: str, steps: int, runs: int) -> None:
         dist.destroy_process_group()
 
 
+def peak_worker(rank: int, world: int, init: str, steps: int, side: str, out: str) -> None:
+    """One side alone in fresh processes: the peak resident memory a run adds to a rank
+    (Linux's high-water mark after the run minus before it, the model and data built)."""
+    import resource
+
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        g = torch.Generator().manual_seed(1)
+        data = []
+        for _ in range(16):
+            x = torch.randint(0, CONFIG.vocab_size, (4, CONFIG.block_size), generator=g)
+            data.append((x, torch.roll(x, -1, 1)))
+        torch.manual_seed(0)
+        model = GPT(CONFIG)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        if side == "hand":
+            ddp = nn.parallel.DistributedDataParallel(model)
+            opt = torch.optim.AdamW(ddp.parameters(), lr=3e-4, fused=True)
+            for s in range(steps):
+                mine = [data[(s * ITEMS + j) % len(data)] for j in range(ITEMS)][rank::world]
+                opt.zero_grad(set_to_none=True)
+                for k, (x, y) in enumerate(mine):
+                    with contextlib.nullcontext() if k == len(mine) - 1 else ddp.no_sync():
+                        (gpt_loss(ddp(x), y) * (world / ITEMS)).backward()
+                opt.step()
+        else:
+            cfg = lt.TrainConfig(steps=steps, batch_size=ITEMS, optimizer=lt.optim.adamw(3e-4), log_every=0,
+                                 measure_loss=False, replica_check=False, engine=side)
+            lt.train_samples(lt.Runner.from_module(model, gpt_loss), cfg, data, log=lambda s: None)
+        added = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        with open(os.path.join(out, f"{side}.{rank}"), "w") as f:
+            f.write(str(added))
+    finally:
+        dist.destroy_process_group()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--memory", action="store_true", help="peak memory per rank instead: each side alone")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(worker, args=(2, os.path.join(tmp, "init"), args.steps, args.runs), nprocs=2, join=True)
+        if not args.memory:
+            mp.spawn(worker, args=(2, os.path.join(tmp, "init"), args.steps, args.runs), nprocs=2, join=True)
+            return
+        for side in ("hand", "ddp", "leantrain"):
+            mp.spawn(peak_worker, args=(2, os.path.join(tmp, f"init-{side}"), args.steps, side, tmp), nprocs=2,
+                     join=True)
+            added = [int(open(os.path.join(tmp, f"{side}.{r}")).read()) / 1024 for r in range(2)]
+            name = "hand DDP loop" if side == "hand" else f"engine={side!r}"
+            print(f"{name:20} peak resident memory a run adds, per rank: "
+                  f"{', '.join(f'{m:.1f} MiB' for m in added)}", flush=True)
 
 
 if __name__ == "__main__":
