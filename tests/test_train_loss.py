@@ -114,3 +114,37 @@ def test_the_command_writes_train_loss_in_report_json(tmp_path):
     assert main(["train", "--max-steps", "3", "--out", str(tmp_path / "run")]) == 0
     got = json.loads((tmp_path / "run" / "report.json").read_text())
     assert got["train_loss"] > 0 and got["steps"] == 3
+
+
+def test_trainers_training_loss_live_with_the_same_weighting(tmp_path):
+    """Trainer run live (``TrainOutput.training_loss``: the mean over its steps of each
+    step's loss, micro-batches averaged) against ``train_loss`` on the same rows, at a rate
+    of 0 (no update moves the parameters, so the order the two shuffles pick does not
+    matter): one minibatch per update, and two accumulated per update."""
+    transformers = pytest.importorskip("transformers")
+
+    class Regression(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin = torch.nn.Linear(3, 1)
+
+        def forward(self, x, labels):
+            return {"loss": torch.nn.functional.mse_loss(self.lin(x), labels)}
+
+    rows = data(48)
+    for accumulate in (1, 2):
+        args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8,
+                                              gradient_accumulation_steps=accumulate, num_train_epochs=1,
+                                              report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True,
+                                              learning_rate=0.0)
+        trainer = transformers.Trainer(model=Regression(), args=args,
+                                       train_dataset=[{"x": x, "labels": y} for x, y in rows],
+                                       data_collator=transformers.default_data_collator)
+        theirs = trainer.train().training_loss
+        model = Regression().lin
+        cfg = lt.LoaderTrainConfig(epochs=1, optimizer=lt.optim.sgd(0.0), log_every=0, accumulate=accumulate)
+        report, _ = lt.train_loader(lt.Runner.from_module(model, "mse"), cfg,
+                                    lt.DataLoader(rows, batch_size=8, shuffle=True, seed=1, collate=lt.collate.stack))
+        assert report.steps == trainer.state.global_step == 6 // accumulate
+        assert report.train_loss == pytest.approx(theirs, rel=1e-6)
