@@ -40,17 +40,32 @@ CONFIG = GPTConfig(block_size=64, vocab_size=512, n_layer=4, n_head=4, n_embd=12
 ITEMS = 4  # items per update (2 per rank)
 
 
+def work() -> tuple:
+    """The data (16 items of 4 sequences) and the model, the same on every rank and side."""
+    g = torch.Generator().manual_seed(1)
+    data = []
+    for _ in range(16):
+        x = torch.randint(0, CONFIG.vocab_size, (4, CONFIG.block_size), generator=g)
+        data.append((x, torch.roll(x, -1, 1)))
+    torch.manual_seed(0)
+    return data, GPT(CONFIG)
+
+
+def hand_update(ddp, opt, data: list, s: int, rank: int, world: int) -> None:
+    """The hand loop's update ``s``: this rank's items, no_sync but for its last, loss x world / n."""
+    mine = [data[(s * ITEMS + j) % len(data)] for j in range(ITEMS)][rank::world]
+    opt.zero_grad(set_to_none=True)
+    for k, (x, y) in enumerate(mine):
+        with contextlib.nullcontext() if k == len(mine) - 1 else ddp.no_sync():
+            (gpt_loss(ddp(x), y) * (world / ITEMS)).backward()
+    opt.step()
+
+
 def worker(rank: int, world: int, init: str, steps: int, runs: int) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     try:
-        g = torch.Generator().manual_seed(1)
-        data = []
-        for _ in range(16):
-            x = torch.randint(0, CONFIG.vocab_size, (4, CONFIG.block_size), generator=g)
-            data.append((x, torch.roll(x, -1, 1)))
-        torch.manual_seed(0)
-        model = GPT(CONFIG)
+        data, model = work()
         hand, own = copy.deepcopy(model), copy.deepcopy(model)
         sides = {}
         for name, m, engine in (("ddp", model, "ddp"), ("leantrain", own, "leantrain")):
@@ -63,13 +78,7 @@ def worker(rank: int, world: int, init: str, steps: int, runs: int) -> None:
 
         def theirs() -> None:
             for s in range(steps):
-                batch = [data[(s * ITEMS + j) % len(data)] for j in range(ITEMS)]
-                mine = batch[rank::world]
-                opt.zero_grad(set_to_none=True)
-                for k, (x, y) in enumerate(mine):
-                    with contextlib.nullcontext() if k == len(mine) - 1 else ddp.no_sync():
-                        (gpt_loss(ddp(x), y) * (world / len(batch))).backward()
-                opt.step()
+                hand_update(ddp, opt, data, s, rank, world)
 
         for name in ("ddp", "leantrain"):
             med, best, a, b = interleaved_ratios(sides[name], theirs, runs=runs, reps=1, warmup=1)
@@ -91,24 +100,13 @@ def peak_worker(rank: int, world: int, init: str, steps: int, side: str, out: st
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     try:
-        g = torch.Generator().manual_seed(1)
-        data = []
-        for _ in range(16):
-            x = torch.randint(0, CONFIG.vocab_size, (4, CONFIG.block_size), generator=g)
-            data.append((x, torch.roll(x, -1, 1)))
-        torch.manual_seed(0)
-        model = GPT(CONFIG)
+        data, model = work()
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         if side == "hand":
             ddp = nn.parallel.DistributedDataParallel(model)
             opt = torch.optim.AdamW(ddp.parameters(), lr=3e-4, fused=True)
             for s in range(steps):
-                mine = [data[(s * ITEMS + j) % len(data)] for j in range(ITEMS)][rank::world]
-                opt.zero_grad(set_to_none=True)
-                for k, (x, y) in enumerate(mine):
-                    with contextlib.nullcontext() if k == len(mine) - 1 else ddp.no_sync():
-                        (gpt_loss(ddp(x), y) * (world / ITEMS)).backward()
-                opt.step()
+                hand_update(ddp, opt, data, s, rank, world)
         else:
             cfg = lt.TrainConfig(steps=steps, batch_size=ITEMS, optimizer=lt.optim.adamw(3e-4), log_every=0,
                                  measure_loss=False, replica_check=False, engine=side)

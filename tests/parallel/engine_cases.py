@@ -85,6 +85,13 @@ def unfreeze_at_2(model):
     return on_step
 
 
+def frozen(model):
+    """Every parameter frozen: nothing to reduce; the losses still are."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
 def token_loss(out, y):
     return lt.LossSum(((out - y) ** 2).sum(), y.shape[0])
 
@@ -120,6 +127,11 @@ CASES = {
     "unused_found": (lambda: (torch.manual_seed(0), Unused())[1], regression(4 * STEPS), "mse", 4),
     "unfreeze_clip_ema": (mlp, regression(4 * STEPS), "mse", 4),
     "bucket_options": (mlp, regression(4 * STEPS), "mse", 4),
+    # the rest of the zoo: a persistent mask buffer, a submodule called twice, an LSTM (its own weight list),
+    # a padded embedding, weight norm's parametrization, a constant buffer
+    **{name: (*zoo(name), 3) for name in ("gpt_persistent_mask", "shared_twice", "lstm", "padded_embedding",
+                                          "weight_norm", "constant_buffer")},
+    "all_frozen": (lambda: frozen(mlp()), regression(4 * STEPS), "mse", 3),
 }
 # what a case adds to the config (every world, one process too) and the DDP options it needs
 MORE = {"unused_found": {"engine": "ddp_unused"}, "unfreeze_clip_ema": {"clip_grad_norm": 0.5, "ema_decay": 0.9},
@@ -156,6 +168,18 @@ def run(name: str, world: int, **more):
     return model, report
 
 
+def row_hint() -> list:
+    """Single rows without a collate (the loader's hint at the point of use): what this rank said."""
+    import warnings
+
+    cfg = lt.LoaderTrainConfig(epochs=1, optimizer=lt.optim.sgd(0.01), log_every=0, measure_loss=False)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        lt.train_loader(lt.Runner.from_module(mlp(), "mse"), cfg, lt.DataLoader(regression(8), batch_size=4),
+                        log=None)
+    return [str(w.message) for w in said]
+
+
 def unused_refused() -> str:
     """A parameter the forward never uses, DDP not told: the job's ConfigError naming the option."""
     torch.manual_seed(0)
@@ -182,6 +206,7 @@ def every_case(out: Path, world: int, rank: int) -> None:
     _, samples, _, _ = CASES["cnn_batchnorm"]
     torch.save(ended(*run("cnn_batchnorm", world, eval_data=samples[:5], eval_every=2)), where / f"eval.{rank}.pt")
     torch.save({"message": unused_refused()}, where / f"unused_refused.{rank}.pt")
+    torch.save({"said": row_hint()}, where / f"row_hint.{rank}.pt")
     # loops in a row in one process (both engines): each loop's group torn down only when every rank is done
     loops_in_a_row(where, rank)
     # a resume: world 2 writes a checkpoint after 2 updates; world 3 continues it (the test: one process too)

@@ -75,6 +75,13 @@ def test_an_unused_parameter_without_find_unused_parameters_is_refused_by_name(t
         assert "leantrain.DDP(find_unused_parameters=True)" in r["message"]
 
 
+@pytest.mark.parametrize("world", WORLDS)
+def test_the_row_hint_is_said_once_by_rank_0(table, world):
+    said = [r["said"] for r in load(table, world, "row_hint")]
+    assert len(said[0]) == 1 and "collate=leantrain.collate.stack" in said[0][0]
+    assert all(s == [] for s in said[1:])
+
+
 def test_frozen_slots_stay_as_they_were(table):
     start = cases.CASES["frozen_backbone"][0]().state_dict()
     for world in WORLDS:

@@ -267,11 +267,12 @@ def train_loader(
 
 
 def row_by_row_hint(op: str, loader) -> None:
-    """Said once at the point of use: an in-memory ``DataLoader`` without a collate whose
-    items are single rows trains each row as its own item (a forward and a backward each),
-    where a torch user means a minibatch. Nothing is read for it: the first stored item."""
-    if not (isinstance(loader, DataLoader) and loader.collate is None and loader.batch_size > 1
-            and not loader.lazy and len(loader.dataset) and single_row(loader.dataset.samples[0])):
+    """Said once at the point of use (by rank 0, as the run's other words): an in-memory
+    ``DataLoader`` without a collate whose items are single rows trains each row as its own
+    item (a forward and a backward each), where a torch user means a minibatch. Nothing is
+    read for it: the first stored item."""
+    if not (isinstance(loader, DataLoader) and loader.collate is None and loader.batch_size > 1 and not loader.lazy
+            and len(loader.dataset) and single_row(loader.dataset.samples[0]) and distributed.is_main()):
         return
     first = loader.dataset.samples[0]
     shape = tuple((first[0] if not isinstance(first, dict) else next(

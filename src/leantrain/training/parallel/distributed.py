@@ -78,13 +78,13 @@ def collectives(timeout: Optional[float]) -> Iterator[None]:
         raise
     finally:
         _group, _host = previous, previous_host
-        if not failed:
+        if not failed and (group is not None or host is not None):
+            # every rank past the loop's last message first: a gloo group torn down while a peer still
+            # read its tail killed that peer (std::system_error, SIGABRT, in about half of 10 loops in a
+            # row of a 1M-parameter model on 2 gloo ranks); the barrier on host memory (gloo)
+            dist.barrier(group=host if host is not None else group)
             for made in (group, host):
                 if made is not None:
-                    # every rank past the loop's last message first: a group torn down while a peer
-                    # still reads its tail killed that peer (std::system_error, SIGABRT, in about
-                    # half of 10 loops in a row of a 1M-parameter model on 2 gloo ranks)
-                    dist.barrier(group=made)
                     dist.destroy_process_group(made)
 
 
