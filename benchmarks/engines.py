@@ -1,19 +1,24 @@
-"""``engine="ddp"`` against a hand-written ``DistributedDataParallel`` loop on the same work, in
-the same processes, interleaved (#69): 2 gloo processes x 1 thread, nanoGPT's GPT (from
+"""leantrain's torch engines against the hand-written torch loops on the same work, in the
+same processes, interleaved (#69): 2 gloo processes (``--world``) x 1 thread, nanoGPT's GPT (from
 ``gpu.py``: tied head) at 4 layers, 128 wide, 64 tokens, vocab 512; every update a list
-batch of 4 items of 4 sequences, 2 items per rank; AdamW.
+batch of 4 items of 4 sequences (2 items per rank on 2 processes, 1 on 4); AdamW.
 
-The hand loop is what a torch user writes: ``DistributedDataParallel(model)``, ``no_sync``
-for all but the rank's last item, each item's loss times ``world / n`` (DDP averages over
-ranks), ``torch.optim.AdamW(fused=True)``. leantrain runs ``train_samples`` with
-``engine="ddp"`` (torch's wrapper and all-reduce, leantrain's loop) and, for the same work,
-its own engine (``engine="leantrain"``). Prints time per update, the median of the runs'
-ratios and the best of N (each side's fastest run).
+``--against ddp`` (the default): the hand loop a torch user writes,
+``DistributedDataParallel(model)``, ``no_sync`` for all but the rank's last item, each
+item's loss times ``world / n`` (DDP averages over ranks), ``torch.optim.AdamW(fused=True)``;
+against it ``train_samples`` with ``engine="ddp"`` and, for the same work, leantrain's own
+engine (``engine="leantrain"``). ``--against fsdp2``: the hand FSDP2 loop,
+``fully_shard`` on each block then the root, ``set_requires_gradient_sync(False)`` for all
+but the rank's last item, loss times ``world / n``, ``torch.optim.AdamW`` on the DTensor
+shards (torch's default multi-tensor kernel: ``fused`` does not take DTensors here);
+against it ``engine="fsdp2"`` and ``sharding="parameters"``. Prints time per update, the
+median of the runs' ratios and the best of N (each side's fastest run).
 
 ``--memory``: each side alone, in fresh processes, the peak resident memory its run adds
 to each rank (Linux's high-water mark, after the model and data are built).
 
-Run: OMP_NUM_THREADS=1 .venv/bin/python benchmarks/engines.py [--steps 10] [--runs 7] [--memory]
+Run: OMP_NUM_THREADS=1 .venv/bin/python benchmarks/engines.py [--against ddp|fsdp2] [--world 2] [--steps 10]
+[--runs 7] [--memory]
 """
 
 from __future__ import annotations
@@ -61,30 +66,60 @@ def hand_update(ddp, opt, data: list, s: int, rank: int, world: int) -> None:
     opt.step()
 
 
-def worker(rank: int, world: int, init: str, steps: int, runs: int) -> None:
+def hand_fsdp2_update(model, opt, data: list, s: int, rank: int, world: int) -> None:
+    """The hand FSDP2 loop's update ``s``: this rank's items, the reduce-scatter after its last."""
+    mine = [data[(s * ITEMS + j) % len(data)] for j in range(ITEMS)][rank::world]
+    opt.zero_grad(set_to_none=True)
+    for k, (x, y) in enumerate(mine):
+        model.set_requires_gradient_sync(k == len(mine) - 1)
+        (gpt_loss(model(x), y) * (world / ITEMS)).backward()
+    opt.step()
+
+
+def hand(against: str, model):
+    """The hand loop's model and optimizer (``against``: "ddp" or "fsdp2") and its update."""
+    if against == "ddp":
+        ddp = nn.parallel.DistributedDataParallel(model)
+        return ddp, torch.optim.AdamW(ddp.parameters(), lr=3e-4, fused=True), hand_update
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.h:
+        fully_shard(block)
+    fully_shard(model)
+    return model, torch.optim.AdamW(model.parameters(), lr=3e-4), hand_fsdp2_update
+
+
+SIDES = {"ddp": ("ddp", "leantrain"), "fsdp2": ("fsdp2", "parameters")}
+
+
+def side_config(side: str, steps: int) -> lt.TrainConfig:
+    more = {"sharding": "parameters"} if side == "parameters" else {"engine": side}
+    return lt.TrainConfig(steps=steps, batch_size=ITEMS, optimizer=lt.optim.adamw(3e-4), log_every=0,
+                          measure_loss=False, replica_check=False, **more)
+
+
+def worker(rank: int, world: int, init: str, steps: int, runs: int, against: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     try:
         data, model = work()
-        hand, own = copy.deepcopy(model), copy.deepcopy(model)
         sides = {}
-        for name, m, engine in (("ddp", model, "ddp"), ("leantrain", own, "leantrain")):
-            runner = lt.Runner.from_module(m, gpt_loss)
-            cfg = lt.TrainConfig(steps=steps, batch_size=ITEMS, optimizer=lt.optim.adamw(3e-4), log_every=0,
-                                 measure_loss=False, replica_check=False, engine=engine)
-            sides[name] = (lambda r=runner, c=cfg: lt.train_samples(r, c, data, log=lambda s: None))
-        ddp = nn.parallel.DistributedDataParallel(hand)
-        opt = torch.optim.AdamW(ddp.parameters(), lr=3e-4, fused=True)
+        for name in SIDES[against]:
+            runner = lt.Runner.from_module(copy.deepcopy(model), gpt_loss)
+            sides[name] = (lambda r=runner, c=side_config(name, steps): lt.train_samples(r, c, data,
+                                                                                         log=lambda s: None))
+        wrapped, opt, update = hand(against, copy.deepcopy(model))
 
         def theirs() -> None:
             for s in range(steps):
-                hand_update(ddp, opt, data, s, rank, world)
+                update(wrapped, opt, data, s, rank, world)
 
-        for name in ("ddp", "leantrain"):
+        for name in SIDES[against]:
             med, best, a, b = interleaved_ratios(sides[name], theirs, runs=runs, reps=1, warmup=1)
             if rank == 0:
-                print(f"engine={name!r:12} {a / steps * 1e3:7.2f} ms/update vs hand DDP loop {b / steps * 1e3:7.2f} "
-                      f"ms/update   ratio median {med:.3f}, best {best:.3f}", flush=True)
+                label = "sharding='parameters'" if name == "parameters" else f"engine={name!r}"
+                print(f"{label:22} {a / steps * 1e3:7.2f} ms/update vs hand {against.upper()} loop "
+                      f"{b / steps * 1e3:7.2f} ms/update   ratio median {med:.3f}, best {best:.3f}", flush=True)
         if rank == 0:
             print(f"torch {torch.__version__}, {world} gloo processes x 1 thread, {steps} updates per run, {runs} runs, "
                   f"{sum(p.numel() for p in model.parameters()):,} parameters")
@@ -102,15 +137,13 @@ def peak_worker(rank: int, world: int, init: str, steps: int, side: str, out: st
     try:
         data, model = work()
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        if side == "hand":
-            ddp = nn.parallel.DistributedDataParallel(model)
-            opt = torch.optim.AdamW(ddp.parameters(), lr=3e-4, fused=True)
+        if side.startswith("hand "):
+            wrapped, opt, update = hand(side[5:], model)
             for s in range(steps):
-                hand_update(ddp, opt, data, s, rank, world)
+                update(wrapped, opt, data, s, rank, world)
         else:
-            cfg = lt.TrainConfig(steps=steps, batch_size=ITEMS, optimizer=lt.optim.adamw(3e-4), log_every=0,
-                                 measure_loss=False, replica_check=False, engine=side)
-            lt.train_samples(lt.Runner.from_module(model, gpt_loss), cfg, data, log=lambda s: None)
+            lt.train_samples(lt.Runner.from_module(model, gpt_loss), side_config(side, steps), data,
+                             log=lambda s: None)
         added = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
         with open(os.path.join(out, f"{side}.{rank}"), "w") as f:
             f.write(str(added))
@@ -123,16 +156,21 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--memory", action="store_true", help="peak memory per rank instead: each side alone")
+    ap.add_argument("--against", choices=sorted(SIDES), default="ddp", help="the hand loop: DDP or FSDP2")
+    ap.add_argument("--world", type=int, default=2, help="processes (each 1 thread; ITEMS items per update)")
     args = ap.parse_args()
+    w = args.world
     with tempfile.TemporaryDirectory() as tmp:
         if not args.memory:
-            mp.spawn(worker, args=(2, os.path.join(tmp, "init"), args.steps, args.runs), nprocs=2, join=True)
-            return
-        for side in ("hand", "ddp", "leantrain"):
-            mp.spawn(peak_worker, args=(2, os.path.join(tmp, f"init-{side}"), args.steps, side, tmp), nprocs=2,
+            mp.spawn(worker, args=(w, os.path.join(tmp, "init"), args.steps, args.runs, args.against), nprocs=w,
                      join=True)
-            added = [int(open(os.path.join(tmp, f"{side}.{r}")).read()) / 1024 for r in range(2)]
-            name = "hand DDP loop" if side == "hand" else f"engine={side!r}"
+            return
+        for side in (f"hand {args.against}", *SIDES[args.against]):
+            init = os.path.join(tmp, "init-" + side.replace(" ", "-"))  # a rendezvous file of its own per side
+            mp.spawn(peak_worker, args=(w, init, args.steps, side, tmp), nprocs=w, join=True)
+            added = [int(open(os.path.join(tmp, f"{side}.{r}")).read()) / 1024 for r in range(w)]
+            name = (f"hand {side[5:].upper()} loop" if side.startswith("hand ") else
+                    "sharding='parameters'" if side == "parameters" else f"engine={side!r}")
             print(f"{name:20} peak resident memory a run adds, per rank: "
                   f"{', '.join(f'{m:.1f} MiB' for m in added)}", flush=True)
 

@@ -47,6 +47,8 @@ def test_the_engine_is_a_setting_of_the_parallel_record():
     assert config(engine="ddp").engine == lt.DDP()
     assert config(engine=lt.DDP(bucket_cap_mb=1.5, gradient_as_bucket_view=True)).parallel.engine.bucket_cap_mb == 1.5
     assert lt.ParallelOptions(engine="ddp").engine == lt.DDP()
+    assert config(engine="fsdp2").engine == lt.FSDP2()
+    assert config(engine=lt.FSDP2(param_dtype=torch.bfloat16)).parallel.engine.param_dtype is torch.bfloat16
 
 
 @pytest.mark.parametrize("more, words", [
@@ -56,14 +58,15 @@ def test_the_engine_is_a_setting_of_the_parallel_record():
     ({"accumulation": "vectorized"}, "accumulation='vectorized'"),
     ({"compile": True}, "compile=True"),
 ])
-def test_leantrain_only_settings_with_a_torch_engine_are_refused_naming_the_engine(more, words):
+@pytest.mark.parametrize("engine", ["ddp", "fsdp2"])
+def test_leantrain_only_settings_with_a_torch_engine_are_refused_naming_the_engine(more, words, engine):
     with pytest.raises(lt.ConfigError, match="engine") as e:
-        config(engine="ddp", **more)
+        config(engine=engine, **more)
     assert words in str(e.value)
 
 
 @pytest.mark.parametrize("engine, words", [
-    ("fsdp2", "not built yet"), ("DDP", "one of ('leantrain', 'ddp')"), (3, "one of"),
+    ("FSDP", "one of ('leantrain', 'ddp', 'fsdp2')"), ("DDP", "one of ('leantrain', 'ddp', 'fsdp2')"), (3, "one of"),
 ])
 def test_an_unknown_engine_is_refused(engine, words):
     with pytest.raises(lt.ConfigError, match="engine") as e:
@@ -78,14 +81,62 @@ def test_ddp_options_are_checked(options):
         lt.DDP(**options)
 
 
+@pytest.mark.parametrize("options", [{"param_dtype": torch.int64}, {"reduce_dtype": "bfloat16"},
+                                     {"reshard_after_forward": 1}, {"cpu_offload": "no"}])
+def test_fsdp2_options_are_checked(options):
+    with pytest.raises(lt.ConfigError, match="FSDP2"):
+        lt.FSDP2(**options)
+
+
 def test_a_torch_engine_in_one_process_is_the_one_process_run():
     """No process group: nothing to reduce, the one-process bits."""
     runs = []
-    for engine in ("leantrain", "ddp"):
+    for engine in ("leantrain", "ddp", "fsdp2"):
         model = net()
         lt.train_samples(lt.Runner.from_module(model, "mse"), config(engine=engine), samples(), log=None)
         runs.append(model.state_dict())
-    assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
+    assert all(torch.equal(runs[0][k], run[k]) for run in runs[1:] for k in runs[0])
+
+
+def test_fsdp2_on_a_one_rank_group_is_the_one_process_run(tmp_path):
+    """One rank (``torchrun --nproc-per-node 1``) has nothing to shard: the one-process
+    run's bits (parameter sharding's one-rank plan) and a checkpoint folder as every fsdp2
+    run writes, the module's own Parameters and ties, no .grad."""
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.blocks = nn.Embedding(7, 4), nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+            self.head = nn.Linear(4, 7, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, x):
+            h = self.emb(x)
+            for b in self.blocks:
+                h = torch.tanh(b(h))
+            return self.head(h)
+
+    data = [(torch.tensor([1, 2, 3]), torch.tensor([2, 3, 4])), (torch.tensor([4, 5]), torch.tensor([5, 6]))] * 3
+    ends = []
+    for engine in ("leantrain", "fsdp2"):
+        torch.manual_seed(0)
+        model = Tied()
+        objects = [id(p) for p in model.parameters()]
+        more = {"checkpoint_path": str(tmp_path / "run"), "checkpoint_every": 3} if engine == "fsdp2" else {}
+        (tmp_path / engine).mkdir()
+        with one_rank_group(tmp_path / engine) if engine == "fsdp2" else contextlib.nullcontext():
+            report = lt.train_samples(lt.Runner.from_module(model, "cross_entropy"),
+                                      config(engine=engine, optimizer=lt.optim.adamw(0.01), **more), data, log=None)
+        assert model.head.weight is model.emb.weight and [id(p) for p in model.parameters()] == objects
+        assert all(p.grad is None for p in model.parameters())
+        assert not any(type(m).__name__.startswith("FSDP") for m in model.modules())
+        ends.append((model.state_dict(), report))
+    assert all(torch.equal(ends[1][0][k], v) for k, v in ends[0][0].items())
+    assert (tmp_path / "run").is_dir()
+    resumed = Tied()
+    lt.train_samples(lt.Runner.from_module(resumed, "cross_entropy"),
+                     config(optimizer=lt.optim.adamw(0.01), steps=4, resume_from=str(tmp_path / "run")), data,
+                     log=None)
+    assert resumed.head.weight is resumed.emb.weight
 
 
 # ----------------------------------------------------------------- wrapped modules

@@ -11,6 +11,7 @@ def test_top_level_names():
         "Runner", "Dataset", "DataLoader", "TrainConfig", "LoaderTrainConfig", "TrainReport",
         "CheckpointOptions", "EvalOptions", "ParallelOptions",  # a config's settings grouped by component
         "DDP",  # torch's DistributedDataParallel as the engine, with its options (#69)
+        "FSDP2",  # torch's fully_shard as the engine, with its options (#69)
         "mean_gradients", "mean_loss_and_gradients", "step_batch", "step_batch_and_loss",
         "run_sample_steps", "train_samples", "train_dataset", "run_loader_epochs", "train_loader",
         "StepEvent", "save_checkpoint", "load_checkpoint", "read_checkpoint", "Checkpoint",

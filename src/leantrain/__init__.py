@@ -44,7 +44,7 @@ from .training.loops.config import LoaderTrainConfig, TrainConfig, TrainReport
 from .training.loops.checkpointing import CheckpointOptions
 from .training.loops.evaluator import EvalOptions
 from .training.parallel.strategy import ParallelOptions
-from .training.parallel.engines import DDP
+from .training.parallel.engines import DDP, FSDP2
 from .training.loops.evaluation import evaluate, predict
 from .training.loops.run_options import seed_everything
 from .training.loops.loader_loop import run_loader_epochs, train_loader
@@ -70,6 +70,7 @@ __all__ = [
     "Runner", "LossSum", "split_rows", "Dataset", "DataLoader",
     "TrainConfig", "LoaderTrainConfig", "TrainReport", "CheckpointOptions", "EvalOptions", "ParallelOptions",
     "DDP",
+    "FSDP2",
     "mean_gradients", "mean_loss_and_gradients", "step_batch", "step_batch_and_loss",
     "run_sample_steps", "train_samples", "train_dataset", "run_loader_epochs", "train_loader",
     "StepEvent", "save_checkpoint", "load_checkpoint", "read_checkpoint", "Checkpoint",

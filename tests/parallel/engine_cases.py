@@ -1,15 +1,18 @@
 """The ranks of the engine table (``test_engines.py``): every rank of a world runs every
 case with ``engine="ddp"`` (torch's DistributedDataParallel reduces the gradients) and
-writes what it ended with (its parameters and buffers, its report) to
-``{out}/{world}/{case}.{rank}.pt``; the test compares them with the one-process runs. The
-worlds run in order (2, then 3).
+the cases of ``FSDP2_CASES`` with ``engine="fsdp2"`` (torch's fully_shard runs the items,
+leantrain's optimizer steps the shards), and writes what it ended with (its parameters
+and buffers, its report) to ``{out}/{world}/{engine}-{case}.{rank}.pt``; the test compares
+them with the one-process runs. The worlds run in order (2, then 3).
 
 The cases: the tied GPT (a mask buffer, dropout), the BatchNorm CNN, a reentrant
 activation checkpoint, a frozen backbone, a token-weighted ``LossSum``, updates with fewer
 items than ranks, the same run twice (its bits repeat at a fixed world size), evaluation
 every N updates, ten loops in a row in one process (a rank was killed by the group's
 teardown), and a resume: a checkpoint written by ``engine="ddp"`` continued by a
-one-process run (the test) and by ``engine="ddp"`` on 3 ranks.
+one-process run (the test) and by ``engine="ddp"`` on 3 ranks; an ``engine="fsdp2"``
+checkpoint folder continued by ``sharding="parameters"`` on 3 ranks and that one's by one
+process (the test), and the DDP file continued by ``engine="fsdp2"`` on 3 ranks.
 """
 
 from __future__ import annotations
@@ -85,6 +88,16 @@ def unfreeze_at_2(model):
     return on_step
 
 
+def batchnorm_eval_at_2(model):
+    """A callback that puts the model's BatchNorm modules in eval mode after update 2."""
+    def on_step(event):
+        if event.step == 2:
+            for m in model.modules():
+                if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                    m.eval()
+    return on_step
+
+
 def frozen(model):
     """Every parameter frozen: nothing to reduce; the losses still are."""
     for p in model.parameters():
@@ -138,6 +151,22 @@ MORE = {"unused_found": {"engine": "ddp_unused"}, "unfreeze_clip_ema": {"clip_gr
         "bucket_options": {"engine": "ddp_buckets"}}
 
 
+# engine="fsdp2": what it runs of the table (gradual unfreezing is refused under any sharding: its own
+# case, "unfreeze_refused"), and its own cases: clipping and EMA without the unfreezing, FSDP2's options
+FSDP2_CASES = ("gpt", "cnn_batchnorm", "frozen_backbone", "reentrant_checkpoint", "loss_sum", "fewer_items_than_ranks",
+               "unused_found", "gpt_persistent_mask", "shared_twice", "lstm", "padded_embedding", "weight_norm",
+               "constant_buffer", "all_frozen", "clip_ema", "no_reshard", "bfloat16", "batchnorm_eval_at_2")
+CASES["clip_ema"] = (mlp, regression(4 * STEPS), "mse", 4)
+# the user's callback freezes BatchNorm's statistics after update 2 (eval mode on its modules): the
+# working copy follows the module's modes
+CASES["batchnorm_eval_at_2"] = CASES["cnn_batchnorm"]
+CASES["no_reshard"] = CASES["bfloat16"] = CASES["gpt"]
+MORE.update({"clip_ema": {"clip_grad_norm": 0.5, "ema_decay": 0.9}, "no_reshard": {"engine": "fsdp2_kept"},
+             "bfloat16": {"engine": "fsdp2_bf16"}})
+# not run with DDP (its own cases cover them)
+FSDP2_ONLY = ("clip_ema", "no_reshard", "bfloat16", "batchnorm_eval_at_2")
+
+
 # plain SGD where a wrong scale of the mean would show (Adam's update hardly sees one)
 SGD = {"reentrant_checkpoint", "loss_sum", "fewer_items_than_ranks", "bucket_options"}
 
@@ -147,21 +176,28 @@ def config(name: str, batch: int, **more) -> lt.TrainConfig:
     return lt.TrainConfig(**{"steps": STEPS, "batch_size": batch, "optimizer": opt, "seed": 3, **more})
 
 
-def run(name: str, world: int, **more):
-    """One case trained (``engine="ddp"`` where the world has ranks): (model, report)."""
+ENGINES = {"ddp_unused": lt.DDP(find_unused_parameters=True),
+           "ddp_buckets": lt.DDP(gradient_as_bucket_view=True, bucket_cap_mb=0.0001),  # one tiny bucket per parameter
+           "fsdp2_kept": lt.FSDP2(reshard_after_forward=False),
+           "fsdp2_bf16": lt.FSDP2(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
+
+
+def run(name: str, world: int, engine: str = "ddp", **more):
+    """One case trained (``engine`` where the world has ranks): (model, report)."""
     build, samples, loss, batch = CASES[name]
     model = build()
     callback = None
     if name == "unfreeze_clip_ema":
         model[0].weight.requires_grad_(False)
         callback = unfreeze_at_2(model)
+    if name == "batchnorm_eval_at_2":
+        callback = batchnorm_eval_at_2(model)
     runner = lt.Runner.from_module(model, loss)
-    extra = {"engine": "ddp", **MORE.get(name, {})}
+    extra = {"engine": engine, **MORE.get(name, {})}
     extra.update(more)
-    if extra["engine"] == "ddp_unused":
-        extra["engine"] = lt.DDP(find_unused_parameters=True)
-    if extra["engine"] == "ddp_buckets":  # gradients as views of tiny buckets (one per parameter)
-        extra["engine"] = lt.DDP(gradient_as_bucket_view=True, bucket_cap_mb=0.0001)
+    if engine == "fsdp2" and extra["engine"] in ("ddp_unused", "ddp_buckets"):
+        extra["engine"] = "fsdp2"  # FSDP2 needs no option for an unused parameter
+    extra["engine"] = ENGINES.get(extra["engine"], extra["engine"])
     if world == 1:
         extra.pop("engine")  # the one-process reference: leantrain's defaults
     report = lt.train_samples(runner, config(name, batch, **extra), samples, log=None, callback=callback)
@@ -198,22 +234,72 @@ def ended(model, report) -> dict:
             "grads": [p.grad for p in model.parameters()]}
 
 
+class Scalar(nn.Module):
+    """A 0-dim parameter (torch's fully_shard shards none)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.gain = nn.Linear(4, 1), nn.Parameter(torch.tensor(1.5))
+
+    def forward(self, x):
+        return self.lin(x) * self.gain
+
+
+def fsdp2_refusals() -> dict:
+    """What fully_shard cannot take, refused before anything changes: message -> bytes kept."""
+    out = {}
+    for build, engine in ((Scalar, "fsdp2"), (mlp, lt.FSDP2(cpu_offload=True))):
+        torch.manual_seed(0)
+        model = build()
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        try:
+            lt.train_samples(lt.Runner.from_module(model, "mse"), config("x", 4, engine=engine), regression(8),
+                             log=None)
+            message = "trained"
+        except lt.ConfigError as e:
+            message = str(e)
+        out[message] = all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    return out
+
+
+def unfreeze_refused() -> str:
+    """Gradual unfreezing under engine="fsdp2": refused before the update that would follow it."""
+    try:
+        run("unfreeze_clip_ema", 2, engine="fsdp2")
+    except lt.ConfigError as e:
+        return str(e)
+    return "trained"
+
+
 def every_case(out: Path, world: int, rank: int) -> None:
     where = out / str(world)
-    for name in CASES:
-        torch.save(ended(*run(name, world)), where / f"{name}.{rank}.pt")
-    torch.save(ended(*run("gpt", world)), where / f"repeat.{rank}.pt")  # the same run again
     _, samples, _, _ = CASES["cnn_batchnorm"]
-    torch.save(ended(*run("cnn_batchnorm", world, eval_data=samples[:5], eval_every=2)), where / f"eval.{rank}.pt")
+    for engine in ("ddp", "fsdp2"):
+        for name in FSDP2_CASES if engine == "fsdp2" else [c for c in CASES if c not in FSDP2_ONLY]:
+            torch.save(ended(*run(name, world, engine)), where / f"{engine}-{name}.{rank}.pt")
+        torch.save(ended(*run("gpt", world, engine)), where / f"{engine}-repeat.{rank}.pt")  # the same run again
+        torch.save(ended(*run("cnn_batchnorm", world, engine, eval_data=samples[:5], eval_every=2)),
+                   where / f"{engine}-eval.{rank}.pt")
     torch.save({"message": unused_refused()}, where / f"unused_refused.{rank}.pt")
+    torch.save({"message": unfreeze_refused()}, where / f"unfreeze_refused.{rank}.pt")
+    torch.save(fsdp2_refusals(), where / f"fsdp2_refusals.{rank}.pt")
     torch.save({"said": row_hint()}, where / f"row_hint.{rank}.pt")
-    # loops in a row in one process (both engines): each loop's group torn down only when every rank is done
+    # loops in a row in one process (every engine): each loop's group torn down only when every rank is done
     loops_in_a_row(where, rank)
     # a resume: world 2 writes a checkpoint after 2 updates; world 3 continues it (the test: one process too)
+    # fsdp2 -> "parameters" -> one process: world 2 writes a folder after 2 updates, world 3 continues it with
+    # leantrain's parameter sharding to 3 (the test: one process to 4); world 3 continues DDP's file with fsdp2
     if world == 2:
         run("gpt", world, checkpoint_path=str(out / "after2.ckpt"), steps=2)
+        run("gpt", world, "fsdp2", checkpoint_path=str(out / "after2_fsdp2"), steps=2)
     if world == 3:
         torch.save(ended(*run("gpt", world, resume_from=str(out / "after2.ckpt"))), where / f"resumed.{rank}.pt")
+        run("gpt", world, "leantrain", sharding="parameters", resume_from=str(out / "after2_fsdp2"),
+            checkpoint_path=str(out / "after3_parameters"), steps=3)
+        torch.save(ended(*run("gpt", world, "fsdp2", resume_from=str(out / "after2.ckpt"))),
+                   where / f"fsdp2-resumed.{rank}.pt")
+        torch.save(ended(*run("gpt", world, "fsdp2", resume_from=str(out / "after2_fsdp2"))),  # each rank its ranges
+                   where / f"fsdp2-resumed_folder.{rank}.pt")
 
 
 def loops_in_a_row(where: Path, rank: int) -> None:
@@ -222,7 +308,7 @@ def loops_in_a_row(where: Path, rank: int) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
     runner = lt.Runner.from_module(model, "cross_entropy")
-    for engine in ("leantrain", "ddp") * 5:
+    for engine in ("leantrain", "ddp", "fsdp2") * 3 + ("leantrain",):
         lt.train_samples(runner, lt.TrainConfig(steps=2, batch_size=4, optimizer=lt.optim.sgd(0.01), log_every=0,
                                                 measure_loss=False, engine=engine), data, log=None)
     torch.save({"loops": 10}, where / f"loops.{rank}.pt")
@@ -232,12 +318,12 @@ def worker(rank: int, world: int, init_file: str, out: str) -> None:
     spawning.rank_of_a_table(rank, world, init_file, out, every_case)
 
 
-def cuda_worker(rank: int, world: int, init_file: str, out: str) -> None:
-    """``engine="ddp"`` over NCCL, one CUDA device per rank (``test_engines.py``, ``-m cuda``)."""
+def cuda_worker(rank: int, world: int, init_file: str, out: str, engine: str = "ddp") -> None:
+    """``engine`` ("ddp" or "fsdp2") over NCCL, one CUDA device per rank (``test_engines.py``, ``-m cuda``)."""
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        torch.save(ended(*cuda_run("gpt", torch.device("cuda", rank), engine="ddp")), Path(out) / f"cuda.{rank}.pt")
+        torch.save(ended(*cuda_run("gpt", torch.device("cuda", rank), engine=engine)), Path(out) / f"cuda.{rank}.pt")
     finally:
         dist.destroy_process_group()
 

@@ -1,9 +1,10 @@
-"""``engine="ddp"``: torch's DistributedDataParallel reduces the gradients, leantrain keeps
-the loop's contract (#69). On 2 and 3 gloo ranks (``engine_cases.py``) every case ends
-where the one-process leantrain run ends (rtol 1e-5: each rank sums its items first, so
-the bits across world sizes are given up), every rank alike, the user's module as it was
-(its ties, no ``.grad`` left by the run, no DDP hook), the same run twice bit for bit, a
-``"ddp"`` checkpoint continued by one process and by 3 ranks."""
+"""``engine="ddp"`` (torch's DistributedDataParallel reduces the gradients) and
+``engine="fsdp2"`` (torch's fully_shard runs the items on a sharded copy, leantrain's
+optimizer steps the shards): leantrain keeps the loop's contract (#69). On 2 and 3 gloo
+ranks (``engine_cases.py``) every case ends where the one-process leantrain run ends (rtol
+1e-5: each rank sums its items first, so the bits across world sizes are given up), every
+rank alike, the user's module as it was (its ties, no ``.grad`` left by the run, no hook),
+the same run twice bit for bit, checkpoints continued across engines and world sizes."""
 
 import json
 import os
@@ -51,11 +52,15 @@ def same_bits(a: dict, b: dict) -> None:
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+ROWS = [("ddp", name) for name in cases.CASES if name not in cases.FSDP2_ONLY] + \
+    [("fsdp2", name) for name in cases.FSDP2_CASES if name != "bfloat16"]
+
+
 @pytest.mark.parametrize("world", WORLDS)
-@pytest.mark.parametrize("name", list(cases.CASES))
-def test_ddp_ends_where_one_process_ends(table, name, world):
+@pytest.mark.parametrize("engine,name", ROWS)
+def test_a_torch_engine_ends_where_one_process_ends(table, engine, name, world):
     ref = cases.ended(*cases.run(name, 1))
-    ranks = load(table, world, name)
+    ranks = load(table, world, f"{engine}-{name}")
     if name == "unused_found":  # the unused layer: no gradient, no update (torch's rule), on every rank
         start = cases.CASES[name][0]().state_dict()
         assert all(torch.equal(ranks[0]["state"][k], start[k]) for k in ("unused.weight", "unused.bias"))
@@ -82,23 +87,58 @@ def test_the_row_hint_is_said_once_by_rank_0(table, world):
     assert all(s == [] for s in said[1:])
 
 
-def test_frozen_slots_stay_as_they_were(table):
+@pytest.mark.parametrize("world", WORLDS)
+def test_fsdp2_refuses_gradual_unfreezing_by_name(table, world):
+    for r in load(table, world, "unfreeze_refused"):
+        assert "requires_grad was turned on during a sharded run" in r["message"], r["message"]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_what_fully_shard_cannot_take_is_refused_before_anything_changes(table, world):
+    for r in load(table, world, "fsdp2_refusals"):
+        (scalar, kept), (offload, kept_too) = r.items()
+        assert kept and kept_too
+        assert "engine='fsdp2': slot 0 ('gain') is a 0-dim parameter" in scalar and "shape (1,)" in scalar, scalar
+        assert "FSDP2(cpu_offload=True) is not built yet" in offload, offload
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_fsdp2s_options_keep_the_values(table, world):
+    """``reshard_after_forward=False`` gathers once per item: the default's bits; bfloat16
+    gathers (``param_dtype``) train float32 values that stay near the float32 run's, with
+    a first loss near the float32 one and not it."""
+    same_bits(load(table, world, "fsdp2-no_reshard")[0]["state"], load(table, world, "fsdp2-gpt")[0]["state"])
+    ranks = load(table, world, "fsdp2-bfloat16")
+    ref = cases.ended(*cases.run("gpt", 1))
+    for got in ranks:
+        same_bits(got["state"], ranks[0]["state"])
+        assert got["tied"] and all(v.dtype == ref["state"][k].dtype for k, v in got["state"].items())
+    torch.testing.assert_close(ranks[0]["state"], ref["state"], rtol=0.05, atol=0.02)
+    assert any(not torch.equal(ranks[0]["state"][k], ref["state"][k]) for k in ref["state"])
+    assert ranks[0]["losses"][0][1] == pytest.approx(ref["losses"][0][1], rel=2e-2)  # computed in bfloat16:
+    assert ranks[0]["losses"][0][1] != pytest.approx(ref["losses"][0][1], rel=1e-6)
+
+
+@pytest.mark.parametrize("engine", ["ddp", "fsdp2"])
+def test_frozen_slots_stay_as_they_were(table, engine):
     start = cases.CASES["frozen_backbone"][0]().state_dict()
     for world in WORLDS:
-        got = load(table, world, "frozen_backbone")[0]["state"]
+        got = load(table, world, f"{engine}-frozen_backbone")[0]["state"]
         frozen = [k for k in got if k.startswith("backbone.") and "running" not in k and "num_batches" not in k]
         assert frozen and all(torch.equal(got[k], start[k]) for k in frozen)
 
 
+@pytest.mark.parametrize("engine", ["ddp", "fsdp2"])
 @pytest.mark.parametrize("world", WORLDS)
-def test_the_same_run_twice_gives_the_same_bits(table, world):
-    same_bits(load(table, world, "repeat")[0]["state"], load(table, world, "gpt")[0]["state"])
+def test_the_same_run_twice_gives_the_same_bits(table, world, engine):
+    same_bits(load(table, world, f"{engine}-repeat")[0]["state"], load(table, world, f"{engine}-gpt")[0]["state"])
 
 
+@pytest.mark.parametrize("engine", ["ddp", "fsdp2"])
 @pytest.mark.parametrize("world", WORLDS)
-def test_evaluations_are_the_jobs(table, world):
+def test_evaluations_are_the_jobs(table, world, engine):
     ref = cases.ended(*cases.run("cnn_batchnorm", 1, eval_data=cases.CASES["cnn_batchnorm"][1][:5], eval_every=2))
-    ranks = load(table, world, "eval")
+    ranks = load(table, world, f"{engine}-eval")
     assert [s for s, _ in ranks[0]["evals"]] == [s for s, _ in ref["evals"]] == [2, 4]
     assert all(r["evals"] == ranks[0]["evals"] for r in ranks)
     for (_, mine), (_, theirs) in zip(ranks[0]["evals"], ref["evals"]):
@@ -118,12 +158,30 @@ def test_a_ddp_checkpoint_resumes_in_one_process_and_on_three_ranks(table):
     close(one["state"], ref["state"])
     for got in load(table, 3, "resumed"):
         close(got["state"], ref["state"])
+    for got in load(table, 3, "fsdp2-resumed"):  # the DDP file continued by engine="fsdp2"
+        close(got["state"], ref["state"])
+        assert got["tied"]
+    for got in load(table, 3, "fsdp2-resumed_folder"):  # fsdp2's folder of 2 ranks, read in FSDP2's 3 ranges
+        close(got["state"], ref["state"])
+        assert got["tied"]
 
 
-def test_a_peer_lost_in_ddps_all_reduce_is_a_collective_error_naming_rank_update_and_checkpoint(tmp_path):
+def test_an_fsdp2_folder_resumes_under_parameter_sharding_then_in_one_process(table):
+    """fsdp2 on 2 ranks (2 updates, its folder) -> sharding="parameters" on 3 ranks (the 3rd)
+    -> one process (the 4th): where the straight one-process run ends."""
+    assert (table / "after2_fsdp2").is_dir() and (table / "after3_parameters").is_dir()
+    ref = cases.ended(*cases.run("gpt", 1))
+    got = cases.ended(*cases.run("gpt", 1, resume_from=str(table / "after3_parameters")))
+    assert got["tied"]
+    close(got["state"], ref["state"])
+
+
+@pytest.mark.parametrize("engine, where", [("ddp", "DDP's gradient all-reduce"), ("fsdp2", "FSDP2's all-gather")])
+def test_a_peer_lost_in_a_torch_engines_collective_is_a_collective_error_naming_rank_update_and_checkpoint(
+        tmp_path, engine, where):
     child = Path(__file__).parent / "ddp_lost_peer_child.py"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(child), str(r), str(tmp_path / "init"), str(tmp_path)],
+    procs = [subprocess.Popen([sys.executable, str(child), str(r), str(tmp_path / "init"), str(tmp_path), engine],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for r in (0, 1)]
     try:
         out, err = procs[0].communicate(timeout=120)
@@ -132,7 +190,7 @@ def test_a_peer_lost_in_ddps_all_reduce_is_a_collective_error_naming_rank_update
         procs[1].communicate(timeout=60)
     assert procs[0].returncode == 3, err[-2000:]
     assert out.startswith("CollectiveError | train_samples: rank 0 of 2, update 4: a collective operation failed "
-                          "(DDP's gradient all-reduce"), out
+                          f"({where}"), out
     assert f"last good checkpoint: {tmp_path / 'run.ckpt'} (step 3)" in out
 
 
@@ -154,33 +212,47 @@ def storages(path: Path) -> dict:
     return {k: t for k, t in lt.read_checkpoint(path)[1].items() if k.startswith("storage.")}
 
 
+SAYS = {"ddp": "torch's all-reduce", "fsdp2": "torch's fully_shard"}
+
+
+@pytest.fixture(scope="module")
+def one_process_command(tmp_path_factory):
+    """The one-process command's run, which both engines' runs are compared with."""
+    out = tmp_path_factory.mktemp("command") / "one"
+    command(out, 1)
+    return out
+
+
 @pytest.mark.skipif(TORCHRUN is None, reason="no torchrun")
-def test_the_command_with_engine_ddp_under_torchrun(tmp_path):
-    """``--engine ddp`` on the digits preset, 2 processes: the one-process run's values
-    (rtol 1e-5), a checkpoint the plain command resumes, ``export --dcp`` of it."""
-    command(tmp_path / "one", 1)
-    console = command(tmp_path / "ddp", 2, "--engine", "ddp")
-    assert "2 processes, engine ddp (torch's all-reduce: not the bits of one process)" in console
-    assert json.loads((tmp_path / "ddp" / "config.json").read_text())["engine"] == "ddp"  # what a resume reads
-    one, ddp = storages(tmp_path / "one" / "checkpoint.ckpt"), storages(tmp_path / "ddp" / "checkpoint.ckpt")
-    assert sorted(one) == sorted(ddp)
+@pytest.mark.parametrize("engine", ["ddp", "fsdp2"])
+def test_the_command_with_a_torch_engine_under_torchrun(tmp_path, engine, one_process_command):
+    """``--engine ddp`` / ``fsdp2`` on the digits preset, 2 processes: the one-process run's
+    values (rtol 1e-5), a checkpoint (fsdp2's a folder) the plain command resumes, ``export
+    --dcp`` of it."""
+    console = command(tmp_path / engine, 2, "--engine", engine)
+    assert f"2 processes, engine {engine} ({SAYS[engine]}: not the bits of one process)" in console
+    assert json.loads((tmp_path / engine / "config.json").read_text())["engine"] == engine  # what a resume reads
+    assert (tmp_path / engine / "checkpoint.ckpt").is_dir() == (engine == "fsdp2")
+    one, got = storages(one_process_command / "checkpoint.ckpt"), storages(tmp_path / engine / "checkpoint.ckpt")
+    assert sorted(one) == sorted(got)
     for k in one:
-        torch.testing.assert_close(ddp[k], one[k], rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(got[k], one[k], rtol=RTOL, atol=ATOL)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    resumed = subprocess.run([sys.executable, "-m", "leantrain", "train", "--resume", str(tmp_path / "ddp"),
+    resumed = subprocess.run([sys.executable, "-m", "leantrain", "train", "--resume", str(tmp_path / engine),
                               "--max-steps", "8"], capture_output=True, text=True, timeout=300, env=env)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert lt.read_checkpoint(tmp_path / "ddp" / "checkpoint.ckpt")[0]["progress"]["step"] == 8
-    exported = subprocess.run([sys.executable, "-m", "leantrain", "export", str(tmp_path / "ddp"), "--dcp", "-o",
+    assert lt.read_checkpoint(tmp_path / engine / "checkpoint.ckpt")[0]["progress"]["step"] == 8
+    exported = subprocess.run([sys.executable, "-m", "leantrain", "export", str(tmp_path / engine), "--dcp", "-o",
                                str(tmp_path / "dcp")], capture_output=True, text=True, timeout=300, env=env)
     assert exported.returncode == 0, exported.stderr[-2000:]
     assert (tmp_path / "dcp" / ".metadata").is_file()
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="engine='ddp' over NCCL needs two CUDA devices")
-def test_ddp_over_nccl_ends_where_one_device_ends(tmp_path):
-    spawning.spawn(cases.cuda_worker, (2, str(tmp_path / "init"), str(tmp_path)), 2)
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="a torch engine over NCCL needs two CUDA devices")
+@pytest.mark.parametrize("engine", ["ddp", "fsdp2"])
+def test_a_torch_engine_over_nccl_ends_where_one_device_ends(tmp_path, engine):
+    spawning.spawn(cases.cuda_worker, (2, str(tmp_path / "init"), str(tmp_path), engine), 2)
     ref = cases.ended(*cases.cuda_run("gpt", torch.device("cuda", 0)))
     for r in range(2):
         got = torch.load(tmp_path / f"cuda.{r}.pt", weights_only=False)

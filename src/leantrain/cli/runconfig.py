@@ -202,10 +202,12 @@ FIELDS = (
           "each module's gathered around its use); the checkpoint becomes a folder",
           lambda v: None if v is None or one_of(v, SHARDING_MODES) else f"expected one of {', '.join(SHARDING_MODES)}"),
     Field("engine", "leantrain", "under torchrun: leantrain (its own data parallel and --sharding; the bits of one "
-          "process with --exact-reduction) or ddp (torch's DistributedDataParallel reduces the gradients: the "
-          "engine your cluster tunes; no --sharding or --exact-reduction)", _choice(ENGINES),
+          "process with --exact-reduction), ddp (torch's DistributedDataParallel reduces the gradients: the "
+          "engine your cluster tunes) or fsdp2 (torch's fully_shard runs the forwards and backwards on sharded "
+          "parameters; the checkpoint becomes a folder); ddp and fsdp2 take no --sharding or --exact-reduction",
+          _choice(ENGINES),
           needs=lambda c: None if c.engine == "leantrain" or not (c.sharding or c.exact_reduction or c.compile)
-          else "--engine ddp is torch's reduction: it takes neither --sharding nor --exact-reduction "
+          else f"--engine {c.engine} is torch's: it takes neither --sharding nor --exact-reduction "
                "(those are --engine leantrain's), nor --compile yet"),
     Field("shard_by", "range", "with --sharding: range (each slot cut at multiples of 64 elements) or slot (whole "
           "slots per rank: clipping by norm then has clip_grad_norm_'s bits)", _choice(SHARD_BY)),

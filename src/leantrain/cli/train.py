@@ -300,6 +300,9 @@ def run_job(plan: Plan, job: Job, loggers: list) -> TrainReport:
     return report
 
 
+ENGINE_SAYS = {"ddp": "torch's all-reduce", "fsdp2": "torch's fully_shard"}
+
+
 def describe(plan: Plan, job: Job) -> None:
     """The two lines a run starts with: the job, and the slots it trains."""
     cfg, params = plan.cfg, job.runner.params
@@ -310,8 +313,8 @@ def describe(plan: Plan, job: Job) -> None:
           f"{cfg.epochs} epochs x {job.steps_per_epoch} steps, {cfg.optimizer} lr={cfg.lr}, "
           f"batch {cfg.batch_size} x accumulate {cfg.accumulate}, device {cfg.device}"
           + (f", {plan.world} processes" if plan.world > 1 else "")
-          + (", engine ddp (torch's all-reduce: not the bits of one process)" if plan.world > 1
-             and cfg.engine == "ddp" else "")
+          + (f", engine {cfg.engine} ({ENGINE_SAYS[cfg.engine]}: not the bits of one process)" if plan.world > 1
+             and cfg.engine in ENGINE_SAYS else "")
           + (f", precision {cfg.precision}" if cfg.precision != "fp32" else ""))
     print(f"slots: {len(params)} ({aliases} aliased, {frozen} frozen), "
           f"{sum(s.host.numel() for s in params.storages()):,} values in {len(params.storages())} storages"

@@ -65,16 +65,16 @@ def _common(op: str, cfg) -> None:
         if not isinstance(cfg.averaging, Averaging):
             raise ConfigError(f"{op}: averaging must be a leantrain Averaging (of a torch AveragedModel), got "
                               f"{type(cfg.averaging).__name__}")
-        if par.sharding is not None:
+        if par.sharded:
             raise ConfigError(f"{op}: averaging updates the AveragedModel from the whole module: it does not "
-                              f"run with sharding (use ema_decay, which averages on the shards)")
+                              f"run with {par.cut_by} (use ema_decay, which averages on the shards)")
     if ev.ema and cfg.ema_decay is None:
         raise ConfigError(f"{op}: eval_ema evaluates the moving average: set ema_decay")
     if torch_engine(par.engine):
         for what, bad in (("accumulation='vectorized'", cfg.accumulation == "vectorized"),
                           ("compile=True", cfg.compile)):
             if bad:
-                raise ConfigError(f"{op}: engine='ddp' differentiates item by item through torch's wrapper; it "
+                raise ConfigError(f"{op}: engine={par.engine.name!r} differentiates item by item through torch's wrapper; it "
                                   f"does not take {what} yet: use engine='leantrain' for it")
     if par.exact_reduction and cfg.accumulation != "exact":
         raise ConfigError(f"{op}: exact_reduction folds items one by one: it needs accumulation='exact'")
@@ -87,9 +87,10 @@ def _check_kept_folder(op: str, cfg) -> None:
     ck, names = cfg.checkpoints, cfg.evaluation.result_names()
     if template_fields(ck.path) is None:
         return
-    if cfg.parallel.sharding is not None:
+    if cfg.parallel.sharded:
         raise ConfigError(f"{op}: a folder of checkpoints ({{step}} in checkpoint_path) is not kept for sharded "
-                          f"runs, whose checkpoint is itself a folder: give a plain checkpoint_path")
+                          f"runs ({cfg.parallel.cut_by}), whose checkpoint is itself a folder: give a plain "
+                          f"checkpoint_path")
     if (ck.keep_best is not None or ck.load_best_at_end) and cfg.evaluation.data is None:
         raise ConfigError(f"{op}: keep_best and load_best_at_end choose by an evaluation's {ck.monitor!r}: "
                           f"set eval_data")

@@ -32,11 +32,11 @@ def check_inputs(op: str, runner: object, cfg: object, kind: type) -> None:
         raise ConfigError(f"{op}: expected a {kind.__name__}, got {type(cfg).__name__}")
     par = cfg.parallel
     join_launcher(op, runner.device, par.collective_timeout)  # torchrun's processes train one run, not N
-    if par.sharding is not None:
+    if par.sharded:
         check_shardable(op, runner)
         if not elementwise(cfg.optimizer.hyper):
             raise ConfigError(
-                f"{op}: sharding={par.sharding!r} cuts each slot's optimizer state into ranges, but "
+                f"{op}: {par.cut_by} cuts each slot's optimizer state into ranges, but "
                 f"{cfg.optimizer.kind} updates a whole matrix at a time (Newton-Schulz needs it whole); "
                 f"train it unsharded, or with data parallelism alone")
     check_filling(op, runner, cfg)

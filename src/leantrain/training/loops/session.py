@@ -83,7 +83,7 @@ class Session:
         self.scaler: Optional[LossScaler] = LossScaler(runner.device) if cfg.autocast == "float16" else None
         self.checkpoints = Checkpointer(op, cfg.checkpoints, self.strategy, kind, self.record, whole, self.scaler,
                                         self.log, run=dict(ema_decay=cfg.ema_decay, autocast=cfg.autocast, seed=cfg.seed),
-                                        averaging=cfg.averaging, sharded=cfg.parallel.sharding is not None,
+                                        averaging=cfg.averaging, sharded=self.strategy.saves_folder,
                                         span=self._range)
         self.evaluator = Evaluator(cfg.evaluation, kind, runner, self.strategy, self.listeners, self.record, self._range,
                                    self._collective_failed)

@@ -1,4 +1,5 @@
-"""The engine a run's ranks train with: leantrain's own, or torch's ``DistributedDataParallel``.
+"""The engine a run's ranks train with: leantrain's own, or torch's ``DistributedDataParallel``
+or ``fully_shard`` (FSDP2).
 
 ``engine="leantrain"`` (the default) is leantrain's data parallel and ``sharding=`` modes:
 one process's bits on any number of ranks with ``exact_reduction``. ``engine="ddp"`` (or
@@ -8,6 +9,10 @@ around: its buckets, its hooks on the backward, its ``no_sync`` for every item o
 share but the last. The loop's contract stays leantrain's (items, the ``1/n`` mean, ties
 updated once, frozen slots, evaluation, checkpoints); the bits across world sizes are
 given up: a rank's items are summed first, then the ranks' sums by the collective.
+``engine="fsdp2"`` (or ``FSDP2(...)``) runs the forwards and backwards through torch's
+``fully_shard`` (its all-gathers and reduce-scatters, its mixed precision) on a working copy
+of the module, and leantrain's optimizer steps each rank's FSDP2 shard in place
+(``torch_fsdp2.py``); the same contract, the same bits given up.
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from ...errors import ConfigError
+import torch
+
 from ...validate import check_bool
 
-ENGINES = ("leantrain", "ddp")
+ENGINES = ("leantrain", "ddp", "fsdp2")
 
 
 @dataclass(frozen=True)
@@ -45,22 +52,56 @@ class DDP:
             raise ConfigError(f"DDP: bucket_cap_mb must be megabytes > 0 or None (torch's 25), got {cap!r}")
 
 
-Engine = Union[str, DDP]
+FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
-def engine_of(op: str, value) -> Union[str, DDP]:
-    """``value`` as the config holds it: ``"leantrain"`` or a ``DDP`` record (``"ddp"``
-    becomes ``DDP()``); anything else refused naming the choices."""
-    if isinstance(value, DDP):
+@dataclass(frozen=True)
+class FSDP2:
+    """torch's ``fully_shard`` (FSDP2) as the run's engine (``engine=lt.FSDP2()``, or
+    ``engine="fsdp2"`` for these defaults), with torch's own option names:
+    ``param_dtype`` and ``reduce_dtype`` (its ``MixedPrecisionPolicy``: the dtype the
+    parameters are gathered in for the forward, and the gradients reduce-scattered in;
+    ``None``: the parameters' own), ``reshard_after_forward`` (free a unit's gathered
+    parameters after its forward, gather again for its backward) and ``cpu_offload``
+    (its ``CPUOffloadPolicy``: the shards, their gradients and the optimizer's step in host
+    memory). The units are those ``sharding="parameters"`` gathers (``shard_units``: every
+    element of an ``nn.ModuleList`` by default), the root last. leantrain shards a working
+    copy of the module for the run and hands back the module as it was, with the trained
+    values in its own Parameters: never call ``fully_shard`` on it yourself."""
+
+    param_dtype: Optional[torch.dtype] = None
+    reduce_dtype: Optional[torch.dtype] = None
+    reshard_after_forward: bool = True
+    cpu_offload: bool = False
+
+    name = "fsdp2"
+
+    def __post_init__(self) -> None:
+        for flag in ("reshard_after_forward", "cpu_offload"):
+            check_bool("FSDP2", flag, getattr(self, flag))
+        for field in ("param_dtype", "reduce_dtype"):
+            d = getattr(self, field)
+            if d is not None and d not in FLOATS:
+                raise ConfigError(f"FSDP2: {field} must be a floating-point torch.dtype ({', '.join(map(str, FLOATS))})"
+                                  f" or None, got {d!r:.60}")
+
+
+Engine = Union[str, DDP, FSDP2]
+
+
+def engine_of(op: str, value) -> Union[str, DDP, FSDP2]:
+    """``value`` as the config holds it: ``"leantrain"``, a ``DDP`` or an ``FSDP2`` record
+    (``"ddp"`` becomes ``DDP()``, ``"fsdp2"`` ``FSDP2()``); anything else refused naming the choices."""
+    if isinstance(value, (DDP, FSDP2)):
         return value
     if value == "leantrain":
         return value
     if value == "ddp":
         return DDP()
     if value == "fsdp2":
-        raise ConfigError(f"{op}: engine='fsdp2' (torch's fully_shard) is not built yet; use engine='ddp' for "
-                          f"torch's DistributedDataParallel or sharding='parameters' (leantrain's ZeRO-3)")
-    raise ConfigError(f"{op}: engine must be one of {ENGINES} or a leantrain.DDP(...), got {value!r:.60}")
+        return FSDP2()
+    raise ConfigError(f"{op}: engine must be one of {ENGINES}, a leantrain.DDP(...) or a leantrain.FSDP2(...), "
+                      f"got {value!r:.60}")
 
 
 def torch_engine(engine) -> bool:
@@ -68,4 +109,4 @@ def torch_engine(engine) -> bool:
     return not isinstance(engine, str)
 
 
-__all__ = ["DDP", "ENGINES", "Engine", "engine_of", "torch_engine"]
+__all__ = ["DDP", "ENGINES", "FSDP2", "Engine", "engine_of", "torch_engine"]

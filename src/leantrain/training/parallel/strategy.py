@@ -35,7 +35,7 @@ from ..runner.ema import EMA, restored_ema
 from ..runner.runner import Runner, Sample
 from ..update.reduction import ONE_PROCESS, Reduction
 from ...validate import check_bool, check_choice
-from .engines import Engine, engine_of, torch_engine
+from .engines import FSDP2, Engine, engine_of, torch_engine
 from .sharding.plan import SHARD_BY, SHARDING_MODES
 
 PathArg = Union[str, os.PathLike]
@@ -77,8 +77,10 @@ class ParallelOptions:
     an ``nn.ModuleList``, as a transformer's blocks; ``()``: every module holding parameters
     its own unit). ``engine``: ``"leantrain"`` (leantrain's own data parallel and sharding)
     or ``"ddp"`` / ``leantrain.DDP(...)`` (torch's ``DistributedDataParallel`` reduces the
-    gradients, ``engines.py``: the loop's contract kept, one process's bits across world
-    sizes given up; it takes neither ``sharding`` nor ``exact_reduction``)."""
+    gradients) or ``"fsdp2"`` / ``leantrain.FSDP2(...)`` (torch's ``fully_shard`` runs the
+    forwards and backwards on a sharded working copy, leantrain's optimizer steps the
+    shards): ``engines.py``, the loop's contract kept, one process's bits across world
+    sizes given up; they take neither ``sharding`` nor ``exact_reduction``."""
 
     sharding: Optional[str] = None
     shard_by: str = "range"
@@ -129,6 +131,17 @@ class ParallelOptions:
                 raise ConfigError(f"{op}: {name} is for sharding='parameters' (a model filled and kept in ranges "
                                   f"per rank), got sharding={self.sharding!r}")
 
+    @property
+    def sharded(self) -> bool:
+        """Whether the run cuts the optimizer state into ranges and saves a folder
+        (``sharding=`` set, or ``engine="fsdp2"``)."""
+        return self.sharding is not None or isinstance(self.engine, FSDP2)
+
+    @property
+    def cut_by(self) -> str:
+        """What cuts the run's state, for messages (``sharding='optimizer'``, ``engine='fsdp2'``)."""
+        return f"sharding={self.sharding!r}" if self.sharding is not None else f"engine={self.engine.name!r}"
+
 
 ONE_PROCESS_SETTINGS = ParallelOptions()
 
@@ -146,6 +159,8 @@ class Strategy:
     watches_updates = False
     #: the run ends with the module whole (parameter sharding may end it released: gather_at_end)
     ends_whole = True
+    #: a checkpoint is a folder of every rank's pieces (sharding, engine="fsdp2")
+    saves_folder = False
 
     def __init__(self, reduction: Reduction = ONE_PROCESS, settings: ParallelOptions = ONE_PROCESS_SETTINGS) -> None:
         self.reduction, self.settings = reduction, settings

@@ -1,6 +1,6 @@
 """A module already wrapped by a distributed engine, refused before a Runner reads it.
 
-leantrain applies torch's engines itself (``engine="ddp"``): the user hands over the plain
+leantrain applies torch's engines itself (``engine="ddp"``, ``"fsdp2"``): the user hands over the plain
 module. A module someone already wrapped would otherwise be trained beside its wrapper:
 a ``DistributedDataParallel`` inert until its own collectives hang an uneven update,
 ``fully_shard``'s DTensor parameters read as one address (no storage of their own), a
@@ -17,7 +17,8 @@ from torch import nn
 
 from ...errors import ConfigError
 
-PLAIN = "pass the plain module (the one you built) and choose the engine with engine='ddp' (or the default 'leantrain')"
+PLAIN = ("pass the plain module (the one you built) and choose the engine with engine='ddp' or 'fsdp2' (or the "
+         "default 'leantrain')")
 
 
 def _class_names(obj) -> set:
@@ -36,8 +37,8 @@ def wrapper_of(module: nn.Module) -> Optional[str]:
             return f"torch's {kind} wrapper: {PLAIN}; leantrain applies torch's engine for the run itself"
     for name, sub in module.named_modules():
         if "FSDPModule" in _class_names(sub):
-            return (f"wrapped by torch's fully_shard (FSDP2) at {name or 'the root'!r}: {PLAIN}; engine='fsdp2' "
-                    f"is not built yet: sharding='parameters' is leantrain's ZeRO-3")
+            return (f"wrapped by torch's fully_shard (FSDP2) at {name or 'the root'!r}: {PLAIN}; with "
+                    f"engine='fsdp2' leantrain applies fully_shard to a copy for the run itself")
     for name, p in module.named_parameters(remove_duplicate=False):
         if "DTensor" in _class_names(p):
             return (f"holding DTensor parameters ({name!r}: from fully_shard or parallelize_module): leantrain trains "

@@ -21,19 +21,20 @@ from .plan import plan_for
 from .state import own_range
 
 
-def wanted_ranges(settings, runner) -> Callable:
+def wanted_ranges(settings, runner, plan=None) -> Callable:
     """``read_folder``'s ``wanted`` for this rank of a run sharded as ``settings`` (its
-    ``ParallelOptions``) say over ``runner``."""
+    ``ParallelOptions``) say over ``runner`` (``plan``: the run's own cut of the parameters,
+    ``engine="fsdp2"``'s)."""
     rank, world = distributed.rank_world()
     params = runner.params
-    plan = plan_for(settings.sharding, params, world, settings.shard_by)
+    plan = plan_for(settings.sharding, params, world, settings.shard_by) if plan is None else plan
     storage_of = {id(s): k for k, s in enumerate(params.storages())}
     by_storage: dict = {}
     for r in plan.owned(rank):
         by_storage.setdefault(storage_of[id(params[r.slot].storage)], []).append((r.start, r.stop))
     owned = {r.slot: [(r.start, r.stop)] for r in plan.owned(rank)}
     trainable = list(params.requires_grad_array())
-    cut_parameters = settings.sharding == "parameters"
+    cut_parameters = plan.mode == "parameters"
 
     def ranges_of(name: str) -> Optional[list]:
         kind, _, rest = name.partition(".")

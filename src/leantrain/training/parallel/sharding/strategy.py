@@ -53,6 +53,7 @@ class ShardedStrategy(DataParallelStrategy):
     (one or more); ``reduction`` is its ``Sharded`` seam, holding the plan once cut."""
 
     host_state = True  # a resume reads the state into host memory and moves this rank's ranges only
+    saves_folder = True
 
     def __init__(self, settings: ParallelOptions, local: bool = False) -> None:
         reduction = Sharded(settings.exact_reduction, local)
