@@ -49,6 +49,9 @@ def test_the_engine_is_a_setting_of_the_parallel_record():
     assert lt.ParallelOptions(engine="ddp").engine == lt.DDP()
     assert config(engine="fsdp2").engine == lt.FSDP2()
     assert config(engine=lt.FSDP2(param_dtype=torch.bfloat16)).parallel.engine.param_dtype is torch.bfloat16
+    assert config(engine="fsdp2", shard_units=(nn.Linear,)).parallel.shard_units == (nn.Linear,)  # its units
+    with pytest.raises(lt.ConfigError, match="shard_units is for sharding='parameters'"):
+        config(engine="ddp", shard_units=(nn.Linear,))
 
 
 @pytest.mark.parametrize("more, words", [

@@ -155,16 +155,18 @@ MORE = {"unused_found": {"engine": "ddp_unused"}, "unfreeze_clip_ema": {"clip_gr
 # case, "unfreeze_refused"), and its own cases: clipping and EMA without the unfreezing, FSDP2's options
 FSDP2_CASES = ("gpt", "cnn_batchnorm", "frozen_backbone", "reentrant_checkpoint", "loss_sum", "fewer_items_than_ranks",
                "unused_found", "gpt_persistent_mask", "shared_twice", "lstm", "padded_embedding", "weight_norm",
-               "constant_buffer", "all_frozen", "clip_ema", "no_reshard", "bfloat16", "batchnorm_eval_at_2")
+               "constant_buffer", "all_frozen", "clip_ema", "no_reshard", "bfloat16", "batchnorm_eval_at_2",
+               "linear_units")
 CASES["clip_ema"] = (mlp, regression(4 * STEPS), "mse", 4)
 # the user's callback freezes BatchNorm's statistics after update 2 (eval mode on its modules): the
 # working copy follows the module's modes
 CASES["batchnorm_eval_at_2"] = CASES["cnn_batchnorm"]
+CASES["linear_units"] = CASES["clip_ema"]  # shard_units=(nn.Linear,): each Linear a fully_shard unit of its own
 CASES["no_reshard"] = CASES["bfloat16"] = CASES["gpt"]
 MORE.update({"clip_ema": {"clip_grad_norm": 0.5, "ema_decay": 0.9}, "no_reshard": {"engine": "fsdp2_kept"},
-             "bfloat16": {"engine": "fsdp2_bf16"}})
+             "bfloat16": {"engine": "fsdp2_bf16"}, "linear_units": {"shard_units": (nn.Linear,)}})
 # not run with DDP (its own cases cover them)
-FSDP2_ONLY = ("clip_ema", "no_reshard", "bfloat16", "batchnorm_eval_at_2")
+FSDP2_ONLY = ("clip_ema", "no_reshard", "bfloat16", "batchnorm_eval_at_2", "linear_units")
 
 
 # plain SGD where a wrong scale of the mean would show (Adam's update hardly sees one)
@@ -198,8 +200,9 @@ def run(name: str, world: int, engine: str = "ddp", **more):
     if engine == "fsdp2" and extra["engine"] in ("ddp_unused", "ddp_buckets"):
         extra["engine"] = "fsdp2"  # FSDP2 needs no option for an unused parameter
     extra["engine"] = ENGINES.get(extra["engine"], extra["engine"])
-    if world == 1:
-        extra.pop("engine")  # the one-process reference: leantrain's defaults
+    if world == 1:  # the one-process reference: leantrain's defaults
+        extra.pop("engine")
+        extra.pop("shard_units", None)
     report = lt.train_samples(runner, config(name, batch, **extra), samples, log=None, callback=callback)
     return model, report
 

@@ -75,7 +75,7 @@ class ParallelOptions:
     (FSDP2's ``fully_shard`` on each transformer block): fewer, larger gathers than one per
     module holding parameters, for one block's memory at a time (``None``: every element of
     an ``nn.ModuleList``, as a transformer's blocks; ``()``: every module holding parameters
-    its own unit). ``engine``: ``"leantrain"`` (leantrain's own data parallel and sharding)
+    its own unit; with ``engine="fsdp2"``: the modules ``fully_shard`` wraps). ``engine``: ``"leantrain"`` (leantrain's own data parallel and sharding)
     or ``"ddp"`` / ``leantrain.DDP(...)`` (torch's ``DistributedDataParallel`` reduces the
     gradients) or ``"fsdp2"`` / ``leantrain.FSDP2(...)`` (torch's ``fully_shard`` runs the
     forwards and backwards on a sharded working copy, leantrain's optimizer steps the
@@ -127,6 +127,8 @@ class ParallelOptions:
                     raise ConfigError(f"{op}: {name}={given!r} is leantrain's own engine: it does not run under "
                                       f"engine={self.engine.name!r} (torch's reduction); use engine='leantrain'")
         for name in ("init_weights", "init_from", "gather_at_end", "shard_units"):
+            if name == "shard_units" and isinstance(self.engine, FSDP2):
+                continue  # the units fully_shard wraps
             if getattr(self, name) is not None and self.sharding != "parameters":
                 raise ConfigError(f"{op}: {name} is for sharding='parameters' (a model filled and kept in ranges "
                                   f"per rank), got sharding={self.sharding!r}")
