@@ -12,6 +12,10 @@ server's environment is the one it started with.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import torch.multiprocessing as mp
 
 # Imported once by the server (a module that fails to import is skipped by it).
@@ -51,3 +55,18 @@ def rank_of_a_table(rank: int, world: int, init_file: str, out: str, every_case)
     finally:
         if world > 1:
             dist.destroy_process_group()
+
+
+def rank_0_of_two(script, *args: str, timeout: float = 120) -> tuple:
+    """Ranks 0 and 1 as two interpreters running ``script rank *args`` (one thread each):
+    rank 0 waited for, rank 1 killed once it ends (a stopped process too). Returns rank 0's
+    (return code, stdout, stderr)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for r in (0, 1)]
+    try:
+        out, err = procs[0].communicate(timeout=timeout)
+    finally:
+        procs[1].kill()  # SIGKILL ends a stopped process too
+        procs[1].communicate(timeout=60)
+    return procs[0].returncode, out, err

@@ -203,7 +203,9 @@ def run(name: str, world: int, engine: str = "ddp", **more):
     if world == 1:  # the one-process reference: leantrain's defaults
         extra.pop("engine")
         extra.pop("shard_units", None)
+    owned = [id(t) for t in (*model.parameters(), *model.buffers())]
     report = lt.train_samples(runner, config(name, batch, **extra), samples, log=None, callback=callback)
+    assert [id(t) for t in (*model.parameters(), *model.buffers())] == owned  # the user's own objects, kept
     return model, report
 
 

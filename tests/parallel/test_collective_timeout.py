@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import leantrain as lt
+import spawning
 
 WORKER = """
 import os, signal, sys, threading
@@ -56,15 +57,8 @@ def test_a_stopped_rank_is_a_collective_error_in_seconds(tmp_path, how):
     reduce-scatter's point-to-point transfers, which end at the timeout too."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / "init"), str(tmp_path), how],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for r in (0, 1)]
-    try:
-        out, err = procs[0].communicate(timeout=120)
-    finally:
-        procs[1].kill()  # SIGKILL ends a stopped process too
-        procs[1].communicate(timeout=60)
-    assert procs[0].returncode == 3, err[-2000:]
+    code, out, err = spawning.rank_0_of_two(script, str(tmp_path / "init"), str(tmp_path), how)
+    assert code == 3, err[-2000:]
     # rank 1 stops inside its step callback after update 3 (4): rank 0 meets the loss at the job's decision to stop,
     # the one collective after each update whose callback may stop the run (#66), not one update later
     update = 4 if how in ("killed-parameters", "hung-gradients") else 3

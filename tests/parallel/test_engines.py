@@ -180,15 +180,8 @@ def test_an_fsdp2_folder_resumes_under_parameter_sharding_then_in_one_process(ta
 def test_a_peer_lost_in_a_torch_engines_collective_is_a_collective_error_naming_rank_update_and_checkpoint(
         tmp_path, engine, where):
     child = Path(__file__).parent / "ddp_lost_peer_child.py"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(child), str(r), str(tmp_path / "init"), str(tmp_path), engine],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for r in (0, 1)]
-    try:
-        out, err = procs[0].communicate(timeout=120)
-    finally:
-        procs[1].kill()
-        procs[1].communicate(timeout=60)
-    assert procs[0].returncode == 3, err[-2000:]
+    code, out, err = spawning.rank_0_of_two(child, str(tmp_path / "init"), str(tmp_path), engine)
+    assert code == 3, err[-2000:]
     assert out.startswith("CollectiveError | train_samples: rank 0 of 2, update 4: a collective operation failed "
                           f"({where}"), out
     assert f"last good checkpoint: {tmp_path / 'run.ckpt'} (step 3)" in out

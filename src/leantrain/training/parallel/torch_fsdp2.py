@@ -1,8 +1,7 @@
 """``engine="fsdp2"``: torch's ``fully_shard`` runs each update's forwards and backwards.
 
 The user's module is never sharded. When the run starts, a working copy of it is made on
-torch's meta device (its structure, hooks and ties; the user's buffers shared, no values
-copied), ``fully_shard`` is applied to the copy's units (those ``sharding="parameters"``
+torch's meta device (its structure, hooks and ties; no values copied), ``fully_shard`` is applied to the copy's units (those ``sharding="parameters"``
 gathers: every element of an ``nn.ModuleList`` by default, or the run's ``shard_units``)
 and then to its root, so a tie lands in the root's group, and each rank's FSDP2 shard is
 filled from the user's values (or from a resumed checkpoint's ranges). From then on:
@@ -114,8 +113,9 @@ class WorkCopy:
         for p in user.parameters():
             if id(p) not in memo:
                 memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
-        for b in user.buffers():
-            memo[id(b)] = b  # shared: the update points the copy at the user's buffers (``follow``)
+        for b in user.buffers():  # never the user's own: fully_shard moves a buffer on another device with
+            # ``buffer.data = ...``; before each item the copy is pointed at the user's buffers (``follow``)
+            memo[id(b)] = torch.empty_like(b, device="meta")
         try:
             work = copy.deepcopy(user, memo)
         except Exception as e:
@@ -146,7 +146,7 @@ class WorkCopy:
         self.module = work
         self.param_of: dict = {}  # representative slot -> the copy's FSDP2 Parameter
         self.frozen: list = []  # (the copy's Parameter, the user's tensor) of slots not trained
-        reps = runner.params.canonical_slot_indices()
+        reps, like = runner.params.canonical_slot_indices(), working(runner.params)
         seen = set()
         for i, loc in enumerate(runner.locations):
             if not loc.is_parameter:
@@ -158,7 +158,7 @@ class WorkCopy:
                 continue
             seen.add(id(p))
             if reps[i] is None:
-                self.frozen.append((p, working(runner.params)[i]))
+                self.frozen.append((p, like[i]))
 
     def adopt(self, shards: ParameterShards, rank: int) -> None:
         """Each FSDP2 shard filled with this rank's values (a frozen slot's from the user's
