@@ -15,10 +15,17 @@ against it ``engine="fsdp2"`` and ``sharding="parameters"``. Prints time per upd
 median of the runs' ratios and the best of N (each side's fastest run).
 
 ``--memory``: each side alone, in fresh processes, the peak resident memory its run adds
-to each rank (Linux's high-water mark, after the model and data are built).
+to each rank (Linux's high-water mark, after the model and data are built): what a first
+run costs, imports and first-use set-up included. ``--warm``: what a run holds, after a
+2-update run of the same side on a copy (imports and set-up done), the high-water mark
+reset (``/proc/self/clear_refs``) just before the measured run. glibc keeps freed heap
+memory it cannot trim in the resident set, so the high-water mark also depends on how
+a side's allocations fragment the heap: ``MALLOC_TRIM_THRESHOLD_=0
+MALLOC_MMAP_THRESHOLD_=65536`` in the environment (freed memory given back) leaves what
+the run holds.
 
 Run: OMP_NUM_THREADS=1 .venv/bin/python benchmarks/engines.py [--against ddp|fsdp2] [--world 2] [--steps 10]
-[--runs 7] [--memory]
+[--runs 7] [--memory [--warm]]
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import gc
 import os
 import sys
 import tempfile
@@ -127,26 +135,38 @@ def worker(rank: int, world: int, init: str, steps: int, runs: int, against: str
         dist.destroy_process_group()
 
 
-def peak_worker(rank: int, world: int, init: str, steps: int, side: str, out: str) -> None:
-    """One side alone in fresh processes: the peak resident memory a run adds to a rank
-    (Linux's high-water mark after the run minus before it, the model and data built)."""
-    import resource
+def kib(key: str) -> int:
+    """A line of ``/proc/self/status`` (VmRSS: resident now; VmHWM: its high-water mark), in KiB."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
 
+
+def run_side(side: str, model, data: list, steps: int, rank: int, world: int) -> None:
+    if side.startswith("hand "):
+        wrapped, opt, update = hand(side[5:], model)
+        for s in range(steps):
+            update(wrapped, opt, data, s, rank, world)
+    else:
+        lt.train_samples(lt.Runner.from_module(model, gpt_loss), side_config(side, steps), data, log=lambda s: None)
+
+
+def peak_worker(rank: int, world: int, init: str, steps: int, side: str, out: str, warm: bool) -> None:
+    """One side alone in fresh processes: the peak resident memory a run adds to a rank
+    (Linux's high-water mark, reset just before the run, minus the resident set then: the
+    model and data built; ``warm``: after a 2-update run of the side on a copy)."""
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     try:
         data, model = work()
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        if side.startswith("hand "):
-            wrapped, opt, update = hand(side[5:], model)
-            for s in range(steps):
-                update(wrapped, opt, data, s, rank, world)
-        else:
-            lt.train_samples(lt.Runner.from_module(model, gpt_loss), side_config(side, steps), data,
-                             log=lambda s: None)
-        added = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        if warm:
+            run_side(side, copy.deepcopy(model), data, 2, rank, world)
+            gc.collect()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # the high-water mark starts again from the resident set
+        before = kib("VmRSS")
+        run_side(side, model, data, steps, rank, world)
         with open(os.path.join(out, f"{side}.{rank}"), "w") as f:
-            f.write(str(added))
+            f.write(str(kib("VmHWM") - before))
     finally:
         dist.destroy_process_group()
 
@@ -156,6 +176,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--memory", action="store_true", help="peak memory per rank instead: each side alone")
+    ap.add_argument("--warm", action="store_true", help="--memory after a first run (what a run holds)")
     ap.add_argument("--against", choices=sorted(SIDES), default="ddp", help="the hand loop: DDP or FSDP2")
     ap.add_argument("--world", type=int, default=2, help="processes (each 1 thread; ITEMS items per update)")
     args = ap.parse_args()
@@ -167,11 +188,11 @@ def main() -> None:
             return
         for side in (f"hand {args.against}", *SIDES[args.against]):
             init = os.path.join(tmp, "init-" + side.replace(" ", "-"))  # a rendezvous file of its own per side
-            mp.spawn(peak_worker, args=(w, init, args.steps, side, tmp), nprocs=w, join=True)
+            mp.spawn(peak_worker, args=(w, init, args.steps, side, tmp, args.warm), nprocs=w, join=True)
             added = [int(open(os.path.join(tmp, f"{side}.{r}")).read()) / 1024 for r in range(w)]
             name = (f"hand {side[5:].upper()} loop" if side.startswith("hand ") else
                     "sharding='parameters'" if side == "parameters" else f"engine={side!r}")
-            print(f"{name:20} peak resident memory a run adds, per rank: "
+            print(f"{name:20} peak resident memory a{' warm' if args.warm else ''} run adds, per rank: "
                   f"{', '.join(f'{m:.1f} MiB' for m in added)}", flush=True)
 
 

@@ -28,8 +28,8 @@ JSON (``--out``).
   (determinism), and stopped at ``k`` then resumed in a fresh process: the resumed run's
   parameters and optimizer state against the uninterrupted run's, bit for bit.
 * **``sharding="parameters"`` on one device** (world size 1): it must run on CUDA; its time
-  per update against leantrain unsharded. ``engine="fsdp2"``: reported as absent until it
-  exists.
+  per update against leantrain unsharded; ``engine="fsdp2"`` in one process (parameter
+  sharding's one-rank plan) the same way.
 
 ``--smoke`` runs every one of these code paths on the CPU with a tiny model in well under a
 minute (the suite runs it: ``tests/test_gpu_benchmark.py``), so the script cannot rot
@@ -473,6 +473,10 @@ def resume_rows(setup: Setup) -> list:
 
 
 def sharding_rows(setup: Setup) -> list:
+    """``sharding="parameters"`` and ``engine="fsdp2"`` in one process on the device: the
+    latter is the former's one-rank plan (nothing to shard with one rank; its checkpoint a
+    folder), so both are timed against leantrain unsharded. Two or more devices
+    (``fully_shard`` over NCCL) are ``tests/parallel/test_engines.py``'s CUDA test."""
     torch.manual_seed(0)
     conf = SMOKE if setup.smoke else GPTConfig(n_layer=4)
     base = GPT(conf).to(setup.device)
@@ -481,13 +485,13 @@ def sharding_rows(setup: Setup) -> list:
     data = setup.tokens(2 * setup.accum)
     plain = leantrain_side(setup, copy.deepcopy(base), data, False)[0]
     sharded = leantrain_side(setup, copy.deepcopy(base), data, False, sharding="parameters")[0]
-    got = interleaved(setup, {"parameters": sharded, "unsharded": plain})
+    fsdp2 = leantrain_side(setup, copy.deepcopy(base), data, False, engine="fsdp2")[0]
+    got = interleaved(setup, {"parameters": sharded, "fsdp2": fsdp2, "unsharded": plain})
     setup.config = saved
-    engine = "engine" in {f.name for f in __import__("dataclasses").fields(lt.LoaderTrainConfig)}
-    return [{"what": f"sharding='parameters', world size 1 ({conf.n_layer} layers)",
-             "leantrain_s": got["parameters"]["median"], "reference": "leantrain unsharded",
-             "reference_s": got["unsharded"]["median"], **_ratios(got["parameters"], got["unsharded"])},
-            {"what": "engine='fsdp2', world size 1", "skipped": None if engine else "engine= does not exist yet (#69)"}]
+    return [{"what": f"{what}, world size 1 ({conf.n_layer} layers)", "leantrain_s": got[side]["median"],
+             "reference": "leantrain unsharded", "reference_s": got["unsharded"]["median"],
+             **_ratios(got[side], got["unsharded"])}
+            for side, what in (("parameters", "sharding='parameters'"), ("fsdp2", "engine='fsdp2'"))]
 
 
 # ------------------------------------------------------------------ the table

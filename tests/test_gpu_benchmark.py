@@ -26,6 +26,8 @@ def test_the_gpu_benchmark_runs_every_section_on_the_cpu(tmp_path):
     for r in rows:
         if "leantrain_s" in r:
             assert r["leantrain_s"] > 0 and r["reference_s"] > 0 and r["ratio_median"] > 0, r
+    assert [r["what"].split(",")[0] for r in rows if r["section"] == "sharding" and "leantrain_s" in r] == \
+        ["sharding='parameters'", "engine='fsdp2'"]
     (resume,) = [r for r in rows if r["section"] == "resume"]
     assert resume["exact"] and resume["differ_resume"] == 0 and resume["tensors"] > 10
     assert "GPT (smoke) update" in done.stdout and "exact resume" in done.stdout
