@@ -80,6 +80,15 @@ def regression(n: int) -> list:
     return [(torch.randn(4, generator=g), torch.randn(1, generator=g)) for _ in range(n)]
 
 
+def with_a_nan(samples: list, at: int) -> list:
+    """``samples`` with item ``at``'s input NaN: under ``nonfinite="skip"`` its update is
+    skipped on every rank (the flag agreed), the values and state kept."""
+    out = list(samples)
+    x, y = out[at]
+    out[at] = (torch.full_like(x, float("nan")), y)
+    return out
+
+
 def unfreeze_at_2(model):
     """A callback that turns the frozen first layer on after update 2 (gradual unfreezing)."""
     def on_step(event):
@@ -145,10 +154,15 @@ CASES = {
     **{name: (*zoo(name), 3) for name in ("gpt_persistent_mask", "shared_twice", "lstm", "padded_embedding",
                                           "weight_norm", "constant_buffer")},
     "all_frozen": (lambda: frozen(mlp()), regression(4 * STEPS), "mse", 3),
+    # leantrain's autocast (bfloat16; float16 with its loss scaling) and a NaN item's update skipped
+    "autocast_bf16": (*zoo("gpt"), 3),
+    "autocast_fp16": (mlp, regression(4 * STEPS), "mse", 4),
+    "nonfinite_skip": (mlp, with_a_nan(regression(4 * STEPS), 5), "mse", 4),
 }
 # what a case adds to the config (every world, one process too) and the DDP options it needs
 MORE = {"unused_found": {"engine": "ddp_unused"}, "unfreeze_clip_ema": {"clip_grad_norm": 0.5, "ema_decay": 0.9},
-        "bucket_options": {"engine": "ddp_buckets"}}
+        "bucket_options": {"engine": "ddp_buckets"}, "autocast_bf16": {"autocast": "bfloat16"},
+        "autocast_fp16": {"autocast": "float16"}, "nonfinite_skip": {"nonfinite": "skip"}}
 
 
 # engine="fsdp2": what it runs of the table (gradual unfreezing is refused under any sharding: its own
@@ -156,7 +170,7 @@ MORE = {"unused_found": {"engine": "ddp_unused"}, "unfreeze_clip_ema": {"clip_gr
 FSDP2_CASES = ("gpt", "cnn_batchnorm", "frozen_backbone", "reentrant_checkpoint", "loss_sum", "fewer_items_than_ranks",
                "unused_found", "gpt_persistent_mask", "shared_twice", "lstm", "padded_embedding", "weight_norm",
                "constant_buffer", "all_frozen", "clip_ema", "no_reshard", "bfloat16", "batchnorm_eval_at_2",
-               "linear_units")
+               "linear_units", "autocast_bf16", "autocast_fp16", "nonfinite_skip")
 CASES["clip_ema"] = (mlp, regression(4 * STEPS), "mse", 4)
 # the user's callback freezes BatchNorm's statistics after update 2 (eval mode on its modules): the
 # working copy follows the module's modes

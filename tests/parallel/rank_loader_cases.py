@@ -108,11 +108,17 @@ def worker(rank, world, init_file, out):
         calls["own samples"] = lambda: lt.train_samples(runner(), lt.TrainConfig(steps=2, batch_size=4, log_every=0),
                                                         items()[:18][rank::world], log=None)
         calls["own batches"] = lambda: lt.train_loader(runner(), config(), [items()[rank::world][:4]], log=None)
+        # engine="fsdp2" runs every item's forward on every rank: rank-local data is refused, the module kept
+        kept_module = runner()
+        before = {k: v.clone() for k, v in kept_module.module.state_dict().items()}
+        calls["fsdp2"] = lambda: lt.train_loader(kept_module, config(exact_reduction=False, engine="fsdp2"), mine(),
+                                                 log=None)
         for name, call in calls.items():
             try:
                 call()
             except (lt.ConfigError, lt.DataError) as e:
                 said[name] = str(e)
+        said["fsdp2 kept"] = all(torch.equal(v, before[k]) for k, v in kept_module.module.state_dict().items())
         (out / f"refused.w{world}.r{rank}").write_text(json.dumps(said))
         data = [(torch.randn(2, 5), torch.randn(2, 3)) for _ in range(12)]  # BatchNorm, 6 per batch
         buffers_alike(lt.DataLoader(data, 6, shuffle=True, seed=1, rank=rank, world_size=world), rank, world, out)

@@ -78,6 +78,8 @@ def test_bad_shares_are_refused_and_buffers_stay_alike(runs, world):
             in said["other rank"]
         if world == 3:
             assert "the last batch of each epoch holds 2 item(s) for 3 ranks" in said["tail alone"]
+        assert "engine='fsdp2' needs every rank to read the same batches" in said["fsdp2"], said["fsdp2"]
+        assert said["fsdp2 kept"] is True
         for name in ("own samples", "own batches"):  # every rank stops, before any update
             assert f"ranks {list(range(1, world))} read a first batch that differs from rank 0's" in said[name]
     assert (runs / f"bn.w{world}").read_text() == "True"
