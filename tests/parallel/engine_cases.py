@@ -299,6 +299,10 @@ def every_case(out: Path, world: int, rank: int) -> None:
         torch.save(ended(*run("gpt", world, engine)), where / f"{engine}-repeat.{rank}.pt")  # the same run again
         torch.save(ended(*run("cnn_batchnorm", world, engine, eval_data=samples[:5], eval_every=2)),
                    where / f"{engine}-eval.{rank}.pt")
+        # stopped inside epoch 2 (update 5 of 8) and resumed at this world size: the loader's place, the
+        # generators (dropout) and the optimizer's state from the checkpoint, as the straight run
+        for kind in (engine, "ddp_unused") if engine == "ddp" and world == 3 else (engine,):
+            torch.save(loader_resumed(kind, where), where / f"{kind}-loader.{rank}.pt")
     torch.save({"message": unused_refused()}, where / f"unused_refused.{rank}.pt")
     torch.save({"message": unfreeze_refused()}, where / f"unfreeze_refused.{rank}.pt")
     torch.save(fsdp2_refusals(), where / f"fsdp2_refusals.{rank}.pt")
@@ -319,6 +323,35 @@ def every_case(out: Path, world: int, rank: int) -> None:
                    where / f"fsdp2-resumed.{rank}.pt")
         torch.save(ended(*run("gpt", world, "fsdp2", resume_from=str(out / "after2_fsdp2"))),  # each rank its ranges
                    where / f"fsdp2-resumed_folder.{rank}.pt")
+
+
+def loader_run(engine: str, folder: Path, **more):
+    """The tied GPT (dropout) over a shuffling loader of 3-item list batches, 2 epochs of 4
+    updates, under ``engine``: (model, report)."""
+    build, samples, loss, _ = CASES["gpt"]
+    model = build()
+    loader = lt.DataLoader(samples[:12], 3, shuffle=True, seed=3, collate=lt.collate.items)
+    cfg = lt.LoaderTrainConfig(epochs=2, optimizer=lt.optim.adamw(0.01), seed=3, engine=engine, log_every=1,
+                               checkpoint_path=str(folder / "loader.ckpt"), checkpoint_every=1, **more)
+    report, _ = lt.train_loader(lt.Runner.from_module(model, loss), cfg, loader, log=None)
+    return model, report
+
+
+def loader_resumed(kind: str, where: Path) -> dict:
+    """``loader_run`` straight, then stopped after update 5 of 8 and resumed (``kind``: an
+    engine, or ``"ddp_unused"``: ``lt.DDP(find_unused_parameters=True)``): both ends, and
+    what the resumed run warned."""
+    import warnings
+
+    engine = ENGINES.get(kind, kind)
+    folder = where / kind
+    folder.mkdir(exist_ok=True)
+    straight = ended(*loader_run(engine, folder))
+    loader_run(engine, folder, max_steps=5)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        resumed = ended(*loader_run(engine, folder, resume_from=str(folder / "loader.ckpt")))
+    return {"straight": straight, "resumed": resumed, "said": [str(w.message) for w in said]}
 
 
 def loops_in_a_row(where: Path, rank: int) -> None:

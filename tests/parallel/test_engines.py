@@ -75,6 +75,31 @@ def test_a_torch_engine_ends_where_one_process_ends(table, engine, name, world):
         assert s == s_ref and loss == pytest.approx(loss_ref, rel=1e-5, nan_ok=True)  # a skipped update's NaN
 
 
+@pytest.mark.parametrize("kind,world", [("ddp", 2), ("ddp", 3), ("ddp_unused", 3), ("fsdp2", 2), ("fsdp2", 3)])
+def test_a_run_stopped_inside_an_epoch_resumes_to_the_straight_runs_bits_or_says_why_not(table, kind, world):
+    """A shuffling loader of 3-item batches (uneven on 2 ranks), the tied GPT with dropout,
+    stopped after update 5 of 8 and resumed at the same world size: every value and loss of
+    the straight run, bit for bit (the loader's place, the generators and the state all
+    restored). But DDP on 3 ranks: its first update in a run reduces one bucket in the
+    parameters' order, later ones the buckets it rebuilt in the backward's order, and on 3
+    ranks the all-reduce's order of addition follows an element's place in its bucket (on 2,
+    a + b is b + a): the resumed run is within rounding and says why, naming
+    ``find_unused_parameters=True``, which keeps one layout (bit for bit, checked)."""
+    for r, got in enumerate(load(table, world, f"{kind}-loader")):
+        straight, resumed = got["straight"], got["resumed"]
+        assert resumed["tied"] and resumed["steps"] == straight["steps"] == 8
+        assert len(straight["losses"]) == 8
+        warned = [m for m in got["said"] if "not bit for bit" in m]
+        if (kind, world) == ("ddp", 3):
+            close(resumed["state"], straight["state"])
+            assert len(warned) == 1 and "engine='ddp' on 3 ranks: the resumed run ends within rounding" in warned[0]
+            assert "lt.DDP(find_unused_parameters=True)" in warned[0]
+            continue
+        same_bits(resumed["state"], straight["state"])
+        assert resumed["losses"][-3:] == straight["losses"][-3:]
+        assert warned == [], warned
+
+
 @pytest.mark.parametrize("world", WORLDS)
 def test_an_unused_parameter_without_find_unused_parameters_is_refused_by_name(table, world):
     for r in load(table, world, "unused_refused"):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import warnings
 from typing import Optional
 
 import torch
@@ -261,6 +262,19 @@ class DDPStrategy(DataParallelStrategy):
         super().start_replicas(op, runner)
         runner.one_leaf_per_tensor = True  # a tie: the module's own Parameter at each use (DDP reduces it)
         runner.recheck()
+
+    def start(self, op: str, runner: Runner, opt, native: bool, whole=None):
+        world = distributed.rank_world()[1]
+        if whole is not None and world >= 3 and not self.reduction.options.find_unused_parameters:
+            warnings.warn(f"{op}: engine='ddp' on {world} ranks: the resumed run ends within rounding of an "
+                          f"uninterrupted one, not bit for bit. DDP reduces a new wrapper's first update in one "
+                          f"bucket in the parameters' order and later updates in the buckets it rebuilds in the "
+                          f"order the backward gave the gradients, and on 3 or more ranks the all-reduce adds an "
+                          f"element's values in an order that depends on where it lies in its bucket: the update "
+                          f"this run resumes at is summed as a first update. lt.DDP(find_unused_parameters=True) "
+                          f"keeps one bucket layout throughout (exact resumes, at the cost of DDP's search for "
+                          f"unused parameters)", stacklevel=5)
+        return super().start(op, runner, opt, native, whole)
 
     def close(self, runner: Runner, failed: bool) -> None:
         self.reduction.release()
